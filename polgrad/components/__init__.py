@@ -1,0 +1,14 @@
+"""Built-in parts, one module per kind; importing this package registers them all."""
+
+from polgrad.components import (  # noqa: F401
+    advantage,
+    aggregate,
+    clip,
+    filter,
+    kl,
+    kl_controller,
+    reward_shaping,
+    value_init,
+    value_loss,
+)
+from polgrad.components.protocols import StepCounts  # noqa: F401

@@ -1,0 +1,1 @@
+"""Built-in advantage parts (see protocols.py for the call signature)."""

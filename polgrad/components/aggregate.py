@@ -1,0 +1,1 @@
+"""Built-in aggregate parts (see protocols.py for the call signature)."""

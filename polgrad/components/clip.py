@@ -1,0 +1,1 @@
+"""Built-in clip parts (see protocols.py for the call signature)."""

@@ -1,0 +1,1 @@
+"""Built-in filter parts (see protocols.py for the call signature)."""

@@ -1,0 +1,1 @@
+"""Built-in kl parts (see protocols.py for the call signature)."""

@@ -1,0 +1,1 @@
+"""Built-in kl_controller parts (see protocols.py for the call signature)."""

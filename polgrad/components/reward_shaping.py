@@ -1,0 +1,1 @@
+"""Built-in reward_shaping parts (see protocols.py for the call signature)."""

@@ -1,0 +1,43 @@
+"""The task contract: prompts, a verifiable reward, a held-out split, SFT demos, preference pairs.
+
+A task is registered under kind `task` as a factory (`@register("task", "add")`) whose keyword
+arguments are gin-bindable (`task.add.digits = 2`) and which returns a `Task`. Text is plain
+`str`; the response never contains the EOS token (the tokenizer adds it). Everything is
+deterministic given the seed, so a run is reproducible from its config alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and the reference answer its reward is checked against."""
+
+    prompt: str
+    answer: str
+
+
+class Task(Protocol):
+    name: str
+    alphabet: str          # every character a prompt or response may contain (for the char tokenizer)
+    max_prompt_chars: int  # longest prompt, in characters
+    max_response_chars: int  # longest correct response, in characters (max_new_tokens = this + 1 for EOS)
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """`n` examples of `split` ('train' or 'eval'); the eval split never overlaps train."""
+        ...
+
+    def reward(self, example: Example, response: str) -> float:
+        """Score in [0, 1] of a decoded response (EOS stripped): 1.0 = exactly right."""
+        ...
+
+    def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]:
+        """(prompt, correct response) pairs for the SFT warm start, from the train split."""
+        ...
+
+    def preference_pairs(self, n: int, seed: int) -> list[tuple[str, str, str]]:
+        """(prompt, chosen, rejected) with chosen scoring higher than rejected, for the reward model."""
+        ...
