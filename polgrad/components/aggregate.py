@@ -1,1 +1,125 @@
-"""Built-in aggregate parts (see protocols.py for the call signature)."""
+"""Built-in aggregate parts: per-token loss [B,T] -> this micro-batch's share of the step's scalar loss.
+
+Call signature (protocols.AggregateFn): `fn(loss[B,T], mask[B,T], counts: StepCounts) -> scalar`.
+
+The RLHF book's policy-gradient chapter (section "loss aggregation") lists three strategies; they
+differ only in what the masked per-token losses l_{i,t} are divided by. Here every denominator
+comes from `counts`, the counts of the WHOLE optimizer step (all micro-batches, all data-parallel
+ranks), never from the micro-batch in hand. Each function therefore returns its micro-batch's
+share of the step loss, and summing the returned scalars over micro-batches and ranks (which is
+what gradient accumulation and the data-parallel all-reduce do) yields exactly the full-batch
+loss and gradient, whatever the split, row order or padding.
+
+Masked positions are selected out with `torch.where`, not only multiplied by the mask, so that a
+non-finite value in padding (say, -inf log-probs past the end) cannot turn the sum into NaN.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from polgrad.components._checks import check_bt
+from polgrad.components.protocols import StepCounts
+from polgrad.errors import ConfigError, ShapeError
+from polgrad.registry import register
+
+
+def _enter(where: str, loss: Tensor, mask: Tensor, counts: StepCounts) -> tuple[Tensor, Tensor]:
+    """Shape checks shared by every aggregator; returns (masked loss, mask in loss's dtype)."""
+    check_bt(where, mask, loss=loss)
+    if not isinstance(counts, StepCounts):
+        raise ShapeError(
+            f"{where}: counts must be a StepCounts, got {type(counts).__name__}; build it once per "
+            "optimizer step with StepCounts.of_step([mask of every micro-batch of the step])"
+        )
+    m = mask.to(loss.dtype)
+    return torch.where(mask != 0, loss, torch.zeros((), dtype=loss.dtype, device=loss.device)) * m, m
+
+
+@register("aggregate", "token_mean", formula="sum(l*m) / N_tokens", denominator="tokens")
+def token_mean(loss: Tensor, mask: Tensor, counts: StepCounts) -> Tensor:
+    """Token mean over the step: every valid token weighs the same (DAPO).
+
+        L = sum_{i,t} m_{i,t} l_{i,t} / sum_{i,t} m_{i,t}     (numerator: this micro-batch;
+                                                               denominator: counts.num_tokens)
+
+    Source: RLHF book, policy-gradient chapter, "loss aggregation", strategy 2 (per-token
+    normalisation); Yu et al. 2025 (DAPO), token-level policy-gradient loss.
+
+    Shapes: loss [B,T], mask [B,T] float 0/1, counts of the whole step -> scalar.
+    """
+    masked, _ = _enter("aggregate.token_mean", loss, mask, counts)
+    return masked.sum() / counts.num_tokens
+
+
+@register(
+    "aggregate",
+    "seq_mean_token_mean",
+    formula="mean_i [ sum_t(l*m) / |a_i| ]",
+    denominator="sequences",
+)
+def seq_mean_token_mean(loss: Tensor, mask: Tensor, counts: StepCounts) -> Tensor:
+    """Mean over sequences of each sequence's token mean: every sequence weighs the same (GRPO).
+
+        L = (1 / N_seqs) sum_i [ sum_t m_{i,t} l_{i,t} / max(|a_i|, 1) ],   |a_i| = sum_t m_{i,t}
+
+    N_seqs = counts.num_seqs counts the step's sequences with at least one valid token; a row of
+    this micro-batch with no valid token contributes 0 (it is padding).
+
+    Source: RLHF book, policy-gradient chapter, "loss aggregation", strategy 1 (per-sequence
+    normalisation); Shao et al. 2024 (DeepSeekMath, GRPO objective).
+
+    Shapes: loss [B,T], mask [B,T] float 0/1, counts of the whole step -> scalar.
+    """
+    masked, m = _enter("aggregate.seq_mean_token_mean", loss, mask, counts)
+    per_seq = masked.sum(-1) / m.sum(-1).clamp_min(1.0)
+    return per_seq.sum() / counts.num_seqs
+
+
+@register(
+    "aggregate",
+    "seq_mean_token_sum",
+    formula="mean_i [ sum_t(l*m) ]",
+    denominator="sequences",
+)
+def seq_mean_token_sum(loss: Tensor, mask: Tensor, counts: StepCounts) -> Tensor:
+    """Mean over sequences of each sequence's token sum (a sequence-level sum of token losses).
+
+        L = (1 / N_seqs) sum_{i,t} m_{i,t} l_{i,t}
+
+    Source: verl's loss_agg_mode "seq-mean-token-sum"; it is the RLHF book's strategy 3
+    ("loss aggregation") without the constant 1/L_max, i.e. the per-sequence REINFORCE objective
+    sum_t log pi(a_t|s_t) * A averaged over sequences.
+
+    Shapes: loss [B,T], mask [B,T] float 0/1, counts of the whole step -> scalar.
+    """
+    masked, _ = _enter("aggregate.seq_mean_token_sum", loss, mask, counts)
+    return masked.sum() / counts.num_seqs
+
+
+@register(
+    "aggregate",
+    "seq_mean_token_sum_norm",
+    formula="mean_i [ sum_t(l*m) / L_max ]",
+    denominator="sequences*L_max",
+)
+def seq_mean_token_sum_norm(loss: Tensor, mask: Tensor, counts: StepCounts, *, max_len: int) -> Tensor:
+    """Sequence mean of token sums divided by a constant L_max (Dr. GRPO).
+
+        L = (1 / N_seqs) sum_i (1 / L_max) sum_t m_{i,t} l_{i,t}
+
+    L_max = `max_len` is a constant (bind it to the generation budget, max new tokens), so every
+    token weighs the same within and across sequences, and padding never changes the loss.
+
+    Source: RLHF book, policy-gradient chapter, "loss aggregation", strategy 3 (fixed-length
+    normalisation); Liu et al. 2025 (Dr. GRPO, "Understanding R1-Zero-like training").
+
+    Shapes: loss [B,T], mask [B,T] float 0/1, counts of the whole step -> scalar.
+    """
+    if not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool) or max_len <= 0:
+        raise ConfigError(f"aggregate.seq_mean_token_sum_norm.max_len must be > 0 (an int), got {max_len!r}")
+    masked, _ = _enter("aggregate.seq_mean_token_sum_norm", loss, mask, counts)
+    return masked.sum() / (float(max_len) * counts.num_seqs)

@@ -1,1 +1,75 @@
-"""Built-in kl_controller parts (see protocols.py for the call signature)."""
+"""Built-in kl_controller parts: how the KL coefficient beta moves from one step to the next.
+
+Call signature (protocols.KLControllerFn): `fn(coef, measured_kl, n_steps) -> new coef`. The parts
+are pure: the training loop holds beta and calls the controller once per optimizer step with the
+KL it measured on that step's rollouts.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from polgrad.errors import ConfigError, ShapeError
+from polgrad.registry import register
+
+
+def _state(where: str, coef, measured_kl, n_steps) -> tuple[float, float, int]:
+    """Check the loop's inputs: coef >= 0, measured_kl finite (float or 0-dim tensor), n_steps >= 0 int."""
+    try:  # a 0-dim tensor converts; a vector or a string does not
+        coef, measured_kl = float(coef), float(measured_kl)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ShapeError(f"{where}: coef and measured_kl must be scalars ({exc})") from None
+    if not math.isfinite(coef) or coef < 0:
+        raise ShapeError(f"{where}: coef must be a finite number >= 0, got {coef}")
+    if not math.isfinite(measured_kl):
+        raise ShapeError(f"{where}: measured_kl must be finite, got {measured_kl}")
+    if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps < 0:
+        raise ShapeError(f"{where}: n_steps must be an int >= 0, got {n_steps!r}")
+    return coef, measured_kl, int(n_steps)
+
+
+@register("kl_controller", "fixed", formula="beta")
+def fixed(coef: float, measured_kl: float, n_steps: int) -> float:
+    """Constant coefficient: beta_{k+1} = beta_k.
+
+    Source: Ziegler et al. 2019 ("Fine-tuning language models from human preferences"), the
+    fixed-beta baseline; GRPO/DeepSeekMath use a fixed beta.
+
+    Shapes: floats (measured_kl may be a 0-dim tensor) -> float.
+    """
+    coef, _, _ = _state("kl_controller.fixed", coef, measured_kl, n_steps)
+    return coef
+
+
+@register("kl_controller", "adaptive", formula="beta*(1 + clip(KL/KL_target - 1, -0.2, 0.2)*n/H)")
+def adaptive(
+    coef: float, measured_kl: float, n_steps: int, *, target: float = 6.0, horizon: int = 10000
+) -> float:
+    """Proportional controller driving the measured KL toward `target`.
+
+        e_k        = clip(KL_k / KL_target - 1, -0.2, 0.2)
+        beta_{k+1} = beta_k * (1 + e_k * n_steps / horizon)
+
+    The clip bounds the relative change per call to 0.2 * n_steps / horizon. `n_steps` is the
+    number of samples since the last update (Ziegler et al. use the batch size, as does
+    OpenRLHF's `kl_ctl.update(kl, rollout_batch_size)`). n_steps must stay below 5 * horizon,
+    else the factor could reach zero or flip the sign of beta.
+
+    Source: Ziegler et al. 2019 (the log-space proportional controller that adapts beta to a
+    KL target); the n_steps / horizon gain and the defaults KL_target = 6, horizon = 10000 are
+    those of their lm-human-preferences code, kept by TRL's and OpenRLHF's AdaptiveKLController.
+
+    Shapes: floats (measured_kl may be a 0-dim tensor) -> float.
+    """
+    for name, value in (("target", target), ("horizon", horizon)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 < value < math.inf:
+            raise ConfigError(f"kl_controller.adaptive.{name} must be > 0 and finite, got {value!r}")
+    coef, measured_kl, n_steps = _state("kl_controller.adaptive", coef, measured_kl, n_steps)
+    if 0.2 * n_steps >= horizon:
+        raise ConfigError(
+            f"kl_controller.adaptive.horizon must be > 0.2 * n_steps = {0.2 * n_steps:g} (got {horizon}), "
+            "else one update can zero or negate the coefficient"
+        )
+    error = min(max(measured_kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * n_steps / horizon)
