@@ -1,0 +1,336 @@
+"""task.file: prompts and reference answers from a user's .jsonl or .parquet file.
+
+    task.file.path = 'data/gsm8k_train.jsonl'
+    task.file.prompt_column = 'question'      # default 'prompt'
+    task.file.answer_column = 'answer'        # default 'answer'
+    task.file.response_column = 'answer'      # optional: full worked solutions for SFT demos
+    task.file.answer_format = 'gsm8k'         # or 'exact'
+
+A .jsonl file holds one JSON object per line (blank lines are skipped); a .parquet file is read
+with pandas. Prompts (and responses) must be strings; an answer may be a string or a number.
+
+Scoring, answer_format='gsm8k' (exact match, GSM8K style):
+  reference  what follows the last '####' in the answer, or the whole answer if it has none;
+  response   what follows the last '####' (up to the end of that line) if the response has one,
+             else the last number in it, else the whole response;
+  both are normalised (whitespace and commas removed, one leading '+' dropped, a trailing '.0'
+  (or '.00', ...) after a digit dropped) and must be equal: reward 1.0, else 0.0.
+answer_format='exact': the stripped response must equal the stripped answer.
+
+Split: a row is held out iff blake2b(prompt)[:8] / 2**64 < eval_fraction (the rule of the built-in
+tasks, see polgrad.tasks.synthetic), so equal prompts always land together and eval never
+overlaps train. A small file where no prompt hashes below the threshold still gets an eval split:
+the prompt with the smallest hash is held out (if there are at least two distinct prompts).
+
+SFT demonstrations are the response column if given (each must score 1.0 against its own
+answer, else a DataError names the row), else '#### <answer>'. Preference pairs: chosen = the
+demonstration, rejected = the same text with the final answer replaced by a plausible wrong one
+(off by one or ten, or one digit changed).
+
+Every problem with the file raises a one-line `DataError` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polgrad.errors import ConfigError, DataError
+from polgrad.registry import register
+from polgrad.tasks.base import Example
+from polgrad.tasks.synthetic import DIGITS, check_fraction, check_split
+
+SUPPORTED = (".jsonl", ".parquet")
+ANSWER_FORMATS = ("gsm8k", "exact")
+EXAMPLE_GSM8K = Path(__file__).parent / "data" / "example_gsm8k.jsonl"  # prompt_column='question'
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+_TRAILING_ZEROS = re.compile(r"(?<=\d)\.0+$")
+
+
+# --- GSM8K-style answer matching ------------------------------------------------------------------
+def normalize(text: str) -> str:
+    """'+1,234.0 ' -> '1234': drop whitespace and commas, one leading '+', a trailing '.0…'."""
+    s = "".join(text.split()).replace(",", "")
+    if s.startswith("+"):
+        s = s[1:]
+    return _TRAILING_ZEROS.sub("", s)
+
+
+def reference_answer(answer: str) -> str:
+    """The final answer of a GSM8K reference: normalised text after the last '####' (or all of it)."""
+    return normalize(answer.rsplit("####", 1)[-1])
+
+
+def response_answer(response: str) -> str:
+    """The final answer a response gives: after the last '####' (to end of line), else its last
+    number, else the whole response; normalised. '' when it gives none."""
+    if "####" in response:
+        tail = response.rsplit("####", 1)[1].strip()
+        return normalize(tail.splitlines()[0] if tail else "")
+    numbers_ = _NUMBER.findall(response)
+    return normalize(numbers_[-1] if numbers_ else response)
+
+
+def _wrong_answer(answer: str, rng: random.Random) -> str:
+    """A plausible wrong final answer: off by one or ten, or one digit changed; never `answer`."""
+    if re.fullmatch(r"-?\d+", answer):
+        n = int(answer)
+        for _ in range(100):
+            kind = rng.randrange(3)
+            if kind < 2:
+                wrong = n + rng.choice((-1, 1) if kind == 0 else (-10, 10))
+            else:
+                digits = str(abs(n))
+                i = rng.randrange(len(digits))
+                digits = digits[:i] + rng.choice([d for d in DIGITS if d != digits[i]]) + digits[i + 1 :]
+                wrong = int(digits) * (-1 if n < 0 else 1)
+            plausible = abs(len(str(wrong)) - len(answer)) <= 1 and (wrong >= 0) == (n >= 0)
+            if str(wrong) != answer and plausible:
+                return str(wrong)
+    spots = [i for i, c in enumerate(answer) if c.isdigit() and c in DIGITS]
+    if spots:
+        i = rng.choice(spots)
+        return answer[:i] + rng.choice([d for d in DIGITS if d != answer[i]]) + answer[i + 1 :]
+    return "0"  # a non-numeric answer (no digits, so '0' differs from it)
+
+
+def _stable_hash(prompt: str) -> int:
+    return int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+# --- reading the file -----------------------------------------------------------------------------
+def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """[(location label, record)] and the columns present, in order of first appearance."""
+    if path.suffix == ".jsonl":
+        records: list[tuple[str, dict[str, Any]]] = []
+        columns: dict[str, None] = {}
+        try:
+            with path.open(encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DataError(
+                            f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
+                            "each line must be one JSON object"
+                        ) from None
+                    if not isinstance(obj, dict):
+                        raise DataError(
+                            f"{path}: line {lineno} is a JSON {type(obj).__name__}, not an object; "
+                            'each line must be one JSON object such as {"prompt": ..., "answer": ...}'
+                        )
+                    columns.update(dict.fromkeys(obj))
+                    records.append((f"line {lineno}", obj))
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); re-save it as UTF-8"
+            ) from None
+        return records, list(columns)
+    import pandas as pd
+
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several unrelated types for a bad file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{path}: could not read parquet ({msg}); check it is a valid parquet file") from None
+    records = [(f"row {i} (0-based)", rec) for i, rec in enumerate(df.to_dict("records"))]
+    return records, [str(c) for c in df.columns]
+
+
+def _is_missing(value: Any) -> bool:
+    """None, NaN, or pandas' NA / NaT (what a parquet file holds in an empty cell)."""
+    if value is None or type(value).__name__ in ("NAType", "NaTType"):
+        return True
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _text(path: Path, where: str, column: str, param: str, value: Any, numbers_ok: bool = False) -> str:
+    """`value` as a string, or a DataError naming the row and the column."""
+    if isinstance(value, str):
+        return value
+    is_number = isinstance(value, numbers.Number) and not isinstance(value, bool)
+    if numbers_ok and is_number and not _is_missing(value):
+        return str(value)
+    shown = f"the value {repr(value)[:40]} ({type(value).__name__})"
+    what = "a missing value" if _is_missing(value) else shown
+    need = "a string or a number" if numbers_ok else "a string"
+    raise DataError(f"{path}: {where} has {what} in column '{column}' ({param}); it must be {need}")
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt: str
+    answer: str  # the normalised final answer the reward compares against
+    demo: str  # a correct response: the response column or '#### <answer>'
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """A task read from a user's file: see the module docstring for format, scoring and split."""
+
+    path: str
+    answer_format: str
+    train: tuple[_Row, ...] = field(repr=False)
+    eval: tuple[_Row, ...] = field(repr=False)
+    alphabet: str = field(repr=False)
+    max_prompt_chars: int
+    max_response_chars: int
+    name: str = "file"
+
+    def _score(self, answer: str, response: str) -> float:
+        if not isinstance(response, str):
+            return 0.0
+        if self.answer_format == "exact":
+            return float(response.strip() == answer)
+        got = response_answer(response)
+        return float(bool(got) and got == answer)
+
+    def reward(self, example: Example, response: str) -> float:
+        return self._score(example.answer, response)
+
+    def _rows(self, split: str) -> tuple[_Row, ...]:
+        check_split(split)
+        rows = self.train if split == "train" else self.eval
+        if not rows:
+            raise DataError(
+                f"{self.path}: the {split} split is empty ({len(self.train)} train, {len(self.eval)} eval "
+                "rows); add rows with more distinct prompts or change task.file.eval_fraction"
+            )
+        return rows
+
+    def _draw(self, split: str, n: int, rng: random.Random) -> list[_Row]:
+        """`n` rows of `split`: shuffled passes over the split, so every row appears before any repeats."""
+        rows = self._rows(split)
+        out: list[_Row] = []
+        while len(out) < n:
+            perm = list(rows)
+            rng.shuffle(perm)
+            out.extend(perm)
+        return out[:n]
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        rows = self._draw(split, n, random.Random(f"file|{split}|{seed}"))
+        return [Example(prompt=r.prompt, answer=r.answer) for r in rows]
+
+    def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]:
+        return [(r.prompt, r.demo) for r in self._draw("train", n, random.Random(f"file|demo|{seed}"))]
+
+    def _rejected(self, row: _Row, rng: random.Random) -> str:
+        wrong = _wrong_answer(row.answer, rng)
+        if self.answer_format == "exact":
+            return wrong
+        if "####" in row.demo:
+            candidate = row.demo.rsplit("####", 1)[0] + "#### " + wrong
+        else:
+            spans = list(_NUMBER.finditer(row.demo))
+            candidate = row.demo[: spans[-1].start()] + wrong + row.demo[spans[-1].end() :] if spans else ""
+        return candidate if self._score(row.answer, candidate) < 1.0 else f"#### {wrong}"
+
+    def preference_pairs(self, n: int, seed: int) -> list[tuple[str, str, str]]:
+        rng = random.Random(f"file|pref|{seed}")
+        return [(r.prompt, r.demo, self._rejected(r, rng)) for r in self._draw("train", n, rng)]
+
+
+@register("task", "file")
+def file_task(
+    *,
+    path: str,
+    prompt_column: str = "prompt",
+    answer_column: str = "answer",
+    response_column: str | None = None,
+    eval_fraction: float = 0.1,
+    answer_format: str = "gsm8k",
+) -> FileTask:
+    """Prompts and answers from a .jsonl/.parquet file, scored by exact (GSM8K '####') match."""
+    check_fraction("file", eval_fraction)
+    if answer_format not in ANSWER_FORMATS:
+        raise ConfigError(
+            f"task.file.answer_format = '{answer_format}' is unknown; "
+            f"valid formats: {', '.join(ANSWER_FORMATS)}"
+        )
+    p = Path(path).expanduser()
+    if p.suffix not in SUPPORTED:
+        raise DataError(
+            f"{p}: unsupported extension '{p.suffix}'; supported: {', '.join(SUPPORTED)} "
+            "(pandas converts others: df.to_json(path, orient='records', lines=True))"
+        )
+    if not p.exists():
+        raise DataError(f"{p}: no such file; set task.file.path to an existing {' or '.join(SUPPORTED)} file")
+    if p.is_dir():
+        raise DataError(f"{p} is a directory; set task.file.path to a {' or '.join(SUPPORTED)} file")
+
+    records, present = _read_records(p)
+    if not records:
+        raise DataError(f"{p} has no rows; it needs at least two examples (one train, one eval)")
+    wanted = [(prompt_column, "task.file.prompt_column"), (answer_column, "task.file.answer_column")]
+    if response_column is not None:
+        wanted.append((response_column, "task.file.response_column"))
+    for column, param in wanted:
+        if column not in present:
+            raise DataError(
+                f"{p}: no column '{column}' ({param}); columns present: {', '.join(present) or '(none)'}"
+            )
+
+    fmt = reference_answer if answer_format == "gsm8k" else str.strip
+    rows: list[_Row] = []
+    chars: set[str] = set(DIGITS + "# ")
+    for where, rec in records:
+        for column, param in wanted:
+            if column not in rec:
+                raise DataError(f"{p}: {where} has no '{column}' ({param}); every row needs one")
+        prompt = _text(p, where, prompt_column, "task.file.prompt_column", rec[prompt_column])
+        raw_answer = _text(
+            p, where, answer_column, "task.file.answer_column", rec[answer_column], numbers_ok=True
+        )
+        answer = fmt(raw_answer)
+        if not answer:
+            raise DataError(
+                f"{p}: {where} has an empty answer in column '{answer_column}'; every row needs one"
+            )
+        if response_column is None:
+            demo = f"#### {answer}" if answer_format == "gsm8k" else answer
+        else:
+            demo = _text(p, where, response_column, "task.file.response_column", rec[response_column])
+        row = _Row(prompt=prompt, answer=answer, demo=demo)
+        rows.append(row)
+        chars.update(prompt, raw_answer, demo)
+
+    threshold = eval_fraction * 2.0**64
+    held_out = {r.prompt for r in rows if _stable_hash(r.prompt) < threshold}
+    distinct = {r.prompt for r in rows}
+    if not held_out and eval_fraction > 0 and len(distinct) >= 2:
+        held_out = {min(distinct, key=_stable_hash)}  # a small file still gets an eval split
+    train = tuple(r for r in rows if r.prompt not in held_out)
+    eval_ = tuple(r for r in rows if r.prompt in held_out)
+    if not train:
+        raise DataError(
+            f"{p}: every prompt fell in the eval split ({len(rows)} rows); "
+            "add rows or lower task.file.eval_fraction"
+        )
+    task = FileTask(
+        path=str(p),
+        answer_format=answer_format,
+        train=train,
+        eval=eval_,
+        alphabet="".join(sorted(chars)),
+        max_prompt_chars=max(len(r.prompt) for r in rows),
+        max_response_chars=max(len(r.demo) for r in rows),
+    )
+    for (where, _), row in zip(records, rows, strict=True):
+        if task._score(row.answer, row.demo) < 1.0:
+            gives = response_answer(row.demo) if answer_format == "gsm8k" else row.demo.strip()
+            raise DataError(
+                f"{p}: {where}: the response in column '{response_column}' gives '{gives[:40]}' but the "
+                f"answer is '{row.answer[:40]}'; fix the row or unset task.file.response_column"
+            )
+    return task

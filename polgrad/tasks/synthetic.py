@@ -1,0 +1,295 @@
+"""Built-in verifiable tasks that a ~1M-parameter character model learns on a CPU in minutes.
+
+    task.add      "23+58="      -> "81"       (digits=2; reverse=True writes the sum units-first: "18")
+    task.sort     "sort 31524=" -> "12345"    (length=5; symbols=10 draws digits from 0..symbols-1)
+    task.reverse  "rev 31524="  -> "42513"    (length=5; the easiest of the three)
+
+Every task draws its problems from a seeded `random.Random`, so `examples(split, n, seed)` is the
+same list on every machine and in every process (string seeds do not depend on PYTHONHASHSEED).
+
+Train/eval split: a prompt belongs to the eval split iff the first 8 bytes of blake2b(prompt),
+read as an integer in [0, 2**64), fall below `eval_fraction * 2**64` (default 0.1). The split is a
+property of the prompt alone, so no eval prompt is ever trained on (not by RL, SFT demos or
+preference pairs), whatever the seed or n. Examples are sampled with replacement within a split.
+
+Reward: the response is compared with the answer after stripping surrounding whitespace; 1.0 iff
+equal, else 0.0. With `partial=True` a wrong response earns the fraction of answer positions it
+gets right, matched left to right: matches / max(len(answer), len(response)), which is < 1 unless
+the response is exactly right (so arbitrary junk may then earn a little credit).
+
+Difficulty knobs (a briefly SFT-ed tiny model should be right 20-60% of the time):
+`add.digits` (1 is easy: 100 problems; 2 is the default; 3 is hard), `add.reverse` (units-first
+sums are much easier: each digit depends only on digits already seen), `add.pad` (fixed-width
+operands are a little easier); `sort.length` / `reverse.length` and `sort.symbols` (fewer distinct
+symbols is easier).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+from polgrad.errors import ConfigError
+from polgrad.registry import register
+from polgrad.tasks.base import Example
+
+DIGITS = "0123456789"
+SPLITS = ("train", "eval")
+
+
+def in_eval_split(prompt: str, eval_fraction: float) -> bool:
+    """True iff `prompt` is held out: blake2b(prompt)[:8] as an integer < eval_fraction * 2**64."""
+    h = int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "big")
+    return h < eval_fraction * 2.0**64
+
+
+def exact_or_partial(answer: str, response: str, partial: bool) -> float:
+    """1.0 iff the stripped response equals the answer; else 0.0, or positional credit if `partial`."""
+    if not isinstance(response, str):
+        return 0.0
+    response = response.strip()
+    if response == answer:
+        return 1.0
+    if not partial or not response:
+        return 0.0
+    matches = sum(a == r for a, r in zip(answer, response, strict=False))
+    return min(matches / max(len(answer), len(response)), 1.0 - 1e-6)
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split '{split}'; valid splits: {', '.join(SPLITS)}")
+
+
+def check_fraction(name: str, eval_fraction: float) -> None:
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ConfigError(f"task.{name}.eval_fraction = {eval_fraction} must be in [0, 1)")
+
+
+def _sorted_alphabet(*parts: str) -> str:
+    return "".join(sorted(set("".join(parts))))
+
+
+@dataclass(frozen=True)
+class _Generated:
+    """A task whose problems are generated: subclasses define `_sample` and `_corrupt`."""
+
+    eval_fraction: float = 0.1
+    partial: bool = False
+    name: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        check_fraction(self.name, self.eval_fraction)
+
+    # --- what a subclass provides -------------------------------------------------------------
+    def _sample(self, rng: random.Random) -> Example:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _corrupt(self, ex: Example, rng: random.Random) -> str:  # pragma: no cover - abstract
+        """A plausible wrong answer (never equal to `ex.answer`)."""
+        raise NotImplementedError
+
+    # --- the Task contract ----------------------------------------------------------------------
+    def _draw(self, split: str, n: int, rng: random.Random) -> list[Example]:
+        check_split(split)
+        want_eval = split == "eval"
+        if want_eval and self.eval_fraction == 0.0:
+            raise ConfigError(f"task.{self.name}.eval_fraction is 0, so the eval split is empty; set it > 0")
+        out: list[Example] = []
+        budget = 200 * (n + 10)  # expected draws per eval example is 1/eval_fraction
+        while len(out) < n:
+            ex = self._sample(rng)
+            if in_eval_split(ex.prompt, self.eval_fraction) == want_eval:
+                out.append(ex)
+            budget -= 1
+            if budget < 0:
+                raise ConfigError(
+                    f"task.{self.name}: the {split} split is (nearly) empty for these settings; "
+                    f"change eval_fraction ({self.eval_fraction}) or make the problems larger"
+                )
+        return out
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        return self._draw(split, n, random.Random(f"{self.name}|{split}|{seed}"))
+
+    def reward(self, example: Example, response: str) -> float:
+        return exact_or_partial(example.answer, response, self.partial)
+
+    def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]:
+        rng = random.Random(f"{self.name}|demo|{seed}")
+        return [(ex.prompt, ex.answer) for ex in self._draw("train", n, rng)]
+
+    def preference_pairs(self, n: int, seed: int) -> list[tuple[str, str, str]]:
+        rng = random.Random(f"{self.name}|pref|{seed}")
+        return [(ex.prompt, ex.answer, self._corrupt(ex, rng)) for ex in self._draw("train", n, rng)]
+
+
+def _change_one(s: str, rng: random.Random, symbols: str = DIGITS) -> str:
+    """`s` with one character replaced by a different symbol."""
+    i = rng.randrange(len(s))
+    c = rng.choice([d for d in symbols if d != s[i]])
+    return s[:i] + c + s[i + 1 :]
+
+
+def _swap_adjacent(s: str, rng: random.Random) -> str | None:
+    """`s` with one pair of unequal neighbours swapped, or None if all characters are equal."""
+    spots = [i for i in range(len(s) - 1) if s[i] != s[i + 1]]
+    if not spots:
+        return None
+    i = rng.choice(spots)
+    return s[:i] + s[i + 1] + s[i] + s[i + 2 :]
+
+
+@dataclass(frozen=True)
+class Add(_Generated):
+    """'a+b=' -> the decimal sum; operands uniform in [0, 10**digits)."""
+
+    digits: int = 2
+    reverse: bool = False
+    pad: bool = False
+    name: str = field(default="add", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.digits <= 6:
+            raise ConfigError(f"task.add.digits = {self.digits} must be in 1..6 (prompts stay short)")
+
+    @property
+    def alphabet(self) -> str:
+        return _sorted_alphabet(DIGITS, "+=")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return 2 * self.digits + 2
+
+    @property
+    def max_response_chars(self) -> int:
+        return self.digits + 1
+
+    def _write(self, total: int) -> str:
+        return str(total)[::-1] if self.reverse else str(total)
+
+    def _sample(self, rng: random.Random) -> Example:
+        a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
+        fa, fb = (str(a).zfill(self.digits), str(b).zfill(self.digits)) if self.pad else (str(a), str(b))
+        return Example(prompt=f"{fa}+{fb}=", answer=self._write(a + b))
+
+    def _corrupt(self, ex: Example, rng: random.Random) -> str:
+        total = int(ex.answer[::-1] if self.reverse else ex.answer)
+        while True:
+            kind = rng.randrange(3)
+            if kind == 0:  # off by one
+                wrong = total + rng.choice((-1, 1))
+            elif kind == 1:  # a dropped or spurious carry
+                wrong = total + rng.choice((-10, 10))
+            else:  # one digit wrong
+                wrong = int(_change_one(str(total), rng))
+            plausible = abs(len(str(wrong)) - len(str(total))) <= 1  # no '107' -> '7'
+            if wrong >= 0 and wrong != total and plausible and len(str(wrong)) <= self.max_response_chars:
+                return self._write(wrong)
+
+
+@dataclass(frozen=True)
+class Sort(_Generated):
+    """'sort 31524=' -> '12345': the digits in ascending order (repeats allowed)."""
+
+    length: int = 5
+    symbols: int = 10
+    name: str = field(default="sort", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 2 <= self.length <= 10:
+            raise ConfigError(f"task.sort.length = {self.length} must be in 2..10 (prompts stay short)")
+        if not 2 <= self.symbols <= 10:
+            raise ConfigError(f"task.sort.symbols = {self.symbols} must be in 2..10")
+
+    @property
+    def alphabet(self) -> str:
+        return _sorted_alphabet(DIGITS, "sort =")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.length + 6
+
+    @property
+    def max_response_chars(self) -> int:
+        return self.length
+
+    def _sample(self, rng: random.Random) -> Example:
+        s = "".join(rng.choice(DIGITS[: self.symbols]) for _ in range(self.length))
+        return Example(prompt=f"sort {s}=", answer="".join(sorted(s)))
+
+    def _corrupt(self, ex: Example, rng: random.Random) -> str:
+        if rng.random() < 0.5:  # right multiset, wrong order
+            swapped = _swap_adjacent(ex.answer, rng)
+            if swapped is not None:
+                return swapped
+        return "".join(sorted(_change_one(ex.answer, rng, DIGITS[: self.symbols])))  # sorted, wrong digit
+
+
+@dataclass(frozen=True)
+class Reverse(_Generated):
+    """'rev 31524=' -> '42513': the digits in reverse order."""
+
+    length: int = 5
+    symbols: int = 10
+    name: str = field(default="reverse", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 2 <= self.length <= 10:
+            raise ConfigError(f"task.reverse.length = {self.length} must be in 2..10 (prompts stay short)")
+        if not 2 <= self.symbols <= 10:
+            raise ConfigError(f"task.reverse.symbols = {self.symbols} must be in 2..10")
+
+    @property
+    def alphabet(self) -> str:
+        return _sorted_alphabet(DIGITS, "rev =")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.length + 5
+
+    @property
+    def max_response_chars(self) -> int:
+        return self.length
+
+    def _sample(self, rng: random.Random) -> Example:
+        s = "".join(rng.choice(DIGITS[: self.symbols]) for _ in range(self.length))
+        return Example(prompt=f"rev {s}=", answer=s[::-1])
+
+    def _corrupt(self, ex: Example, rng: random.Random) -> str:
+        if rng.random() < 0.5:
+            swapped = _swap_adjacent(ex.answer, rng)  # also covers "copied instead of reversed"
+            if swapped is not None:
+                return swapped
+        return _change_one(ex.answer, rng, DIGITS[: self.symbols])
+
+
+@register("task", "add")
+def add(
+    *,
+    digits: int = 2,
+    reverse: bool = False,
+    pad: bool = False,
+    partial: bool = False,
+    eval_fraction: float = 0.1,
+) -> Add:
+    """Two-operand addition, '23+58=' -> '81'; reverse=True writes sums units-first (easier)."""
+    return Add(digits=digits, reverse=reverse, pad=pad, partial=partial, eval_fraction=eval_fraction)
+
+
+@register("task", "sort")
+def sort(*, length: int = 5, symbols: int = 10, partial: bool = False, eval_fraction: float = 0.1) -> Sort:
+    """Sort a digit string, 'sort 31524=' -> '12345'."""
+    return Sort(length=length, symbols=symbols, partial=partial, eval_fraction=eval_fraction)
+
+
+@register("task", "reverse")
+def reverse(
+    *, length: int = 5, symbols: int = 10, partial: bool = False, eval_fraction: float = 0.1
+) -> Reverse:
+    """Reverse a digit string, 'rev 31524=' -> '42513' (the easiest built-in)."""
+    return Reverse(length=length, symbols=symbols, partial=partial, eval_fraction=eval_fraction)
