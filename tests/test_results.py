@@ -1,0 +1,241 @@
+"""Leaderboards: t-based confidence intervals, atomic CSV upserts, grouping, markdown, load()."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import threading
+
+import pytest
+
+from polgrad import results
+from polgrad.errors import DataError
+
+# ---------------------------------------------------------------------------------------------
+# Confidence intervals: known values
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "df, expected",
+    # Two-sided 95% critical values of Student's t (any statistics table).
+    [
+        (1, 12.7062),
+        (2, 4.3027),
+        (3, 3.1824),
+        (4, 2.7764),
+        (5, 2.5706),
+        (10, 2.2281),
+        (30, 2.0423),
+        (100, 1.9840),
+    ],
+)
+def test_t_quantile_matches_the_table(df, expected):
+    assert results.t_ppf(0.975, df) == pytest.approx(expected, abs=5e-5)
+
+
+def test_t_cdf_is_symmetric_and_inverts_ppf():
+    assert results.t_cdf(0.0, 7) == pytest.approx(0.5, abs=1e-12)
+    for df in (1, 3, 12):
+        for q in (0.6, 0.9, 0.995):
+            t = results.t_ppf(q, df)
+            assert results.t_cdf(t, df) == pytest.approx(q, abs=1e-9)
+            assert results.t_ppf(1 - q, df) == pytest.approx(-t, abs=1e-9)
+
+
+def test_mean_ci_known_values():
+    mean, half, n = results.mean_ci([1.0, 2.0, 3.0])
+    assert (mean, n) == (2.0, 3)
+    # s = 1, t_{0.975, 2} = 4.302653: half-width = 4.302653 · 1 / sqrt(3) = 2.484138
+    assert half == pytest.approx(4.302653 / math.sqrt(3), abs=1e-6)
+    assert half == pytest.approx(2.484, abs=1e-3)
+    assert results.mean_ci([5.0]) == (5.0, None, 1)  # one seed: no interval
+    mean, half, n = results.mean_ci([])
+    assert math.isnan(mean) and half is None and n == 0
+    assert results.mean_ci([1.0, float("nan"), 3.0])[2] == 2  # non-finite values are dropped
+    assert results.mean_ci([4.0, 4.0])[1] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The CSV
+# ---------------------------------------------------------------------------------------------
+
+
+def _row(cid, **kw):
+    base = {
+        "experiment": "e",
+        "cell_id": cid,
+        "spec": "grpo",
+        "spec_file": "registry/grpo.gin",
+        "seed": 0,
+        "status": "ok",
+        "eval_accuracy": 0.5,
+    }
+    return {**base, **kw}
+
+
+def test_upsert_replaces_by_cell_id_keeps_order_and_unions_columns(tmp_path):
+    path = tmp_path / "e.csv"
+    order = ["c0", "c1", "c2"]
+    results.upsert_row(path, _row("c2", **{"Algorithm.kl": "@kl.k3"}), order=order)
+    results.upsert_row(path, _row("c0", **{"Algorithm.kl": "@kl.k1"}), order=order)
+    results.upsert_row(path, _row("c0", status="failed", error="boom", eval_accuracy=None), order=order)
+    results.upsert_row(path, _row("c1", **{"Algorithm.kl_coef": 0.01}), order=order)
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        header = reader.fieldnames
+    assert [r["cell_id"] for r in rows] == ["c0", "c1", "c2"]  # one row per cell, expansion order
+    assert rows[0]["status"] == "failed" and rows[0]["error"] == "boom" and rows[0]["eval_accuracy"] == ""
+    # Swept columns sit between the identity and the metrics, in first-seen order.
+    assert header == [
+        "experiment",
+        "cell_id",
+        "spec",
+        "spec_file",
+        "Algorithm.kl",
+        "Algorithm.kl_coef",
+        "seed",
+        "eval_accuracy",
+        "status",
+        "error",
+    ]
+    assert not list(tmp_path.glob(".e.csv.*"))  # no temp files left behind
+
+
+def test_concurrent_upserts_lose_nothing(tmp_path):
+    path = tmp_path / "e.csv"
+
+    def writer(k):
+        for i in range(6):
+            results.upsert_row(path, _row(f"w{k}-{i}", eval_accuracy=k + i / 10))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = results.read_rows(path)
+    assert sorted(r["cell_id"] for r in rows) == sorted(f"w{k}-{i}" for k in range(6) for i in range(6))
+
+
+def test_load_returns_the_dataframe_and_a_one_line_error_when_missing(tmp_path):
+    results.upsert_row(tmp_path / "kl_ablation.csv", _row("c0"))
+    df = results.load("kl_ablation", results_dir=tmp_path)
+    assert list(df["cell_id"]) == ["c0"] and df["eval_accuracy"].iloc[0] == 0.5
+    with pytest.raises(DataError) as err:
+        results.load("nope", results_dir=tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg and "nope" in msg and str(tmp_path / "nope.csv") in msg and "kl_ablation" in msg
+
+
+def test_environment_reports_versions_without_importing_them():
+    env = results.environment()
+    assert set(env) == {"git_commit", "python", "torch", "transformers", "deepspeed", "hostname", "cpu_count"}
+    assert env["cpu_count"] >= 1 and env["python"].count(".") == 2
+    assert results.git_commit("/") == "unknown"  # not a repository
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouping, markdown, curves
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows():
+    rows = []
+    for kl, accs in (("@kl.k1", [0.2, 0.4]), ("@kl.k3", [0.6, 0.8, 0.7]), ("@kl.abs", [0.9])):
+        for seed, acc in enumerate(accs):
+            rows.append(
+                _row(
+                    f"{kl}-{seed}",
+                    **{"Algorithm.kl": kl, "seed": seed, "eval_accuracy": acc, "kl": 0.1 * seed},
+                )
+            )
+    rows.append(
+        _row(
+            "k2-0", **{"Algorithm.kl": "@kl.k2", "status": "failed", "error": "nan loss", "eval_accuracy": ""}
+        )
+    )
+    rows.append(
+        _row("k3-failed", **{"Algorithm.kl": "@kl.k3", "seed": 3, "status": "failed", "error": "oom"})
+    )
+    return [{k: str(v) for k, v in r.items()} for r in rows]
+
+
+def test_leaderboard_groups_over_seeds_and_sorts_by_the_primary_metric():
+    board = results.leaderboard(_rows(), ["spec", "Algorithm.kl"], "eval_accuracy")
+    assert [e["group"]["Algorithm.kl"] for e in board] == ["@kl.abs", "@kl.k3", "@kl.k1", "@kl.k2"]
+    k3 = board[1]
+    assert (k3["n"], k3["n_failed"]) == (3, 1)
+    mean, half, n = k3["eval_accuracy"]
+    assert mean == pytest.approx(0.7) and n == 3
+    assert half == pytest.approx(results.t_ppf(0.975, 2) * 0.1 / math.sqrt(3))
+    assert board[0]["eval_accuracy"][1] is None  # one seed
+    assert board[-1]["n"] == 0  # all seeds failed: last
+    low = results.leaderboard(_rows(), ["spec", "Algorithm.kl"], "eval_accuracy", higher_is_better=False)
+    assert [e["group"]["Algorithm.kl"] for e in low][:3] == ["@kl.k1", "@kl.k3", "@kl.abs"]
+
+
+def test_markdown_marks_the_best_group_and_says_when_there_is_no_ci(monkeypatch):
+    import sys
+    import types
+
+    fake = types.ModuleType("polgrad.algorithm")
+    fake.table_row_from_file = lambda p: {
+        "method": "GRPO",
+        "type": "on-policy",
+        "reward_model": "rule",
+        "value_function": "none",
+        "reference_policy": "yes",
+        "core_loss": "clip",
+    }
+    monkeypatch.setitem(sys.modules, "polgrad.algorithm", fake)
+    md = results.markdown(
+        "kl",
+        _rows(),
+        swept_columns=["Algorithm.kl"],
+        primary_metric="eval_accuracy",
+        spec_files={"grpo": "registry/grpo.gin"},
+        command="python -m polgrad.sweep x.gin",
+    )
+    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert table[0].split(" | ")[:5] == ["| rank", "spec", "Algorithm.kl", "seeds ok", "eval_accuracy"]
+    assert table[1].startswith("| **1 ★** | **grpo** | `@kl.abs` | 1 | **0.9 (n=1)** |")
+    assert table[2].startswith("| 2 | grpo | `@kl.k3` | 3 (1 failed) | 0.7 ± 0.25 |")
+    assert "| – |" in table[4]  # the group with no finished seed
+    assert "GRPO | on-policy | rule | none | yes | clip |" in table[1]
+    assert "`(n=1)` means a single seed, so no interval" in md
+    assert "`python -m polgrad.sweep x.gin`" in md
+    assert "- `k2-0`: nan loss" in md and "- `k3-failed`: oom" in md
+
+
+def test_markdown_without_table5_says_why():
+    md = results.markdown(
+        "kl",
+        _rows(),
+        swept_columns=["Algorithm.kl"],
+        primary_metric="eval_accuracy",
+        spec_files={"grpo": "/no/such/spec.gin"},
+    )
+    assert "Table-5 columns unavailable" in md and "| n/a |" in md
+
+
+def test_read_metrics_skips_a_torn_line_and_keeps_the_last_row_of_a_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": 0, "reward_mean": 0.1},
+        {"step": 1, "reward_mean": 0.2},
+        {"step": 1, "reward_mean": 0.25},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 2, "rew')
+    assert results.read_metrics(path) == [{"step": 0, "reward_mean": 0.1}, {"step": 1, "reward_mean": 0.25}]
+    assert results.read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_plot_writes_a_valid_png_even_without_metrics(tmp_path):
+    import matplotlib.image
+
+    results.plot(tmp_path / "p.png", "kl", _rows(), swept_columns=["Algorithm.kl"], results_dir=tmp_path)
+    img = matplotlib.image.imread(tmp_path / "p.png")
+    assert img.ndim == 3 and img.shape[2] in (3, 4)
