@@ -1,0 +1,422 @@
+"""The thin layer through which polgrad trains with a DeepSpeed engine: CPU here, GPU unchanged.
+
+The training loop uses it like this (one optimizer step = `grad_accum` micro-batches per rank)::
+
+    info = distributed.setup(seed=cfg.seed)          # once, before building models
+    engine = distributed.make_engine(policy, lr=1e-5, zero_stage=2, micro_batch_size=4,
+                                     grad_accum=8, bf16=False, grad_clip=1.0)
+    for micro_batch in micro_batches:                # exactly grad_accum of them, on every rank
+        loss = aggregate(...)                        # global denominators: see below
+        distributed.backward(engine, loss)           # never engine.backward / loss.backward
+        applied = distributed.step(engine)           # None between boundaries; True/False at one
+
+Loss scaling, exactly. polgrad's aggregators divide by the counts of the whole optimizer step
+(tokens, sequences, max length over all micro-batches of all data-parallel ranks), so the step loss
+is the plain sum L = sum_r sum_m L[r, m] of the micro-batch losses that the ranks compute, and the
+gradient the optimizer must see is dL/dθ. DeepSpeed 0.19 by default divides twice:
+
+1. `engine.backward(loss)` divides the loss by `gradient_accumulation_steps` (`scale_wrt_gas=True`).
+   `backward` here passes `scale_wrt_gas=False`: micro-batch gradients are summed, not averaged.
+2. The data-parallel reduction (allreduce at stage 0, reduce-scatter at ZeRO 1-3) averages over the
+   data-parallel ranks (`gradient_allreduce_op: "mean"`; "sum" is rejected under ZeRO-3 in 0.19).
+   `backward` multiplies the loss by the data-parallel world size W, so the mean over ranks of
+   W * g_r is sum_r g_r. For W a power of two the multiplication and DeepSpeed's division are exact.
+
+So at the optimizer step every rank's gradient is dL/dθ up to float summation order, and gradient
+clipping (`gradient_clipping`) clips the norm of that true gradient. tests/test_distributed.py
+checks both against a plain-PyTorch AdamW step on the summed loss (world size 1 at stages 0-3,
+world size 2 under torchrun at stages 0, 2 and 3).
+Do not call `loss.backward()` on a loss computed from engine outputs: DeepSpeed 0.19 hooks the
+module outputs and would divide by `gradient_accumulation_steps` there.
+
+Micro-batch count. By default DeepSpeed applies the optimizer step on every `grad_accum`-th call
+of `engine.step()`, counting calls, not samples: call `backward` + `step` exactly `grad_accum`
+times per optimizer step. When the count varies from step to step (filtered groups, ragged last
+minibatch), pass `boundary=` to `backward` (True on the step's last micro-batch, False before) and
+call `step` once after the last one (calling it after every micro-batch is also fine); the
+`grad_accum` of the config then only feeds DeepSpeed's sample counter, and nothing is rescaled by it
+either way. Every rank must run the same number of micro-batches per step, forward included under
+ZeRO-3 (it all-gathers parameters): a rank with fewer sequences runs a padded micro-batch whose
+mask is all zero (loss 0, gradient 0). Micro-batch sizes may differ.
+
+Non-finite losses. A non-finite micro-batch loss poisons the whole optimizer step: it is skipped on
+every rank, parameters and optimizer state unchanged. Skipping just that micro-batch's backward or
+step is not safe under DeepSpeed: the `engine.step()` counter would shift the accumulation boundary,
+ZeRO reduces gradients inside backward (a rank that skips it leaves its peers waiting in a
+collective), and the finite micro-batches' partial gradients would still be applied with the wrong
+denominators. Instead `backward` backpropagates `loss * nan`, which makes the step's gradient
+non-finite on every rank after the reduction; DeepSpeed's own overflow check then discards the
+gradients and skips the step (ZeRO 1-3; the bf16 wrappers with `check_grad_overflow`, which
+`ds_config` sets), and at stage 0 in fp32, where DeepSpeed calls the torch optimizer with no check,
+`make_engine` passes an AdamW that does the same check (`_AdamWSkippingNonFinite`). `backward`
+returns False for such a micro-batch and `step` returns False for the skipped step (and
+`engine.skipped_steps` counts it): the loop logs both and otherwise goes on as usual, calling
+`backward` and `step` for the remaining micro-batches of the step.
+
+The shared-memory comm op. `deepspeed.init_distributed` JIT-compiles `deepspeed_shm_comm` on CPU (a
+fast path used only by inference all-reduce, never by training): measured here 35 s cold on 2 idle
+cores (~55 s loaded), 0.13 s from the torch-extensions cache, 0.01 s skipped. `setup` skips it by
+marking the op incompatible in DeepSpeed's own compatibility table (`deepspeed.ops.__compatible_ops__`,
+which `build_shm_op` consults), so nothing is compiled and nothing is cached outside the repo.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import resource
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from polgrad.errors import ConfigError, DataError, PolgradError
+
+if TYPE_CHECKING:  # deepspeed is imported lazily: DS_ACCELERATOR must be set before its import
+    from deepspeed import DeepSpeedEngine
+
+__all__ = [
+    "DistInfo",
+    "backward",
+    "ds_config",
+    "has_checkpoint",
+    "load_checkpoint",
+    "make_engine",
+    "peak_memory_mb",
+    "save_checkpoint",
+    "setup",
+    "step",
+]
+
+_RNG_KEY = "polgrad_rng"  # where save_checkpoint puts every rank's RNG states in client_state
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE")  # set by torchrun and the deepspeed launcher
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: global rank, world size, rank on its node, and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that writes logs and results."""
+        return self.rank == 0
+
+
+def setup(seed: int | None = None) -> DistInfo:
+    """Initialise the process group once (idempotent) and return this process's `DistInfo`.
+
+    Under a launcher (torchrun, `deepspeed`) RANK/WORLD_SIZE/MASTER_* come from the environment.
+    Without one this is a single process: the group is built on an in-process store, so no port is
+    picked (no race with other jobs) and no RANK/MASTER_PORT leaks into child processes, which
+    would otherwise take them for a launcher's; only LOCAL_RANK=0 is set, which DeepSpeed requires.
+    DS_ACCELERATOR defaults to "cpu" when CUDA is unavailable (a user's setting is kept). The
+    backend is gloo on CPU, nccl on GPU. `seed`, when given, seeds python, numpy and torch with the
+    same value on every rank, so that models built afterwards start identical on all ranks; seed
+    per-rank sampling yourself (e.g. `seed + info.rank`).
+    """
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    launched = all(name in os.environ for name in _LAUNCHER_ENV)
+    if cuda:
+        torch.cuda.set_device(local_rank)
+
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        backend = "nccl" if cuda else "gloo"
+        if launched:
+            tdist.init_process_group(backend)  # env:// from the launcher
+        else:
+            tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
+
+    import deepspeed
+    import deepspeed.comm
+    from deepspeed.accelerator import get_accelerator
+
+    if not deepspeed.comm.is_initialized():
+        if get_accelerator().device_name() == "cpu":
+            # Skip the shm comm op's JIT build (see the module docstring): training never uses it.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        # torch.distributed is up, so DeepSpeed only wraps it: no MPI discovery, no second group.
+        deepspeed.init_distributed(dist_backend=tdist.get_backend(), verbose=False)
+
+    if seed is not None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)  # also seeds every CUDA device
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    return DistInfo(tdist.get_rank(), tdist.get_world_size(), local_rank, device)
+
+
+def _world_size() -> int:
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def ds_config(
+    *,
+    zero_stage: int,
+    micro_batch_size: int,
+    grad_accum: int,
+    bf16: bool,
+    grad_clip: float | None,
+    world_size: int | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The DeepSpeed JSON config for one data-parallel training job.
+
+    train_batch_size = micro_batch_size * grad_accum * world_size (world_size defaults to the
+    process group's, else $WORLD_SIZE, else 1). There is no "optimizer" key: `make_engine` passes a
+    torch AdamW, because a config optimizer makes DeepSpeed JIT-compile FusedAdam (~70 s on CPU).
+    bf16=False trains in fp32. `grad_clip` is the max global L2 norm of the gradient (None: off).
+    `extra` is deep-merged last, for settings this function does not name (e.g. ZeRO offload,
+    `stage3_param_persistence_threshold`).
+    """
+    where = "distributed.ds_config"
+    if not _is_int(zero_stage) or not 0 <= zero_stage <= 3:
+        raise ConfigError(f"{where}: zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if not _is_int(micro_batch_size) or micro_batch_size < 1:
+        raise ConfigError(f"{where}: micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
+    if not _is_int(grad_accum) or grad_accum < 1:
+        raise ConfigError(f"{where}: grad_accum must be an integer >= 1, got {grad_accum!r}")
+    if not isinstance(bf16, bool):
+        raise ConfigError(f"{where}: bf16 must be True or False, got {bf16!r}")
+    if grad_clip is not None and (
+        isinstance(grad_clip, bool)
+        or not isinstance(grad_clip, (int, float))
+        or not math.isfinite(grad_clip)
+        or grad_clip <= 0
+    ):
+        raise ConfigError(f"{where}: grad_clip must be a finite number > 0 or None (off), got {grad_clip!r}")
+    world = _world_size() if world_size is None else world_size
+    if not _is_int(world) or world < 1:
+        raise ConfigError(f"{where}: world_size must be an integer >= 1, got {world!r}")
+    config: dict[str, Any] = {
+        "train_batch_size": micro_batch_size * grad_accum * world,
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "zero_optimization": {"stage": zero_stage},
+        "gradient_clipping": float(grad_clip) if grad_clip is not None else 0.0,
+        # check_grad_overflow: skip a step whose gradient norm is not finite (see module docstring).
+        "bf16": {"enabled": True, "check_grad_overflow": True} if bf16 else {"enabled": False},
+        "fp16": {"enabled": False},
+        "steps_per_print": 2**62,  # polgrad logs its own metrics
+        "wall_clock_breakdown": False,
+    }
+    if extra is not None:
+        _deep_merge(config, extra)
+    return config
+
+
+def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def make_engine(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    **ds_kwargs: Any,
+) -> DeepSpeedEngine:
+    """Wrap `model` in a DeepSpeed engine with a `torch.optim.AdamW` over its trainable parameters.
+
+    `ds_kwargs` are `ds_config`'s keywords (zero_stage, micro_batch_size, grad_accum, bf16,
+    grad_clip, and optionally world_size, extra). Calls `setup()` if it has not run. Train with
+    `backward(engine, loss)` and `step(engine)` for every micro-batch (module docstring); the engine's
+    forward is `engine(...)`, its module `engine.module`. Under ZeRO-3 each rank holds a partition
+    of each parameter (`p.ds_tensor`); gather with `deepspeed.zero.GatheredParameters` to read them.
+    """
+    where = "distributed.make_engine"
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+        raise ConfigError(f"{where}: lr must be a finite number > 0, got {lr!r}")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+        raise ConfigError(f"{where}: weight_decay must be a number >= 0, got {weight_decay!r}")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ConfigError(f"{where}: eps must be a number > 0, got {eps!r}")
+    setup()
+    config = ds_config(**ds_kwargs)
+    import deepspeed
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError(f"{where}: the model has no trainable parameters")
+    # ZeRO accepts only its listed optimizer types (a subclass is "untested"); at stage 0 DeepSpeed
+    # calls the optimizer as is, so the overflow check comes with it (see _AdamWSkippingNonFinite).
+    adamw = _AdamWSkippingNonFinite if config["zero_optimization"]["stage"] == 0 else torch.optim.AdamW
+    optimizer = adamw(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=config, dist_init_required=False
+    )
+    return engine
+
+
+def backward(engine: DeepSpeedEngine, loss: torch.Tensor, *, boundary: bool | None = None) -> bool:
+    """Backpropagate one micro-batch's share of the step loss; False if `loss` was not finite.
+
+    `loss` is this rank's micro-batch term of the step loss (global denominators), a scalar. Its
+    gradient is added as is: DeepSpeed's 1/grad_accum is switched off and its 1/world_size average
+    is compensated (module docstring). A non-finite loss is backpropagated as `loss * nan`, which
+    makes the whole optimizer step skip on every rank; the caller counts the False. `boundary`
+    (True on the last micro-batch of the step) lets the number of micro-batches vary per step;
+    leave it None to let DeepSpeed count `grad_accum` micro-batches.
+    """
+    if loss.dim() != 0:
+        raise ValueError(f"backward: loss must be a scalar, got shape {tuple(loss.shape)}")
+    if boundary is not None:
+        engine.set_gradient_accumulation_boundary(bool(boundary))
+    finite = bool(torch.isfinite(loss.detach()).item())
+    scaled = loss * float(engine.dp_world_size)
+    if not finite:
+        scaled = scaled * float("nan")
+    engine.backward(scaled, scale_wrt_gas=False)
+    return finite
+
+
+def step(engine: DeepSpeedEngine) -> bool | None:
+    """`engine.step()` for every micro-batch; None between boundaries, else whether the step applied.
+
+    At the accumulation boundary the optimizer step is applied unless the reduced gradient is not
+    finite (a non-finite loss reached `backward`, or the gradient overflowed); then the gradients
+    are discarded, parameters and optimizer state stay as they were, `engine.skipped_steps` grows
+    by one, and this returns False.
+    """
+    boundary = engine.is_gradient_accumulation_boundary()
+    engine.step()
+    return engine.was_step_applied() if boundary else None
+
+
+class _AdamWSkippingNonFinite(torch.optim.AdamW):
+    """AdamW that skips a step whose gradient is not finite and says so in `overflow`.
+
+    DeepSpeed's ZeRO and bf16/fp16 wrappers check the gradient norm and skip such a step; at
+    stage 0 in fp32 it calls the client optimizer directly, with no check. With this attribute the
+    engine treats a skip here as its own overflow (`skipped_steps`, `was_step_applied`). The
+    gradients are already all-reduced when it runs, so every rank decides the same.
+    """
+
+    overflow = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.overflow = bool(grads) and not bool(torch.stack([g.isfinite().all() for g in grads]).all())
+        if self.overflow:
+            return None
+        return super().step(closure)
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        # numpy's array as a list: checkpoints stay loadable with torch.load(weights_only=True)
+        "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(
+    engine: DeepSpeedEngine,
+    dir: str | os.PathLike[str],
+    tag: str,
+    client_state: Mapping[str, Any] | None = None,
+) -> None:
+    """DeepSpeed's `engine.save_checkpoint` plus every rank's RNG states (python, numpy, torch).
+
+    Collective: every rank must call it, between optimizer steps. DeepSpeed writes `client_state`
+    once (rank 0's copy) and a `latest` file naming `tag`; the RNG states of all ranks are gathered
+    into it under a private key, so that a resume at the same world size continues bit-identically.
+    """
+    import torch.distributed as tdist
+
+    managed = getattr(engine, "_is_gradient_accumulation_boundary", None) is None  # no boundary=
+    if managed and engine.micro_steps % engine.gradient_accumulation_steps() != 0:
+        raise PolgradError(
+            "save_checkpoint: call it between optimizer steps (after the step() that returned True or "
+            "False), not in the middle of gradient accumulation"
+        )
+    states: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(states, _rng_state())
+    state = dict(client_state or {})
+    if _RNG_KEY in state:
+        raise ConfigError(f"save_checkpoint: client_state key {_RNG_KEY!r} is reserved for RNG states")
+    state[_RNG_KEY] = states
+    engine.save_checkpoint(str(dir), tag=tag, client_state=state)
+
+
+def has_checkpoint(dir: str | os.PathLike[str]) -> bool:
+    """True if `dir` holds a checkpoint that `load_checkpoint(engine, dir)` would load."""
+    return (Path(dir) / "latest").is_file()
+
+
+def load_checkpoint(
+    engine: DeepSpeedEngine, dir: str | os.PathLike[str], tag: str | None = None
+) -> dict[str, Any]:
+    """Load a `save_checkpoint` checkpoint (the `latest` tag unless `tag`); return its client_state.
+
+    Restores module, optimizer and engine counters (DeepSpeed) and this rank's RNG states. At a
+    different world size the RNG states of the saving ranks do not map onto this one's and are
+    left untouched (training resumes, but not bit-identically).
+    """
+    path = Path(dir)
+    if tag is None and not has_checkpoint(path):
+        raise DataError(f"load_checkpoint: no checkpoint in {path} (no 'latest' file); save one or pass tag=")
+    load_path, client_state = engine.load_checkpoint(str(path), tag=tag)
+    if load_path is None:
+        raise DataError(f"load_checkpoint: could not load tag {tag!r} from {path}")
+    client_state = dict(client_state or {})
+    states = client_state.pop(_RNG_KEY, None)
+    import torch.distributed as tdist
+
+    if states is not None and len(states) == tdist.get_world_size():
+        _set_rng_state(states[tdist.get_rank()])
+    return client_state
+
+
+def peak_memory_mb() -> float:
+    """Peak memory of this process in MiB: CUDA allocator peak on GPU, peak RSS on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
