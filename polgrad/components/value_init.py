@@ -1,1 +1,101 @@
-"""Built-in value_init parts (see protocols.py for the call signature)."""
+"""Built-in value_init parts: where the critic (value network) starts.
+
+Call signature (registry.KINDS['value_init']): `fn(*, policy_path: str, reward_model_path: str | None)
+-> ScalarHeadModel`, a trainable module `(input_ids [B,S], attention_mask [B,S]) -> values [B,S]`
+(train mode, requires_grad on). The loop reads V(s_t) at the positions that predict each response
+token (`polgrad.rollout.hf.response_values`). Extra keyword-only hyperparameters are gin-bound
+(`value_init.policy.head_init_std = 0.02`).
+
+Source: RLHF book, policy-gradient chapter, "value network initialisation": the learned value network
+of PPO-style algorithms can start from a different model of the same architecture or from random
+weights, and the choice can matter a lot. The standard set by InstructGPT (Ouyang et al. 2022), and
+reused for RLVR by Tülu 3 (Lambert et al. 2024), initialises it from the reward model used for RLHF;
+others take the checkpoint RL starts from (usually the SFT model) with a randomly initialised value
+head; re-initialising the whole model is rarer (RL takes longer to converge) but works.
+
+polgrad.models (and so transformers) is imported inside the functions: importing
+polgrad.components stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from polgrad.errors import ConfigError
+from polgrad.registry import register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from polgrad.models import ScalarHeadModel
+
+
+def _trainable(model: ScalarHeadModel) -> ScalarHeadModel:
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+@register("value_init", "reward_model", needs_reward_model=True)
+def reward_model(*, policy_path: str, reward_model_path: str | None) -> ScalarHeadModel:
+    """Critic = a trainable copy of the reward model (backbone and scalar head).
+
+    InstructGPT's choice, reused by Tülu 3: the reward model already maps a sequence to a scalar
+    on the reward's scale, so V starts close to the score the episode will get. Needs a reward model
+    in the run; without one it raises a one-line ConfigError naming the binding.
+
+    Shapes: the returned module maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    """
+    from polgrad.models import ScalarHeadModel
+
+    if reward_model_path is None:
+        raise ConfigError(
+            "Algorithm.value_init = @value_init.reward_model needs a reward model, but this run has none "
+            "(its reward is the task's verifier); use @value_init.policy or @value_init.random"
+        )
+    return _trainable(ScalarHeadModel.from_pretrained(reward_model_path))
+
+
+@register("value_init", "policy")
+def policy(
+    *, policy_path: str, reward_model_path: str | None = None, head_init_std: float = 0.0, seed: int = 0
+) -> ScalarHeadModel:
+    """Critic = the policy checkpoint's backbone (its own copy) + a fresh scalar head.
+
+    The head (Linear(hidden, 1)) starts at zero by default, so V = 0 at every position at step 0
+    whatever the backbone's features are and the first advantages are the plain returns; gradients
+    still flow (the head's own gradient is non-zero, the backbone's follows from the next step).
+    `head_init_std > 0` draws the weight from N(0, head_init_std^2) instead (seeded by `seed`), bias 0.
+    `reward_model_path` is ignored.
+
+    Shapes: the returned module maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    """
+    from polgrad.models import ScalarHeadModel
+
+    _check_std("policy", head_init_std)
+    return _trainable(ScalarHeadModel.from_backbone(policy_path, head_init_std=head_init_std, seed=seed))
+
+
+@register("value_init", "random")
+def random(
+    *, policy_path: str, reward_model_path: str | None = None, head_init_std: float = 0.0, seed: int = 0
+) -> ScalarHeadModel:
+    """Critic = the policy's architecture (read from its config) with every weight re-initialised.
+
+    The backbone gets the model's own initialisation (normal, std = config.initializer_range) under
+    `torch.manual_seed(seed)`; the head as in `value_init.policy` (zero unless head_init_std > 0).
+    No weights are read from `policy_path`, only its config. `reward_model_path` is ignored.
+
+    Shapes: the returned module maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    """
+    from transformers import AutoConfig
+
+    from polgrad.models import ScalarHeadModel
+
+    _check_std("random", head_init_std)
+    config = AutoConfig.from_pretrained(policy_path)
+    return _trainable(ScalarHeadModel.from_config(config, seed=seed, head_init_std=head_init_std))
+
+
+def _check_std(name: str, std: float) -> None:
+    if not std >= 0:
+        raise ConfigError(f"value_init.{name}.head_init_std = {std} must be >= 0")

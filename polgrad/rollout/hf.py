@@ -1,0 +1,406 @@
+"""Rollouts with a Hugging Face causal LM on CPU (the default backend) and the log-prob recompute.
+
+    generate(model, tokenizer, examples, *, group_size, ...)      -> Rollout
+    response_logprobs(model, rollout | ids..., *, temperature)     -> logp [B,T] (+ entropy, logits)
+    response_values(critic, rollout | ids...)                      -> values [B,T]
+    rollout_scores(reward_model, rollout)                          -> scores [B] at the EOS token
+
+Sampling is a hand-written KV-cache loop (one prefill, then one single-token forward per step). It is
+as fast as `model.generate` (measured on the tiny model, 256 rows x 32 tokens: 19k tokens/s with one
+thread, 28k with two, generate within 5%), and it draws from a private
+`torch.Generator(generator_seed)`, so the same seed gives the same rollout whatever else touched
+torch's global RNG, and the log-probs it records are exactly the ones defined below.
+
+Layout. Row b of a rollout is prompt `b // group_size` (`group_ids[b]`). The prompt is BOS +
+characters, left-padded (`prompt_ids`, `prompt_mask`); the response is right-padded with PAD after
+the EOS. `mask[b, t]` is 1 on generated tokens up to and including the EOS, 0 after; a row with no EOS
+within `max_new_tokens` is `truncated` and its mask is all ones. The model sees
+`concat(prompt, response)` with attention `concat(prompt_mask, 1)` and position ids
+`cumsum(attention) - 1`: the token at response position t is predicted from the hidden state at
+sequence position P - 1 + t. Tokens after the EOS are never attended by tokens at or before it
+(causality), so no mask over the response is needed and holes that a trainer punches into `mask`
+cannot change a log-prob.
+
+Log-probs and top-p. `rollout_logp[b, t] = log softmax(logits / temperature)[token]`, the
+temperature-scaled distribution *before* the top-p cut. This is the number `response_logprobs`
+recomputes with the same temperature, so on-policy the importance ratio starts at exactly 1 (up to
+float error); with top_p < 1 it is not the nucleus-renormalised probability the token was actually
+drawn with (that one is log p - log(mass of the nucleus)). Temperature 0 means greedy decoding and
+log-probs at temperature 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from polgrad.errors import ConfigError, ShapeError
+from polgrad.models import encode_prompts, position_ids_from_mask
+from polgrad.tasks.base import Example
+
+
+@dataclass
+class Rollout:
+    """A batch of B = len(examples) * group_size sampled responses (shapes in the module docstring).
+
+    prompt_ids [B,P] int64, prompt_mask [B,P] int64, response_ids [B,T] int64, mask [B,T] float,
+    rollout_logp [B,T] float (0 where mask is 0), group_ids [B] int64, truncated [B] bool,
+    response_lengths [B] int64 (generated tokens, EOS included; = mask.sum(1) as generated),
+    texts (decoded responses without EOS/PAD), examples (the Example of each row), temperature (of
+    the sampling, pass it to `response_logprobs`). With greedy_baseline, `baseline` is the greedy
+    Rollout (one greedy decode per prompt, repeated for each of the prompt's rows, same group_ids)
+    and `baseline_texts` its texts.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    mask: Tensor
+    rollout_logp: Tensor
+    group_ids: Tensor
+    truncated: Tensor
+    response_lengths: Tensor
+    texts: list[str]
+    examples: list[Example]
+    temperature: float = 1.0
+    baseline_texts: list[str] | None = None
+    baseline: Rollout | None = None
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def input_ids(self) -> Tensor:
+        """[B,P+T] concat(prompt_ids, response_ids)."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """[B,P+T] 1 on the prompt and on the generated tokens up to the EOS (for scoring whole sequences).
+
+        Built from `prompt_mask` and `response_lengths`, not from `mask`, so a trainer may zero `mask`
+        (e.g. an overlong filter) without moving where a reward model reads its score.
+        """
+        t = self.response_ids.shape[1]
+        resp = torch.arange(t, device=self.response_lengths.device)[None, :] < self.response_lengths[:, None]
+        return torch.cat([self.prompt_mask, resp.to(self.prompt_mask.dtype)], dim=1)
+
+    def select(self, index: Tensor | Sequence[int]) -> Rollout:
+        """The rows `index` (bool mask or int indices), e.g. the groups a filter keeps."""
+        idx = torch.as_tensor(index)
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero().squeeze(1)
+        rows = idx.tolist()
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out[f.name] = v[idx]
+            elif isinstance(v, list):
+                out[f.name] = [v[i] for i in rows]
+            elif isinstance(v, Rollout):
+                out[f.name] = v.select(idx)
+            else:
+                out[f.name] = v
+        return Rollout(**out)
+
+    def to(self, device: torch.device | str) -> Rollout:
+        changes = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        if self.baseline is not None:
+            changes["baseline"] = self.baseline.to(device)
+        return dataclasses.replace(self, **changes)
+
+
+def _sample_tokens(
+    logits: Tensor, temperature: float, top_p: float, gen: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """One token per row from logits [B,V]; returns (token [B], log-prob at the temperature [B])."""
+    if temperature == 0.0:
+        logp_all = F.log_softmax(logits, dim=-1)
+        token = logits.argmax(-1)
+        return token, logp_all.gather(1, token[:, None]).squeeze(1)
+    logp_all = F.log_softmax(logits / temperature, dim=-1)
+    probs = logp_all.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # the mass before this token already reaches top_p
+        drop[:, 0] = False
+        probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
+    token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    return token, logp_all.gather(1, token[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def _decode(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    gen: torch.Generator,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """KV-cache sampling loop -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B])."""
+    from transformers import DynamicCache
+
+    b = prompt_ids.shape[0]
+    device = prompt_ids.device
+    attn = prompt_mask.long()
+    pos = position_ids_from_mask(attn)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=attn,
+        position_ids=pos,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits = out.logits[:, -1].float()
+    next_pos = pos[:, -1:] + 1
+    tokens, logps = [], []
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    ones = torch.ones((b, 1), dtype=attn.dtype, device=device)
+    for step in range(max_new_tokens):
+        token, logp = _sample_tokens(logits, temperature, top_p, gen)
+        token = token.masked_fill(done, pad_id)
+        tokens.append(token)
+        logps.append(logp.masked_fill(done, 0.0))
+        done = done | (token == eos_id)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, ones], dim=1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attn,
+            position_ids=next_pos,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits = out.logits[:, -1].float()
+        next_pos = next_pos + 1
+    response = torch.stack(tokens, 1)
+    is_eos = response == eos_id
+    # 1 up to and including the first EOS: no EOS strictly before position t
+    before = is_eos.long().cumsum(1) - is_eos.long()
+    mask = (before == 0).float()
+    return response, mask, torch.stack(logps, 1) * mask, ~done
+
+
+def _texts(tokenizer, response_ids: Tensor, mask: Tensor, eos_id: int) -> list[str]:
+    out = []
+    for row, m in zip(response_ids.tolist(), mask.tolist(), strict=True):
+        keep = [t for t, k in zip(row, m, strict=True) if k > 0 and t != eos_id]
+        out.append(tokenizer.decode(keep, skip_special_tokens=True))
+    return out
+
+
+def generate(
+    model,
+    tokenizer,
+    examples: Sequence[Example],
+    *,
+    group_size: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int,
+    greedy_baseline: bool = False,
+    generator_seed: int,
+) -> Rollout:
+    """Sample `group_size` responses for each example (KV cache, private RNG); see the module docstring.
+
+    Deterministic given `generator_seed` (same model, examples and arguments -> identical rollout).
+    `temperature=0` decodes greedily. With `greedy_baseline`, also decodes one greedy response per
+    prompt (ReMax's baseline) into `rollout.baseline` / `rollout.baseline_texts`. The model is put in
+    eval mode for the call and restored afterwards.
+    """
+    if not examples:
+        raise ConfigError("generate: no examples")
+    if group_size < 1 or max_new_tokens < 1:
+        raise ConfigError(
+            f"generate: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1"
+        )
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ConfigError(f"generate: need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    device = next(model.parameters()).device
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ids, pmask = encode_prompts(tokenizer, [ex.prompt for ex in examples])
+    ids, pmask = ids.to(device), pmask.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        rows = torch.arange(len(examples), device=device).repeat_interleave(group_size)
+        gen = torch.Generator(device=device).manual_seed(int(generator_seed))
+        response, mask, logp, truncated = _decode(
+            model,
+            ids[rows],
+            pmask[rows],
+            temperature=float(temperature),
+            top_p=float(top_p),
+            max_new_tokens=max_new_tokens,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            gen=gen,
+        )
+        baseline = None
+        if greedy_baseline:
+            g_resp, g_mask, g_logp, g_trunc = _decode(
+                model,
+                ids,
+                pmask,
+                temperature=0.0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                eos_id=eos_id,
+                pad_id=pad_id,
+                gen=gen,
+            )
+            g_texts = _texts(tokenizer, g_resp, g_mask, eos_id)
+            baseline = Rollout(
+                prompt_ids=ids[rows],
+                prompt_mask=pmask[rows],
+                response_ids=g_resp[rows],
+                mask=g_mask[rows],
+                rollout_logp=g_logp[rows],
+                group_ids=rows.clone(),
+                truncated=g_trunc[rows],
+                response_lengths=g_mask[rows].sum(1).long(),
+                texts=[g_texts[i] for i in rows.tolist()],
+                examples=[examples[i] for i in rows.tolist()],
+                temperature=0.0,
+            )
+    finally:
+        model.train(was_training)
+    return Rollout(
+        prompt_ids=ids[rows],
+        prompt_mask=pmask[rows],
+        response_ids=response,
+        mask=mask,
+        rollout_logp=logp,
+        group_ids=rows.clone(),
+        truncated=truncated,
+        response_lengths=mask.sum(1).long(),
+        texts=_texts(tokenizer, response, mask, eos_id),
+        examples=[examples[i] for i in rows.tolist()],
+        temperature=float(temperature),
+        baseline_texts=None if baseline is None else list(baseline.texts),
+        baseline=baseline,
+    )
+
+
+class TokenLogprobs(NamedTuple):
+    """What `response_logprobs` returns when entropy or logits are asked for (None if not asked)."""
+
+    logp: Tensor
+    entropy: Tensor | None
+    logits: Tensor | None
+
+
+def _unpack(what: str, rollout_or_ids, prompt_mask, response_ids) -> tuple[Tensor, Tensor, Tensor]:
+    if isinstance(rollout_or_ids, Rollout):
+        return rollout_or_ids.prompt_ids, rollout_or_ids.prompt_mask, rollout_or_ids.response_ids
+    if prompt_mask is None or response_ids is None:
+        raise ShapeError(f"{what}: pass a Rollout, or prompt_ids, prompt_mask and response_ids")
+    prompt_ids = rollout_or_ids
+    if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
+        raise ShapeError(
+            f"{what}: prompt_ids and prompt_mask must both be [B,P], got "
+            f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+        )
+    if response_ids.dim() != 2 or response_ids.shape[0] != prompt_ids.shape[0]:
+        raise ShapeError(
+            f"{what}: response_ids must be [B,T] with B={prompt_ids.shape[0]}, "
+            f"got {tuple(response_ids.shape)}"
+        )
+    return prompt_ids, prompt_mask, response_ids
+
+
+def _sequence(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attn = torch.cat([prompt_mask.long(), torch.ones_like(response_ids, dtype=torch.long)], dim=1)
+    return input_ids, attn, position_ids_from_mask(attn)
+
+
+def response_logprobs(
+    model,
+    rollout_or_prompt_ids: Rollout | Tensor,
+    prompt_mask: Tensor | None = None,
+    response_ids: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    return_logits: bool = False,
+) -> Tensor | TokenLogprobs:
+    """Log-prob of each response token under `model`, from ONE forward over concat(prompt, response).
+
+    Call as `response_logprobs(model, rollout)` or `response_logprobs(model, prompt_ids [B,P],
+    prompt_mask [B,P], response_ids [B,T])` (e.g. on a micro-batch). Logits are divided by
+    `temperature` (pass the rollout's; 0 is treated as 1) before the log-softmax, so for the sampling
+    model and temperature the result equals `rollout.rollout_logp` on masked-in tokens.
+    Differentiable (no no_grad here). Values at positions after the EOS are meaningless: multiply by
+    `mask`.
+
+    Returns logp [B,T] fp32; if `with_entropy` or `return_logits`, a TokenLogprobs(logp, entropy [B,T]
+    of the temperature-scaled distribution, logits [B,T,V] already divided by the temperature) with
+    None for what was not asked.
+    """
+    prompt_ids, prompt_mask, response_ids = _unpack(
+        "response_logprobs", rollout_or_prompt_ids, prompt_mask, response_ids
+    )
+    t = response_ids.shape[1]
+    input_ids, attn, pos = _sequence(prompt_ids, prompt_mask, response_ids)
+    logits = (
+        model(
+            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=t + 1
+        )
+        .logits[:, :-1]
+        .float()
+    )
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)
+    if not (with_entropy or return_logits):
+        return logp
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return TokenLogprobs(logp, entropy, logits if return_logits else None)
+
+
+def response_values(
+    critic,
+    rollout_or_prompt_ids: Rollout | Tensor,
+    prompt_mask: Tensor | None = None,
+    response_ids: Tensor | None = None,
+) -> Tensor:
+    """Critic values V(s_t) [B,T]: the scalar at the position that predicts response token t.
+
+    `critic` is a ScalarHeadModel ((input_ids, attention_mask, position_ids) -> [B,S]); one forward over
+    concat(prompt, response), like `response_logprobs`. Differentiable; multiply by `mask`.
+    """
+    prompt_ids, prompt_mask, response_ids = _unpack(
+        "response_values", rollout_or_prompt_ids, prompt_mask, response_ids
+    )
+    t = response_ids.shape[1]
+    input_ids, attn, pos = _sequence(prompt_ids, prompt_mask, response_ids)
+    values = critic(input_ids, attn, pos)
+    return values[:, -t - 1 : -1]
+
+
+def rollout_scores(reward_model, rollout: Rollout) -> Tensor:
+    """Reward-model scores [B], read at each row's last generated token (the EOS unless truncated)."""
+    from polgrad.models import sequence_scores
+
+    return sequence_scores(reward_model, rollout.input_ids, rollout.attention_mask)
