@@ -31,3 +31,28 @@ class ConfigError(PolgradError, ValueError):
 
 class DataError(PolgradError, ValueError):
     """A data file is missing, malformed, lacks a column, or is empty."""
+
+
+def _keep_polgrad_errors_one_line() -> None:
+    """Stop gin from appending "In call to configurable ..." lines to polgrad's own errors.
+
+    gin wraps every exception raised inside a configurable in a proxy whose message gains the
+    call site. polgrad's errors already name the part and the binding in one line, so for them
+    the exception is re-raised unchanged; every other exception keeps gin's context.
+    """
+    from gin import utils as gin_utils
+
+    original = gin_utils.augment_exception_message_and_reraise
+    if getattr(original, "_polgrad", False):
+        return
+
+    def augment(exception, message):
+        if isinstance(exception, PolgradError):
+            raise exception.with_traceback(exception.__traceback__)
+        return original(exception, message)
+
+    augment._polgrad = True
+    gin_utils.augment_exception_message_and_reraise = augment
+
+
+_keep_polgrad_errors_one_line()

@@ -1,0 +1,429 @@
+"""The algorithm spec: one choice per axis, composed by gin, validated at construction.
+
+    Algorithm.name = 'grpo'
+    Algorithm.advantage = @advantage.grpo
+    Algorithm.kl = @kl.k3
+    Algorithm.kl_placement = 'loss'
+    Algorithm.kl_coef = 0.04
+    Algorithm.clip = @clip.ppo
+    Algorithm.aggregate = @aggregate.seq_mean_token_mean
+
+An `Algorithm` holds no model and no optimizer. Given a rollout batch it computes advantages
+(`prepare`), and given a micro-batch with fresh log-probs it computes the policy and value
+losses with metrics (`loss`). It never branches on an algorithm's name: every decision is a
+part's call or a part's declared metadata (`needs_critic`, `needs_groups`, ...). The same
+metadata gives the spec's row of the chapter's Table 5 (`table_row`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gin
+import torch
+from torch import Tensor
+
+from polgrad import registry
+from polgrad.components.protocols import StepCounts
+from polgrad.errors import ConfigError, PolgradError
+
+PLACEMENTS = ("reward", "loss")
+
+
+def needing_baseline(algo: Algorithm) -> str:
+    binding = next(b for b, e in algo.parts.items() if e.meta.get("needs_baseline_rollout"))
+    return f"{binding} = @{algo.parts[binding].full_name}"
+
+
+def _entry(binding: str, fn: Any, kind: str) -> registry.Entry:
+    """The registry entry of a part bound to `binding`, checked to be of `kind`."""
+    entry = registry.entry_of(fn)
+    if entry is None:
+        raise ConfigError(
+            f"{binding} must be a registered {kind} part (@{kind}.<name>), got {fn!r}; "
+            f"valid {kind} names: {', '.join(registry.names(kind))}"
+        )
+    if entry.kind != kind:
+        raise ConfigError(
+            f"{binding} = @{entry.full_name} is a {entry.kind} part, not a {kind} part; "
+            f"valid {kind} names: {', '.join(registry.names(kind))}"
+        )
+    return entry
+
+
+@gin.configurable
+class Algorithm:
+    """A policy-gradient algorithm as a composition of registered parts (DESIGN.md §1).
+
+    Args (all bound in gin; the parts by reference, e.g. `@advantage.rloo`):
+      name: the spec's name, as it appears in CSVs and in Table 5.
+      advantage, clip, aggregate: the required parts.
+      kl: a `kl` part or None (no KL to a reference policy, no reference model loaded).
+      kl_placement: 'reward' (subtract kl_coef * kl from per-token rewards before the advantage,
+        the classic RLHF-PPO convention) or 'loss' (add kl_coef * kl to the per-token loss, GRPO).
+      kl_coef: initial KL coefficient beta (>= 0); `kl_controller` moves it between steps.
+      entropy_coef: weight of the entropy bonus subtracted from the per-token loss (>= 0).
+      value_init: a `value_init` part when a part needs a critic, else None.
+      value_loss, vf_coef: the critic's per-token loss and its weight.
+      ppo_epochs, minibatches: passes over each rollout batch and minibatches per pass.
+      group_size: samples per prompt (G); group estimators need G >= 2.
+      reward_shaping: `reward_shaping` parts applied in order to the task scores.
+      filters: `filter` parts; a sequence dropped by any of them does not enter the update.
+      source: citation shown in the spec's header and in the comparison table.
+    """
+
+    def __init__(
+        self,
+        name: str = gin.REQUIRED,
+        advantage: Callable[..., Any] = gin.REQUIRED,
+        clip: Callable[..., Any] = gin.REQUIRED,
+        aggregate: Callable[..., Any] = gin.REQUIRED,
+        kl: Callable[..., Any] | None = None,
+        kl_placement: str = "loss",
+        kl_coef: float = 0.0,
+        kl_controller: Callable[..., Any] | None = None,
+        entropy_coef: float = 0.0,
+        value_init: Callable[..., Any] | None = None,
+        value_loss: Callable[..., Any] | None = None,
+        vf_coef: float = 0.5,
+        ppo_epochs: int = 1,
+        minibatches: int = 1,
+        group_size: int = 1,
+        reward_shaping: Sequence[Callable[..., Any]] = (),
+        filters: Sequence[Callable[..., Any]] = (),
+        source: str = "",
+    ):
+        self.name = name
+        self.source = source
+        self.advantage = advantage
+        self.clip = clip
+        self.aggregate = aggregate
+        self.kl = kl
+        self.kl_placement = kl_placement
+        self.kl_coef = float(kl_coef)
+        self.kl_controller = kl_controller or registry.get("kl_controller", "fixed")
+        self.entropy_coef = float(entropy_coef)
+        self.value_init = value_init
+        self.value_loss = value_loss or registry.get("value_loss", "clipped")
+        self.vf_coef = float(vf_coef)
+        self.ppo_epochs = int(ppo_epochs)
+        self.minibatches = int(minibatches)
+        self.group_size = int(group_size)
+        self.reward_shaping = list(reward_shaping or ())
+        self.filters = list(filters or ())
+        self._validate()
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("Algorithm.name must be a non-empty string, e.g. Algorithm.name = 'grpo'")
+        self.parts: dict[str, registry.Entry] = {
+            "Algorithm.advantage": _entry("Algorithm.advantage", self.advantage, "advantage"),
+            "Algorithm.clip": _entry("Algorithm.clip", self.clip, "clip"),
+            "Algorithm.aggregate": _entry("Algorithm.aggregate", self.aggregate, "aggregate"),
+            "Algorithm.kl_controller": _entry("Algorithm.kl_controller", self.kl_controller, "kl_controller"),
+            "Algorithm.value_loss": _entry("Algorithm.value_loss", self.value_loss, "value_loss"),
+        }
+        if self.kl is not None:
+            self.parts["Algorithm.kl"] = _entry("Algorithm.kl", self.kl, "kl")
+        if self.value_init is not None:
+            self.parts["Algorithm.value_init"] = _entry("Algorithm.value_init", self.value_init, "value_init")
+        for i, fn in enumerate(self.reward_shaping):
+            self.parts[f"Algorithm.reward_shaping[{i}]"] = _entry(
+                f"Algorithm.reward_shaping[{i}]", fn, "reward_shaping"
+            )
+        for i, fn in enumerate(self.filters):
+            self.parts[f"Algorithm.filters[{i}]"] = _entry(f"Algorithm.filters[{i}]", fn, "filter")
+
+        if self.kl_placement not in PLACEMENTS:
+            raise ConfigError(
+                f"Algorithm.kl_placement must be one of {', '.join(map(repr, PLACEMENTS))}, "
+                f"got {self.kl_placement!r}"
+            )
+        for binding, value, low in (
+            ("Algorithm.kl_coef", self.kl_coef, 0.0),
+            ("Algorithm.entropy_coef", self.entropy_coef, 0.0),
+            ("Algorithm.vf_coef", self.vf_coef, 0.0),
+        ):
+            if not value >= low:  # also rejects NaN
+                raise ConfigError(f"{binding} must be >= {low}, got {value}")
+        for binding, value in (
+            ("Algorithm.ppo_epochs", self.ppo_epochs),
+            ("Algorithm.minibatches", self.minibatches),
+            ("Algorithm.group_size", self.group_size),
+        ):
+            if value < 1:
+                raise ConfigError(f"{binding} must be >= 1, got {value}")
+
+        needing_groups = [b for b, e in self.parts.items() if e.meta.get("needs_groups")]
+        if needing_groups and self.group_size < 2:
+            raise ConfigError(
+                f"{needing_groups[0]} = @{self.parts[needing_groups[0]].full_name} compares samples of the "
+                f"same prompt: set Algorithm.group_size >= 2 (got {self.group_size})"
+            )
+        needing_critic = [b for b, e in self.parts.items() if e.meta.get("needs_critic")]
+        if needing_critic and self.value_init is None:
+            raise ConfigError(
+                f"{needing_critic[0]} = @{self.parts[needing_critic[0]].full_name} needs a critic: set "
+                "Algorithm.value_init to one of "
+                + ", ".join("@value_init." + n for n in registry.names("value_init"))
+            )
+        if self.value_init is not None and not needing_critic:
+            raise ConfigError(
+                f"Algorithm.value_init = @{self.parts['Algorithm.value_init'].full_name} is set but no part "
+                "uses a critic (e.g. @advantage.gae or @advantage.mc): remove the binding"
+            )
+        if self.needs_baseline_rollout and self.reward_shaping:
+            raise ConfigError(
+                f"{needing_baseline(self)} compares each score with the greedy response's raw score; "
+                "reward shaping would change one side only: remove Algorithm.reward_shaping"
+            )
+        self._probe()
+
+    def _probe(self) -> None:
+        """Call each tensor part once on a tiny batch so bad hyperparameters fail now, with the binding.
+
+        Only polgrad's own errors are turned into a ConfigError here; anything else (e.g. a gin
+        macro the spec leaves to the base config) surfaces when the part is really called.
+        """
+        dt = torch.float64
+        mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=dt)
+        logp = torch.tensor([[-1.0, -0.5], [-0.7, 0.0]], dtype=dt)
+        group_ids = torch.tensor([0, 0])
+        rewards = torch.tensor([1.0, 0.0], dtype=dt)
+        probes: list[tuple[str, Callable[[], Any]]] = [
+            (
+                "Algorithm.clip",
+                lambda: self.clip(logp, logp - 0.1, mask.clone(), mask, rollout_logp=logp - 0.1),
+            ),
+            ("Algorithm.value_loss", lambda: self.value_loss(logp, logp, logp, mask)),
+            ("Algorithm.kl_controller", lambda: self.kl_controller(0.1, 0.1, 1)),
+        ]
+        if self.kl is not None:
+            logits = torch.zeros(2, 2, 3, dtype=dt)
+            probes.append(
+                ("Algorithm.kl", lambda: self.kl(logp, logp - 0.1, mask, logits=logits, ref_logits=logits))
+            )
+        if not self.needs_critic and not self.needs_baseline_rollout:
+            probes.append(("Algorithm.advantage", lambda: self.advantage(rewards, mask, group_ids=group_ids)))
+        for binding, call in probes:
+            try:
+                call()
+            except PolgradError as e:
+                first = str(e).splitlines()[0]  # gin appends "In call to configurable ..." lines
+                raise ConfigError(f"{binding} = @{self.parts[binding].full_name}: {first}") from None
+            except Exception:  # noqa: BLE001 - deferred to the real call, see docstring
+                pass
+
+    # ------------------------------------------------------------------ what the loop must provide
+    def _any(self, key: str) -> bool:
+        return any(e.meta.get(key) for e in self.parts.values())
+
+    @property
+    def needs_critic(self) -> bool:
+        return self._any("needs_critic")
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference model is loaded only when a KL term can be non-zero."""
+        controller_moves = self.parts["Algorithm.kl_controller"].name != "fixed"
+        return self.kl is not None and (self.kl_coef > 0 or controller_moves)
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.needs_reference and self._any("needs_logits")
+
+    @property
+    def needs_baseline_rollout(self) -> bool:
+        return self._any("needs_baseline_rollout")
+
+    @property
+    def needs_rollout_logp(self) -> bool:
+        return self._any("off_policy")
+
+    # ------------------------------------------------------------------ the math of one step
+    def kl_in_reward(self) -> bool:
+        return self.needs_reference and self.kl_placement == "reward"
+
+    def kl_in_loss(self) -> bool:
+        return self.needs_reference and self.kl_placement == "loss"
+
+    @torch.no_grad()
+    def prepare(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, float]]:
+        """Scores to advantages for a whole rollout batch (no gradient).
+
+        batch: `scores` [B] task/RM scores, `mask` [B,T], `truncated` [B] bool, `group_ids` [B],
+          `old_logp` [B,T]; plus `ref_logp` [B,T] if needs_reference, `values` [B,T] if
+          needs_critic, `baseline_scores` [B] if needs_baseline_rollout, and any other per-row
+          tensors, which are carried along (and filtered with the rows).
+        Returns the batch with `rewards` [B], `token_rewards` [B,T], `adv` [B,T], `returns`
+        [B,T] (if a critic), and rows dropped by the filters removed; plus scalar metrics.
+        """
+        mask = batch["mask"]
+        scores = batch["scores"].to(mask.dtype)
+        metrics: dict[str, float] = {"score_mean": float(scores.mean())}
+        for fn in self.reward_shaping:
+            scores = fn(scores, mask, truncated=batch["truncated"])
+        baseline = batch.get("baseline_scores")
+        baseline = baseline.to(mask.dtype) if baseline is not None else None
+
+        keep = torch.ones(mask.shape[0], dtype=torch.bool)
+        for fn in self.filters:
+            keep &= fn(scores, batch["group_ids"])
+        metrics["filtered_frac"] = float(1.0 - keep.double().mean())
+        out = {
+            k: (v[keep] if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == keep.shape[0] else v)
+            for k, v in batch.items()
+        }
+        mask, scores = out["mask"], scores[keep]
+        baseline = baseline[keep] if baseline is not None else None
+        if mask.shape[0] == 0:
+            return out, metrics
+
+        # Per-token rewards: the score on the last valid token of each row.
+        lengths = mask.sum(-1)
+        last = (mask * torch.arange(1, mask.shape[1] + 1, dtype=mask.dtype)).argmax(-1)
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(mask.shape[0]), last] = scores * (lengths > 0).to(mask.dtype)
+        rewards = scores
+        if self.kl_in_reward():
+            kl_tok = self.kl(out["old_logp"], out["ref_logp"], mask) * mask
+            token_rewards = token_rewards - self.kl_coef * kl_tok
+            # Sequence-level estimators see the same penalty folded into the scalar reward.
+            rewards = scores - self.kl_coef * kl_tok.sum(-1)
+            metrics["kl_reward"] = float(kl_tok.sum() / mask.sum().clamp_min(1))
+
+        adv, returns = self.advantage(
+            rewards,
+            mask,
+            group_ids=out["group_ids"],
+            values=out.get("values"),
+            token_rewards=token_rewards,
+            baseline_rewards=baseline,
+        )
+        out.update(rewards=rewards, token_rewards=token_rewards, adv=adv)
+        if returns is not None:
+            out["returns"] = returns
+        metrics["adv_mean"] = float((adv * mask).sum() / mask.sum().clamp_min(1))
+        return out, metrics
+
+    def loss(
+        self, mb: dict[str, Tensor], counts: StepCounts
+    ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+        """Policy loss, critic loss and metrics of one micro-batch, as its share of the step.
+
+        mb: `logp` [B,T] (with grad), `old_logp`, `adv`, `mask`; `entropy` [B,T] if entropy_coef > 0;
+          `ref_logp` (and `logits`, `ref_logits` if needs_logits) when KL is in the loss;
+          `rollout_logp` for off-policy corrections; `values` (with grad), `old_values`, `returns`
+          if a critic is trained.
+        counts: the whole optimizer step's denominators (StepCounts.of_step over every micro-batch).
+        Summing the returned losses over the step's micro-batches gives the step loss; metrics
+        are likewise shares (token-weighted sums over counts.num_tokens) that add up to step means.
+        """
+        mask = mb["mask"]
+        per_token, clip_metrics = self.clip(
+            mb["logp"], mb["old_logp"], mb["adv"], mask, rollout_logp=mb.get("rollout_logp")
+        )
+        metrics: dict[str, Tensor] = {
+            f"clip/{k}": (v.detach() * mask).sum() / counts.num_tokens for k, v in clip_metrics.items()
+        }
+        metrics["pg_loss"] = self.aggregate(per_token.detach(), mask, counts)
+        if self.kl_in_loss():
+            kl_tok = self.kl(
+                mb["logp"], mb["ref_logp"], mask, logits=mb.get("logits"), ref_logits=mb.get("ref_logits")
+            )
+            per_token = per_token + self.kl_coef * kl_tok
+            metrics["kl_loss"] = (kl_tok.detach() * mask).sum() / counts.num_tokens
+        if self.entropy_coef > 0:
+            per_token = per_token - self.entropy_coef * mb["entropy"]
+        if "entropy" in mb:
+            metrics["entropy"] = (mb["entropy"].detach() * mask).sum() / counts.num_tokens
+        policy_loss = self.aggregate(per_token, mask, counts)
+
+        value_loss = None
+        if self.needs_critic:
+            v_tok = self.value_loss(mb["values"], mb["old_values"], mb["returns"], mask)
+            value_loss = self.vf_coef * self.aggregate(v_tok, mask, counts)
+            metrics["value_loss"] = value_loss.detach()
+        return policy_loss, value_loss, metrics
+
+    def next_kl_coef(self, measured_kl: float, n_steps: int) -> float:
+        """Move the KL coefficient with the controller (the loop calls this once per step)."""
+        self.kl_coef = float(self.kl_controller(self.kl_coef, measured_kl, n_steps))
+        return self.kl_coef
+
+    # ------------------------------------------------------------------ Table 5
+    def table_row(self) -> dict[str, str]:
+        """This spec's row of the chapter's Table 5, derived from its parts' metadata.
+
+        reward_model: every spec here optimises a scalar reward (a reward model or a verifier),
+        so 'Yes'. reference_policy: whether a reference model is needed (a KL term).
+        core_loss: aggregator[clip term] with the advantage, plus where the KL goes.
+        """
+        adv, clip, agg = (self.parts[f"Algorithm.{k}"] for k in ("advantage", "clip", "aggregate"))
+        core = f"{agg.meta.get('formula', agg.name)} over −[{clip.meta.get('formula', clip.name)}]"
+        core += f"; {adv.meta.get('formula', adv.name)}"
+        if self.kl is not None:
+            kl_f = self.parts["Algorithm.kl"].meta.get("formula", self.parts["Algorithm.kl"].name)
+            where = "+ β·KL in loss" if self.kl_placement == "loss" else "r − β·KL in reward"
+            core += f"; {where} ({kl_f}, β={self.kl_coef:g})"
+        if self.entropy_coef > 0:
+            core += f"; − {self.entropy_coef:g}·entropy"
+        return {
+            "method": self.name,
+            "type": "Off-policy" if self._any("off_policy") else "On-policy",
+            "reward_model": "Yes",
+            "value_function": "Yes" if self.needs_critic else "No",
+            "reference_policy": "Yes" if self.needs_reference else "No",
+            "core_loss": core,
+        }
+
+
+def specs_dir() -> str:
+    """registry/ beside the package (a source checkout) or under the current directory."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "registry")
+    return here if os.path.isdir(here) else os.path.join(os.getcwd(), "registry")
+
+
+def load_spec(path: str, bindings: Sequence[str] = (), base: str | None = None) -> Algorithm:
+    """Parse one spec gin file (after `base`, if given; gin's bindings cleared first) and build it."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"spec file {path} does not exist; specs live in {specs_dir()}")
+    gin.clear_config()
+    try:
+        if base is not None:
+            import polgrad.trainer  # noqa: F401  (a base config binds train.*)
+        gin.parse_config_files_and_bindings(
+            [base, path] if base else [path], list(bindings), skip_unknown=False
+        )
+        return Algorithm()
+    except PolgradError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{path}: {' '.join(str(e).split())}") from None
+
+
+def table_row_from_file(spec_path: str) -> dict[str, str]:
+    """The Table-5 row of a spec gin file (clears gin's bindings before and after)."""
+    try:
+        return load_spec(spec_path).table_row()
+    finally:
+        gin.clear_config()
+
+
+def comparison_table(folder: str | None = None) -> str:
+    """Markdown Table 5 for every spec file in `folder` (default registry/)."""
+    folder = folder or specs_dir()
+    paths = sorted(glob.glob(os.path.join(folder, "*.gin")))
+    if not paths:
+        raise ConfigError(f"no spec files (*.gin) in {folder}")
+    cols = ["method", "type", "reward_model", "value_function", "reference_policy", "core_loss"]
+    head = ["Method", "Type", "Reward model", "Value function", "Reference policy", "Core loss"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in paths:
+        row = table_row_from_file(p)
+        lines.append("| " + " | ".join(str(row[c]).replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines)
