@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     ap.add_argument("--base", default=DEFAULT_BASE, help="base config parsed first ('' for none)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (e.g. in logs)")
+    # The deepspeed launcher passes --local_rank unless given --no_local_rank; LOCAL_RANK is read
+    # from the environment (distributed.setup), so the flag is accepted and otherwise unused.
+    ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     from polgrad.errors import PolgradError

