@@ -406,10 +406,15 @@ def load_spec(path: str, bindings: Sequence[str] = (), base: str | None = None) 
         raise ConfigError(f"{path}: {' '.join(str(e).split())}") from None
 
 
-def table_row_from_file(spec_path: str) -> dict[str, str]:
-    """The Table-5 row of a spec gin file (clears gin's bindings before and after)."""
+def table_row_from_file(spec_path: str, bindings: Sequence[str] = ()) -> dict[str, str]:
+    """The Table-5 row of a spec gin file plus `bindings` (e.g. a sweep cell's grid values).
+
+    Clears gin's bindings before and after.
+    """
+    if bindings:
+        import polgrad.trainer  # noqa: F401  (cell bindings may name train.* or task.*)
     try:
-        return load_spec(spec_path).table_row()
+        return load_spec(spec_path, bindings).table_row()
     finally:
         gin.clear_config()
 

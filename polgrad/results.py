@@ -401,17 +401,30 @@ def format_mean_ci(stat: tuple[float, float | None, int]) -> str:
     return f"{mean:.4g} ± {half:.2g}"
 
 
-def _table5_rows(spec_files: dict[str, str]) -> tuple[dict[str, dict[str, str]], str | None]:
-    """Table-5 row per spec via polgrad.algorithm.table_row_from_file; a note when unavailable."""
+def _table5_rows(
+    spec_files: dict[str, str], groups: Sequence[dict[str, str]] = (), swept_columns: Sequence[str] = ()
+) -> tuple[dict[tuple, dict[str, str]], str | None]:
+    """Table-5 row per leaderboard group via polgrad.algorithm.table_row_from_file; a note when unavailable.
+
+    Each group's row is derived from its spec file *plus its swept bindings*, so a group that swaps
+    the KL estimator or the clip rule shows the core loss it actually trained with. Keyed by
+    (spec, binding, binding, ...).
+    """
     try:
         from polgrad.algorithm import table_row_from_file
-    except Exception as e:  # the lead's module may not exist yet, or fail to import
+    except Exception as e:  # the module may fail to import
         return {}, f"Table-5 columns unavailable: polgrad.algorithm.table_row_from_file ({e})"
-    out: dict[str, dict[str, str]] = {}
+    out: dict[tuple, dict[str, str]] = {}
     problems = []
-    for spec, path in spec_files.items():
+    wanted = {(g["spec"], *(f"{c} = {g[c]}" for c in swept_columns if g.get(c))) for g in groups}
+    wanted |= {(spec,) for spec in spec_files if not groups}
+    for key in sorted(wanted):
+        spec, bindings = key[0], list(key[1:])
+        path = spec_files.get(spec)
+        if path is None:
+            continue
         try:
-            out[spec] = {k: str(v) for k, v in table_row_from_file(path).items()}
+            out[key] = {k: str(v) for k, v in table_row_from_file(path, bindings).items()}
         except Exception as e:
             problems.append(f"{spec}: {' '.join(str(e).split())}")
         finally:
@@ -469,7 +482,7 @@ def markdown(
             f"({stale_rows} rows of the CSV belong to cells no longer in the experiment file; "
             "they are left out here.)",
         ]
-    table5, note = _table5_rows(spec_files or {})
+    table5, note = _table5_rows(spec_files or {}, [e["group"] for e in board], swept_columns)
     metric_cols = [primary_metric] + [m for m in METRICS if m != primary_metric]
     header = ["rank", "spec", *swept_columns, "seeds ok", *metric_cols, *(label for _, label in TABLE5)]
     lines += ["", "| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "---|" * len(header)]
@@ -477,7 +490,8 @@ def markdown(
         best = i == 0 and e["n"] > 0
         rank = f"**{i + 1} ★**" if best else str(i + 1)
         seeds = f"{e['n']}" + (f" ({e['n_failed']} failed)" if e["n_failed"] else "")
-        t5 = table5.get(e["group"]["spec"], {})
+        g = e["group"]
+        t5 = table5.get((g["spec"], *(f"{c} = {g[c]}" for c in swept_columns if g.get(c))), {})
         cells = [
             rank,
             e["group"]["spec"],

@@ -182,7 +182,7 @@ def test_markdown_marks_the_best_group_and_says_when_there_is_no_ci(monkeypatch)
     import types
 
     fake = types.ModuleType("polgrad.algorithm")
-    fake.table_row_from_file = lambda p: {
+    fake.table_row_from_file = lambda p, bindings=(): {
         "method": "GRPO",
         "type": "on-policy",
         "reward_model": "rule",

@@ -74,3 +74,11 @@ def test_comparison_table_markdown():
         "| Method | Type | Reward model | Value function | Reference policy | Core loss |"
     )
     assert len(lines) == 2 + len(SPECS)
+
+
+def test_table_row_follows_a_cells_bindings():
+    """A sweep cell that swaps parts shows the core loss it trained with, not the spec's default."""
+    grpo = os.path.join(REPO, "registry", "grpo.gin")
+    row = table_row_from_file(grpo, ["Algorithm.kl = @kl.k2", "Algorithm.kl_placement = 'reward'"])
+    assert "r − β·KL in reward (k2 = x^2/2, β=0.04)" in row["core_loss"]
+    assert "k3" not in row["core_loss"]

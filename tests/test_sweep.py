@@ -580,7 +580,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
         },
     }
     fake_algorithm = types.ModuleType("polgrad.algorithm")
-    fake_algorithm.table_row_from_file = lambda p: table[Path(p).stem]
+    fake_algorithm.table_row_from_file = lambda p, bindings=(): table[Path(p).stem]
     monkeypatch.setitem(sys.modules, "polgrad.algorithm", fake_algorithm)
     out = tmp_path / "results"
     assert sweep.main([str(GRID), "--results", str(out), "--parallel", "2"]) == 0
