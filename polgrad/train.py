@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             "runs",
             f"{os.path.splitext(os.path.basename(args.configs[-1]))[0]}-{time.strftime('%Y%m%d-%H%M%S')}",
         )
-        summary = train(out, resume=args.resume, progress=not args.no_progress)
+        # No bar in a log file (sweep cells write stderr to stdout.log): only on a terminal.
+        summary = train(out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty())
     except PolgradError as e:
         # gin appends "In call to configurable ..." lines to errors raised inside a part: keep ours.
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
