@@ -1,0 +1,202 @@
+"""polgrad.bench: the loss identity behind the composition benchmark, and a smoke run of the machinery.
+
+Timings are never asserted here (2 shared cores); only that the bench runs, writes its files, and that
+its workload is what it claims (exactly L tokens per completion, the same loss as TRL's).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import gin
+import pytest
+import torch
+
+from polgrad import bench
+from polgrad.components.protocols import StepCounts
+
+HAS_TRL = bench.trl_available()
+# A model small enough for a step in well under a second (head_dim must stay >= 32).
+TINY = ["--hidden", "64", "--heads", "2", "--kv-heads", "1", "--layers", "1", "--intermediate", "64"]
+
+
+def _composed(algo, x, leaf, counts):
+    loss, _, metrics = algo.loss({**x, "logp": leaf}, counts)
+    return loss, metrics
+
+
+def _fused(x, leaf, counts):
+    return bench.fused_grpo_loss(
+        leaf,
+        x["old_logp"],
+        x["ref_logp"],
+        x["adv"],
+        x["mask"],
+        x["entropy"],
+        num_tokens=counts.num_tokens,
+        num_seqs=counts.num_seqs,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fused_loss_equals_composed_algorithm_loss_float64(seed):
+    """The hand-fused GRPO loss is the composed registry/grpo.gin loss: value, gradient, metrics (1e-12)."""
+    algo = bench.grpo_algorithm()
+    x = bench.loss_inputs(16, 24, seed=seed)
+    # garbage in the padding must not leak into either loss or gradient
+    pad = x["mask"] == 0
+    for k in ("logp", "old_logp", "ref_logp"):
+        x[k] = x[k].masked_fill(pad, float("nan"))
+    counts = StepCounts.of_step([x["mask"]])
+    leaf_c = x["logp"].clone().requires_grad_(True)
+    leaf_f = x["logp"].clone().requires_grad_(True)
+    loss_c, metrics_c = _composed(algo, x, leaf_c, counts)
+    loss_f, metrics_f = _fused(x, leaf_f, counts)
+    loss_c.backward()
+    loss_f.backward()
+    assert torch.isfinite(loss_c) and torch.isfinite(leaf_c.grad).all()
+    assert abs(float(loss_c.detach()) - float(loss_f.detach())) <= 1e-12
+    assert float((leaf_c.grad - leaf_f.grad).abs().max()) <= 1e-12
+    assert set(metrics_f) <= set(metrics_c)
+    for k, v in metrics_f.items():
+        assert abs(float(metrics_c[k]) - float(v)) <= 1e-12, k
+    # not vacuous: both clip bounds bind somewhere and the KL term is non-zero
+    assert float(metrics_c["clip/clip_low"]) > 0 and float(metrics_c["clip/clip_high"]) > 0
+    assert float(metrics_c["kl_loss"]) > 0
+
+
+def test_fused_loss_known_value():
+    """Two tokens, A = 1, eps 0.2, beta 0.04, worked by hand from the formula in the docstring.
+
+    token 1: rho = 1, pg = -1; x = logp - ref = 0.2, k3 = e^-0.2 - 1 + 0.2.
+    token 2: rho = e^-0.5 < 0.8 with A > 0 (min picks rho*A, no clipping), pg = -e^-0.5; x = 0, k3 = 0.
+    loss = mean over the sequence's two tokens (one sequence).
+    """
+    dt = torch.float64
+    logp = torch.tensor([[-1.0, -2.0]], dtype=dt, requires_grad=True)
+    old = torch.tensor([[-1.0, -1.5]], dtype=dt)
+    ref = torch.tensor([[-1.2, -2.0]], dtype=dt)
+    adv = torch.ones(1, 2, dtype=dt)
+    mask = torch.ones(1, 2, dtype=dt)
+    loss, metrics = bench.fused_grpo_loss(logp, old, ref, adv, mask, num_tokens=2.0, num_seqs=1.0)
+    expected = ((-1.0 + 0.04 * (math.exp(-0.2) - 1.0 + 0.2)) + (-math.exp(-0.5))) / 2.0
+    assert float(loss.detach()) == pytest.approx(expected, abs=1e-15)
+    assert float(metrics["clip/clip_low"]) == 0.0 and float(metrics["clip/clip_high"]) == 0.0
+    algo = bench.grpo_algorithm()
+    composed, _, _ = algo.loss(
+        {"logp": logp, "old_logp": old, "ref_logp": ref, "adv": adv, "mask": mask}, StepCounts.of_step([mask])
+    )
+    assert float(composed.detach()) == pytest.approx(expected, abs=1e-15)
+
+
+def test_workload_rejects_bad_settings():
+    with pytest.raises(ValueError):
+        bench.Workload(warmup=0)
+    with pytest.raises(ValueError):
+        bench.Workload(group_size=1)
+    with pytest.raises(ValueError):
+        bench.Workload(eos="sometimes")
+    assert bench.Workload(prompts=3, group_size=4).batch == 12
+
+
+def test_phase_clock_and_patches_restore():
+    class Obj:
+        def f(self, x):
+            return x + 1
+
+    o = Obj()
+    clock = bench.PhaseClock()
+    clock.add("before", 1.0)  # no step open yet: kept apart
+    with bench._patched([(o, "f", clock.timed("work", o.f))]):
+        clock.new_step()
+        assert o.f(1) == 2 and o.f(2) == 3
+    assert "f" not in vars(o) and o.f(1) == 2
+    assert clock.extra == {"before": 1.0}
+    assert set(clock.steps[0]) == {"work"} and clock.steps[0]["work"] >= 0
+
+
+def test_never_eos_model(tmp_path):
+    """The bench tokenizer's EOS has no logit, so no sampler can stop a completion early."""
+    from polgrad import models
+
+    w = bench.Workload(hidden=64, heads=2, kv_heads=1, layers=1, intermediate=64)
+    info = bench.make_model(str(tmp_path / "m"), w)
+    tok = models.load_tokenizer(info["model_dir"])
+    model = models.load_policy(info["model_dir"])
+    assert tok.eos_token_id == model.config.vocab_size == info["vocab"]
+    assert model.get_output_embeddings().weight.shape[0] == info["vocab"]
+
+
+@pytest.mark.parametrize("frameworks", ["polgrad,trl" if HAS_TRL else "polgrad"])
+def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
+    """One interleaved pair of fresh-process runs on a tiny workload, plus a tiny composition benchmark."""
+    out = tmp_path / "out"
+    argv = [
+        "--only",
+        "compare,composition",
+        "--frameworks",
+        frameworks,
+        "--pairs",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "-G",
+        "2",
+        "-L",
+        "4",
+        "--prompts",
+        "2",
+        "--threads",
+        "1",
+        *TINY,
+        "--composition-shape",
+        "4x8",
+        "--composition-blocks",
+        "3",
+        "--out",
+        str(out),
+    ]
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(open(out / "grpo_vs_trl.csv")))
+    assert len(rows) == 1
+    fws = frameworks.split(",")
+    for fw in fws:
+        assert float(rows[0][f"{fw}_s_per_step"]) > 0
+        assert float(rows[0][f"{fw}_tokens_per_step"]) == 2 * 2 * 4  # every completion exactly L tokens
+        assert float(rows[0][f"{fw}_peak_rss_mb"]) > 0
+    if "trl" in fws:
+        assert float(rows[0]["speedup"]) > 0
+    comp = list(csv.DictReader(open(out / "composition.csv")))
+    assert [r["pass"] for r in comp] == ["forward", "forward+backward"]
+    assert os.path.getsize(out / "summary.md") > 0
+    assert "speedup" in capsys.readouterr().out or "trl" not in fws
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="needs the `bench` extra (trl)")
+def test_polgrad_loss_equals_trl_grpo_loss(tmp_path):
+    """On identical float64 inputs, polgrad's GRPO loss is TRL's loss_type='grpo' loss (beta 0.04, k3,
+    use_bias_correction_kl=False), value and gradient; end to end (own fp32 forwards) they agree to fp32."""
+    w = bench.Workload(
+        prompts=2,
+        group_size=4,
+        max_new_tokens=8,
+        hidden=64,
+        heads=2,
+        kv_heads=1,
+        layers=1,
+        intermediate=64,
+        threads=1,
+    )
+    info = bench.make_model(str(tmp_path / "m"), w)
+    num = bench.loss_numerics(w, info["model_dir"], str(tmp_path))
+    assert num["frac_tokens_clipped"] > 0 and num["mean_kl_k3"] > 0
+    assert num["fn_noguard_loss_abs_diff"] <= 1e-12
+    assert num["fn_noguard_grad_max_abs_diff"] <= 1e-12
+    assert num["adv_max_abs_diff"] <= 1e-6  # TRL's std carries a float32 Bessel factor
+    assert num["e2e_logp_max_abs_diff"] <= 1e-5
+    assert num["e2e_grad_cosine"] >= 1 - 1e-6
+    gin.clear_config()
