@@ -432,7 +432,7 @@ def _require_ray():
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("ray is not installed; CI must install the ray extra (pip install '.[ray]')")
-        pytest.skip("ray is not installed (pip install 'polgrad[ray]')")
+        pytest.importorskip("ray", reason="ray is not installed (pip install 'polgrad[ray]')")
 
 
 @pytest.mark.ray

@@ -208,6 +208,20 @@ def _texts(tokenizer, response_ids: Tensor, mask: Tensor, eos_id: int) -> list[s
     return out
 
 
+def check_generate_args(
+    examples: Sequence[Example], group_size: int, max_new_tokens: int, temperature: float, top_p: float
+) -> None:
+    """The argument checks every rollout backend's `generate` shares (one-line ConfigErrors)."""
+    if not examples:
+        raise ConfigError("generate: no examples")
+    if group_size < 1 or max_new_tokens < 1:
+        raise ConfigError(
+            f"generate: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1"
+        )
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ConfigError(f"generate: need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+
+
 def generate(
     model,
     tokenizer,
@@ -227,14 +241,7 @@ def generate(
     prompt (ReMax's baseline) into `rollout.baseline` / `rollout.baseline_texts`. The model is put in
     eval mode for the call and restored afterwards.
     """
-    if not examples:
-        raise ConfigError("generate: no examples")
-    if group_size < 1 or max_new_tokens < 1:
-        raise ConfigError(
-            f"generate: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1"
-        )
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ConfigError(f"generate: need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
     device = next(model.parameters()).device
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     ids, pmask = encode_prompts(tokenizer, [ex.prompt for ex in examples])

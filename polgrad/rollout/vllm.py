@@ -67,6 +67,7 @@ from torch import Tensor
 
 from polgrad.errors import ConfigError
 from polgrad.models import encode_prompts, load_tokenizer
+from polgrad.rollout import hf
 from polgrad.rollout.hf import Rollout
 from polgrad.tasks.base import Example
 
@@ -244,14 +245,7 @@ class VLLMRollout:
         `temperature=0` decodes greedily. With `greedy_baseline`, also decodes one greedy response per
         prompt into `rollout.baseline` / `rollout.baseline_texts`. top_p < 1 is refused (module docstring).
         """
-        if not examples:
-            raise ConfigError("generate: no examples")
-        if group_size < 1 or max_new_tokens < 1:
-            raise ConfigError(f"generate: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) "
-                              "must be >= 1")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ConfigError(f"generate: need temperature >= 0 and 0 < top_p <= 1, got {temperature}, "
-                              f"{top_p}")
+        hf.check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
         if top_p < 1:
             raise ConfigError(f"generate: the vllm backend needs top_p = 1 (got {top_p}): vLLM returns the "
                               "nucleus-renormalised log-prob, not hf's pre-cut one; use top_p=1 or the hf "
