@@ -272,7 +272,10 @@ def make_engine(
     # ZeRO accepts only its listed optimizer types (a subclass is "untested"); at stage 0 DeepSpeed
     # calls the optimizer as is, so the overflow check comes with it (see _AdamWSkippingNonFinite).
     adamw = _AdamWSkippingNonFinite if config["zero_optimization"]["stage"] == 0 else torch.optim.AdamW
-    optimizer = adamw(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    # The fused AdamW kernel (CPU and CUDA, fp32/bf16/fp16) is one pass over each tensor instead of
+    # ~10 elementwise ops per parameter: 0.5 vs 2.3 ms per step on the tiny model (results/bench).
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    optimizer = adamw(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=config, dist_init_required=False
     )
@@ -328,7 +331,8 @@ class _AdamWSkippingNonFinite(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self.overflow = bool(grads) and not bool(torch.stack([g.isfinite().all() for g in grads]).all())
+        # One multi-tensor norm per step: a NaN/inf anywhere makes its tensor's norm NaN/inf.
+        self.overflow = bool(grads) and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
         if self.overflow:
             return None
         return super().step(closure)

@@ -5,9 +5,11 @@
     response_values(critic, rollout | ids...)                      -> values [B,T]
     rollout_scores(reward_model, rollout)                          -> scores [B] at the EOS token
 
-Sampling is a hand-written KV-cache loop (one prefill, then one single-token forward per step). It is
-as fast as `model.generate` (measured on the tiny model, 256 rows x 32 tokens: 19k tokens/s with one
-thread, 28k with two, generate within 5%), and it draws from a private
+Sampling is a hand-written KV-cache loop: one prefill with the model's forward, then one token per
+step. For Qwen2/Llama-style models the step is `static_decode.StaticDecoder` (preallocated cache,
+fused q|k|v, GQA without K/V copies): 1.7-1.9x faster than the HF forward per token on the tiny
+model; other models (or ZeRO-3-partitioned weights) use the model's forward with a DynamicCache,
+which is as fast as `model.generate`. The loop draws from a private
 `torch.Generator(generator_seed)`, so the same seed gives the same rollout whatever else touched
 torch's global RNG, and the log-probs it records are exactly the ones defined below.
 
@@ -42,6 +44,7 @@ from torch import Tensor
 
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask
+from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
 
 
@@ -152,8 +155,14 @@ def _decode(
     eos_id: int,
     pad_id: int,
     gen: torch.Generator,
+    lean: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """KV-cache sampling loop -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B])."""
+    """KV-cache sampling loop -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B]).
+
+    The prompt is prefilled by the model's own forward; each new token then goes through
+    `StaticDecoder.step` (static cache, see static_decode.py) when the model supports it and `lean`,
+    else through the model's forward with a growing `DynamicCache`.
+    """
     from transformers import DynamicCache
 
     b = prompt_ids.shape[0]
@@ -170,7 +179,12 @@ def _decode(
         logits_to_keep=1,
     )
     logits = out.logits[:, -1].float()
-    next_pos = pos[:, -1:] + 1
+    next_pos = pos[:, -1] + 1
+    static = None
+    if lean and StaticDecoder.unsupported(model) is None:
+        static = StaticDecoder(model, b, prompt_ids.shape[1] + max_new_tokens)
+        static.load_prefill(cache, prompt_mask)
+        del cache
     tokens, logps = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ones = torch.ones((b, 1), dtype=attn.dtype, device=device)
@@ -182,15 +196,18 @@ def _decode(
         done = done | (token == eos_id)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, ones], dim=1)
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=attn,
-            position_ids=next_pos,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        logits = out.logits[:, -1].float()
+        if static is not None:
+            logits = static.step(token, next_pos).float()
+        else:
+            attn = torch.cat([attn, ones], dim=1)
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1].float()
         next_pos = next_pos + 1
     response = torch.stack(tokens, 1)
     is_eos = response == eos_id
@@ -233,13 +250,15 @@ def generate(
     max_new_tokens: int,
     greedy_baseline: bool = False,
     generator_seed: int,
+    lean_decode: bool = True,
 ) -> Rollout:
     """Sample `group_size` responses for each example (KV cache, private RNG); see the module docstring.
 
     Deterministic given `generator_seed` (same model, examples and arguments -> identical rollout).
     `temperature=0` decodes greedily. With `greedy_baseline`, also decodes one greedy response per
     prompt (ReMax's baseline) into `rollout.baseline` / `rollout.baseline_texts`. The model is put in
-    eval mode for the call and restored afterwards.
+    eval mode for the call and restored afterwards. `lean_decode=False` forces the generic HF decode
+    step even where the static-cache one (static_decode.py) applies.
     """
     check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
     device = next(model.parameters()).device
@@ -261,6 +280,7 @@ def generate(
             eos_id=eos_id,
             pad_id=pad_id,
             gen=gen,
+            lean=lean_decode,
         )
         baseline = None
         if greedy_baseline:
@@ -274,6 +294,7 @@ def generate(
                 eos_id=eos_id,
                 pad_id=pad_id,
                 gen=gen,
+                lean=lean_decode,
             )
             g_texts = _texts(tokenizer, g_resp, g_mask, eos_id)
             baseline = Rollout(

@@ -1,0 +1,150 @@
+"""A lean single-token decode step for Qwen2/Llama-style models: the hot loop of `hf.generate`.
+
+Why. On the bench workload (64 rows, 4 layers, hidden 128) one token of the Hugging Face forward
+costs 3.5-5 ms while its matmuls are ~0.1 GFLOP: the step is overhead-bound (results/bench/profile.md).
+`DynamicCache` grows by `torch.cat` every token (O(L^2) copying per rollout), grouped-query K/V are
+re-expanded by `repeat_kv` every token, a 4-D mask is rebuilt and RoPE cos/sin are recomputed.
+
+What. `StaticDecoder(model, batch, max_len)` reads the model's own parameters (no copy except the
+concatenated q|k|v and gate|up weights, rebuilt per rollout so they always match the trained weights)
+and decodes with
+
+    a K/V cache preallocated as [B, n_kv, max_len, head_dim] per layer and written in place,
+    one q|k|v matmul and one gate|up matmul per layer,
+    SDPA with enable_gqa=True (no K/V copies), a boolean key mask built once, a RoPE table built once.
+
+The arithmetic is that of the HF layer (RMSNorm in fp32 then cast, rotate_half RoPE scaled by the
+rotary's attention_scaling, softmax(QK^T/sqrt(d)) V, SwiGLU), so the logits equal the HF forward's up
+to float reassociation (tests/test_rollout.py compares them step by step, teacher-forced).
+The prompt is prefilled by the HF forward itself and its K/V copied into the static cache.
+
+When. `StaticDecoder.unsupported(model)` returns why the lean path cannot be used (another
+architecture, RoPE scaling other than the default, sliding-window attention, ZeRO-3-partitioned or
+meta parameters, ...) or None; `hf.generate` then falls back to the generic HF loop.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Architectures whose decoder layer is exactly: x += o(attn(rope(q), rope(k), v)) on RMSNorm(x),
+# x += down(silu(gate) * up) on RMSNorm(x), with optional q/k/v biases and no q/k norms.
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+
+
+class StaticDecoder:
+    """Decode state for one rollout: the static K/V cache, the key mask and the RoPE table."""
+
+    @staticmethod
+    def unsupported(model) -> str | None:
+        """Why `model` cannot use the lean decode step, or None if it can."""
+        name = type(model).__name__
+        if name not in SUPPORTED_ARCHITECTURES:
+            return f"architecture {name} (lean decode supports {', '.join(SUPPORTED_ARCHITECTURES)})"
+        cfg = model.config
+        rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
+        if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
+            return f"rope_type {rope.get('rope_type', rope.get('type'))}"
+        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+            return "sliding-window attention"
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            return f"hidden_act {cfg.hidden_act}"
+        if getattr(model.lm_head, "bias", None) is not None:
+            return "lm_head has a bias"
+        mlp = model.model.layers[0].mlp
+        if any(getattr(mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
+            return "MLP biases"
+        for p in model.parameters():
+            if hasattr(p, "ds_id") or p.is_meta or p.numel() == 0:
+                return "parameters are partitioned (ZeRO-3) or on the meta device"
+        return None
+
+    def __init__(self, model, batch: int, max_len: int):
+        cfg = model.config
+        self.m = model.model
+        self.lm_head = model.lm_head.weight
+        self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
+        self.eps = cfg.rms_norm_eps
+        self.dtype = self.lm_head.dtype
+        device = self.lm_head.device
+        self.layers = []
+        for layer in self.m.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            self.layers.append(
+                {
+                    "ln1": layer.input_layernorm.weight,
+                    "ln2": layer.post_attention_layernorm.weight,
+                    "wqkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                    "bqkv": None if biases[0] is None else torch.cat(biases).detach(),
+                    "wo": a.o_proj.weight,
+                    "bo": a.o_proj.bias,
+                    "wgu": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                    "wd": mlp.down_proj.weight,
+                    "k": torch.zeros(batch, self.nkv, max_len, self.hd, dtype=self.dtype, device=device),
+                    "v": torch.zeros(batch, self.nkv, max_len, self.hd, dtype=self.dtype, device=device),
+                }
+            )
+        rotary = self.m.rotary_emb
+        freqs = torch.outer(
+            torch.arange(max_len, dtype=torch.float32, device=device), rotary.inv_freq.float()
+        )
+        emb = torch.cat([freqs, freqs], -1)
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.cos = (emb.cos() * scale).to(self.dtype)
+        self.sin = (emb.sin() * scale).to(self.dtype)
+        self.max_len = max_len
+        self.mask = torch.zeros(batch, 1, 1, max_len, dtype=torch.bool, device=device)
+        self.t = 0
+
+    def load_prefill(self, cache, prompt_mask: Tensor) -> None:
+        """Copy the HF prefill's K/V (a DynamicCache over the [B,P] prompt) into the static cache."""
+        p = prompt_mask.shape[1]
+        for lay, cl in zip(self.layers, cache.layers, strict=True):
+            lay["k"][:, :, :p] = cl.keys
+            lay["v"][:, :, :p] = cl.values
+        self.mask[:, 0, 0, :p] = prompt_mask.bool()
+        self.t = p
+
+    def _norm(self, x: Tensor, w: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * h.to(x.dtype)
+
+    @staticmethod
+    def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    @torch.no_grad()
+    def step(self, token: Tensor, position: Tensor) -> Tensor:
+        """Append `token` [B] at `position` [B] (RoPE position: count of attended tokens) -> logits [B,V]."""
+        b, t = token.shape[0], self.t
+        if t >= self.max_len:
+            raise RuntimeError(f"StaticDecoder: cache of {self.max_len} positions is full")
+        self.mask[:, 0, 0, t] = True
+        x = F.embedding(token, self.m.embed_tokens.weight)[:, None]  # [B,1,H]
+        cos, sin = self.cos[position][:, None], self.sin[position][:, None]  # [B,1,D]
+        nq, nk, nh = self.nh * self.hd, self.nkv * self.hd, self.nh + self.nkv
+        keys = self.mask[..., : t + 1]
+        for lay in self.layers:
+            qkv = F.linear(self._norm(x, lay["ln1"]), lay["wqkv"], lay["bqkv"])
+            qk = self._rope(qkv[:, 0, : nq + nk].view(b, nh, self.hd), cos, sin)  # q and k heads together
+            q = qk[:, : self.nh, None]  # [B,nh,1,D]
+            lay["k"][:, :, t] = qk[:, self.nh :]
+            lay["v"][:, :, t] = qkv[:, 0, nq + nk :].view(b, self.nkv, self.hd)
+            o = F.scaled_dot_product_attention(
+                q,
+                lay["k"][:, :, : t + 1],
+                lay["v"][:, :, : t + 1],
+                attn_mask=keys,
+                enable_gqa=self.nh != self.nkv,
+            )
+            x = x + F.linear(o.transpose(1, 2).reshape(b, 1, nq), lay["wo"], lay["bo"])
+            gate, up = F.linear(self._norm(x, lay["ln2"]), lay["wgu"]).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, lay["wd"])
+        self.t = t + 1
+        return F.linear(self._norm(x, self.m.norm.weight)[:, 0], self.lm_head)
