@@ -330,6 +330,7 @@ class Algorithm:
         metrics: dict[str, Tensor] = {
             f"clip/{k}": (v.detach() * mask).sum() / counts.num_tokens for k, v in clip_metrics.items()
         }
+        del clip_metrics  # the [B,T] metric tensors are reduced: free them before the KL term is built
         metrics["pg_loss"] = self.aggregate(per_token.detach(), mask, counts)
         if self.kl_in_loss():
             kl_tok = self.kl(

@@ -406,6 +406,30 @@ def test_padding_is_zero_and_gets_no_gradient_even_if_garbage(name):
     assert (loss[~pad] != 0).all() and (logp.grad[~pad] != 0).all()
 
 
+@pytest.mark.parametrize("name", RULES)
+def test_metrics_stay_zero_on_padding_when_every_bound_binds(name):
+    """Indicators and approx_kl get no select of their own (zero on padding by construction, see the
+    module docstring): with zero-width bounds valid tokens are flagged, garbage padding still reads 0."""
+    mask = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]], dtype=F64)
+    logp = torch.tensor([[-1.0, -math.inf, -0.5, 3.0], [math.nan, -0.2, -2.0, -9.0]], dtype=F64)
+    logp.requires_grad_(True)
+    old = torch.tensor([[-1.5, 0.0, -0.1, -math.inf], [-1.0, -0.5, -1.0, 2.0]], dtype=F64)
+    adv = torch.tensor([[1.0, 7.0, -2.0, -math.inf], [math.nan, -1.0, 1.0, -3.0]], dtype=F64)
+    rollout = torch.tensor([[-1.0, math.inf, -0.6, 5.0], [-math.inf, -0.4, -1.2, math.nan]], dtype=F64)
+    hparams = {} if name == "none" else {"eps_low": 0.0, "eps_high": 0.0}
+    loss, metrics = get("clip", name)(logp, old, adv, mask, rollout_logp=rollout, **hparams)
+    loss.sum().backward()
+    pad = mask == 0
+    for t in (loss, logp.grad, *metrics.values()):
+        assert torch.isfinite(t).all() and (t[pad] == 0).all()
+    flagged = metrics["clip_low"] + metrics["clip_high"]
+    if name != "none":
+        assert flagged[~pad].sum() >= 2  # the bounds do bind on valid tokens
+    for key in EXTRA_METRICS.get(name, ()):
+        if key != "clip_dual":
+            assert (metrics[key][~pad] > 0).all()  # IS weights: non-zero on valid tokens, 0 on padding
+
+
 def test_rollout_logp_is_shape_checked_and_required_by_tis():
     z = torch.zeros(2, 3, dtype=F64)
     with pytest.raises(ShapeError, match=r"^clip\.tis needs rollout_logp but got None; .*sampler's logprobs"):

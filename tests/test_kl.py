@@ -321,6 +321,21 @@ def test_padding_is_zero_and_gets_no_gradient_even_if_garbage(name):
     assert (out[mask == 1] != 0).all()
 
 
+@pytest.mark.parametrize("name", ["k3", "k3_st"])
+def test_padding_is_zero_without_the_guards(name):
+    """The estimators get no select after x (x = 0 on padding maps to 0): also true with no clamp."""
+    mask = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    logp = torch.tensor([[-1.0, -math.inf, 500.0], [math.nan, -0.3, -900.0]], dtype=torch.float64)
+    logp.requires_grad_(True)
+    ref_logp = torch.tensor([[-1.2, 0.0, -900.0], [-1.0, -0.1, math.inf]], dtype=torch.float64)
+    out, grad = _value_and_grad(name, logp, ref_logp, mask, max_log_ratio=None, max_value=None)
+    assert torch.isfinite(out).all() and torch.isfinite(grad).all()
+    assert torch.equal(out[mask == 0], torch.zeros(4, dtype=torch.float64))
+    assert torch.equal(grad[mask == 0], torch.zeros(4, dtype=torch.float64))
+    assert not torch.signbit(out).any()  # +0.0 on padding, not -0.0
+    assert (out[mask == 1] != 0).all()
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_shape_errors_name_the_part_and_tensor(name):
     mask = torch.ones(2, 3)

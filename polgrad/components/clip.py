@@ -18,7 +18,14 @@ docstring). ρ = π_θ(y_t)/π_old(y_t) = exp(logp - old_logp) is the chapter's 
 Numerical guard shared by all parts: the log-ratio logp - old_logp is clamped to [-20, 20] before
 the exp (as verl does), so ρ stays finite in every float type; a ratio beyond e^{±20} is far outside
 any trust region, and there its gradient is zero. Padding (mask 0) may hold any value, even -inf
-or nan: inputs are zeroed there before any arithmetic, so value and gradient stay clean.
+or nan: it is selected out (torch.where, which passes no gradient to the unselected side) before
+any nonlinearity, so value and gradient stay clean.
+
+The parts rely on that selection to skip work (tests/test_clip.py checks the outcome): on padding
+the log-ratio is exactly 0, so ρ = 1 and approx_kl = e^0 - 1 - 0 = 0, and A = 0, so the clip
+indicators (A < 0 / A > 0; for cispo ρ = 1 outside [1-ε_low, 1+ε_high], which cannot be) are
+already 0 there and need no second select. A metric that can be non-zero on padding (an IS weight
+of 1, say) is selected out explicitly.
 """
 
 from __future__ import annotations
@@ -63,22 +70,23 @@ def _bounds(part: str, eps_low, eps_high, *, low_optional: bool = False) -> tupl
 
 
 def _zero_pad(valid: Tensor, x: Tensor) -> Tensor:
-    return torch.where(valid, x, torch.zeros_like(x))
+    """x where valid, exactly 0 elsewhere (a 0-dim zero broadcast by torch.where: no [B,T] fill)."""
+    return torch.where(valid, x, x.new_zeros(()))
 
 
 def _prepare(
     where: str, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, rollout_logp: Tensor | None
-):
-    """Shape-check, zero the padding, and return (valid, logp, old_logp, adv, rollout_logp, log_ratio)."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Shape-check and return (valid, adv, log_ratio), both exactly 0 on padding.
+
+    log_ratio = clamp(logp - old_logp, ±20). The difference is selected, not its two operands: the
+    same values on valid tokens, one select fewer. A part that uses logp itself pads it first.
+    """
     check_bt(where, mask, logp=logp, old_logp=old_logp, adv=adv, rollout_logp=rollout_logp)
     valid = mask > 0
-    logp = _zero_pad(valid, logp)
-    old_logp = _zero_pad(valid, old_logp.detach())
     adv = _zero_pad(valid, adv.detach())
-    if rollout_logp is not None:
-        rollout_logp = _zero_pad(valid, rollout_logp.detach())
-    log_ratio = torch.clamp(logp - old_logp, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return valid, logp, old_logp, adv, rollout_logp, log_ratio
+    log_ratio = torch.clamp(_zero_pad(valid, logp - old_logp.detach()), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return valid, adv, log_ratio
 
 
 def _ppo_loss(ratio: Tensor, adv: Tensor, lower: float, upper: float) -> Tensor:
@@ -86,22 +94,26 @@ def _ppo_loss(ratio: Tensor, adv: Tensor, lower: float, upper: float) -> Tensor:
     return torch.maximum(-ratio * adv, -torch.clamp(ratio, lower, upper) * adv)
 
 
-def _clipped(ratio: Tensor, adv: Tensor, lower: float | None, upper: float | None) -> tuple[Tensor, Tensor]:
-    """(clip_low, clip_high) bool [B,T]: the chapter's two zero-gradient cases after eq. 57."""
+def _clipped(ratio: Tensor, adv: Tensor, lower: float, upper: float) -> tuple[Tensor, Tensor]:
+    """(clip_low, clip_high) bool [B,T]: the chapter's two zero-gradient cases after eq. 57.
+
+    Both are False on padding without a select, since `adv` is zero there (module docstring)."""
     r = ratio.detach()
-    no = torch.zeros_like(r, dtype=torch.bool)
-    low = (adv < 0) & (r < lower) if lower is not None else no
-    high = (adv > 0) & (r > upper) if upper is not None else no
-    return low, high
+    return (adv < 0) & (r < lower), (adv > 0) & (r > upper)
 
 
 def _metrics(
-    valid: Tensor, log_ratio: Tensor, clip_low: Tensor, clip_high: Tensor, **extra: Tensor
+    log_ratio: Tensor, clip_low: Tensor | None, clip_high: Tensor | None, **extra: Tensor
 ) -> dict[str, Tensor]:
-    """The common metrics (see the module docstring) plus `extra` ones, detached and zero on padding."""
+    """The common metrics (see the module docstring) plus `extra` ones, detached, in log_ratio's dtype.
+
+    Every tensor passed must already be zero on padding: indicators built from the zero-padded
+    adv and ratio are; anything else goes through `_zero_pad` first. None is an indicator that is
+    never set. approx_kl needs no select: the log-ratio is exactly 0 on padding.
+    """
     d = log_ratio.detach()
     out = {"clip_low": clip_low, "clip_high": clip_high, "approx_kl": torch.expm1(d) - d, **extra}
-    return {k: _zero_pad(valid, v.detach().to(d.dtype)) for k, v in out.items()}
+    return {k: torch.zeros_like(d) if v is None else v.detach().to(d.dtype) for k, v in out.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,10 +131,10 @@ def none(
     advantage A, eq. 50). Source: chapter eq. 50, 57, 64. clip_low/clip_high are always 0.
     Shapes: logp, old_logp, adv, mask [B,T] (rollout_logp ignored) -> loss [B,T], metrics [B,T].
     """
-    valid, logp, old_logp, adv, _, log_ratio = _prepare("clip.none", logp, old_logp, adv, mask, rollout_logp)
+    valid, adv, log_ratio = _prepare("clip.none", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
     loss = _zero_pad(valid, -ratio * adv)
-    return loss, _metrics(valid, log_ratio, *_clipped(ratio, adv, None, None))
+    return loss, _metrics(log_ratio, None, None)
 
 
 @register("clip", "ppo", formula=_PPO_FORMULA, ratio="token", off_policy=False)
@@ -145,10 +157,10 @@ def ppo(
     Shapes: logp, old_logp, adv, mask [B,T] (rollout_logp ignored) -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("ppo", eps_low, eps_high)
-    valid, logp, old_logp, adv, _, log_ratio = _prepare("clip.ppo", logp, old_logp, adv, mask, rollout_logp)
+    valid, adv, log_ratio = _prepare("clip.ppo", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
     loss = _zero_pad(valid, _ppo_loss(ratio, adv, lower, upper))
-    return loss, _metrics(valid, log_ratio, *_clipped(ratio, adv, lower, upper))
+    return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper))
 
 
 @register(
@@ -180,15 +192,14 @@ def dual_clip(
     lower, upper = _bounds("dual_clip", eps_low, eps_high)
     if not _is_number(c) or not c > 1 or math.isinf(c):
         raise ConfigError(f"clip.dual_clip.c must be > 1, got {c!r}")
-    valid, logp, old_logp, adv, _, log_ratio = _prepare(
-        "clip.dual_clip", logp, old_logp, adv, mask, rollout_logp
-    )
+    valid, adv, log_ratio = _prepare("clip.dual_clip", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
     ppo_loss = _ppo_loss(ratio, adv, lower, upper)
     cap = -c * adv
     loss = torch.where(adv < 0, torch.minimum(ppo_loss, cap), ppo_loss)
     clip_dual = (adv < 0) & (ppo_loss.detach() > cap)
-    metrics = _metrics(valid, log_ratio, *_clipped(ratio, adv, lower, upper), clip_dual=clip_dual)
+    # clip_dual, like the bounds' indicators, is False on padding: A = 0 there.
+    metrics = _metrics(log_ratio, *_clipped(ratio, adv, lower, upper), clip_dual=clip_dual)
     return _zero_pad(valid, loss), metrics
 
 
@@ -226,12 +237,13 @@ def gspo(
     Shapes: logp, old_logp, adv, mask [B,T] (rollout_logp ignored) -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("gspo", eps_low, eps_high)
-    valid, logp, old_logp, adv, _, log_ratio = _prepare("clip.gspo", logp, old_logp, adv, mask, rollout_logp)
+    valid, adv, log_ratio = _prepare("clip.gspo", logp, old_logp, adv, mask, rollout_logp)
+    logp = _zero_pad(valid, logp)
     n_valid = valid.sum(dim=-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
     seq_ratio = torch.exp(log_ratio.detach().sum(dim=-1, keepdim=True) / n_valid)  # [B,1]; padding is 0
     token_ratio = seq_ratio * torch.exp(logp - logp.detach())  # value s_i, gradient s_i ∇logp_t
     loss = _zero_pad(valid, _ppo_loss(token_ratio, adv, lower, upper))
-    return loss, _metrics(valid, log_ratio, *_clipped(token_ratio, adv, lower, upper))
+    return loss, _metrics(log_ratio, *_clipped(token_ratio, adv, lower, upper))
 
 
 @register(
@@ -267,14 +279,16 @@ def cispo(
     Shapes: logp, old_logp, adv, mask [B,T] (rollout_logp ignored) -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("cispo", eps_low, eps_high, low_optional=True)
-    valid, logp, old_logp, adv, _, log_ratio = _prepare("clip.cispo", logp, old_logp, adv, mask, rollout_logp)
+    valid, adv, log_ratio = _prepare("clip.cispo", logp, old_logp, adv, mask, rollout_logp)
+    logp = _zero_pad(valid, logp)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, min=lower, max=upper).detach()
     loss = _zero_pad(valid, -weight * adv * logp)
     # Truncation indicators, whatever the sign of A (CISPO scales these tokens, it never drops them).
+    # Both are False on padding (ρ = 1 there); the weight, clip(1) there, is selected out.
     r = ratio.detach()
-    trunc_low = r < lower if lower is not None else torch.zeros_like(valid)
-    metrics = _metrics(valid, log_ratio, trunc_low, r > upper, is_weight=weight)
+    trunc_low = r < lower if lower is not None else None
+    metrics = _metrics(log_ratio, trunc_low, r > upper, is_weight=_zero_pad(valid, weight))
     return loss, metrics
 
 
@@ -316,11 +330,10 @@ def tis(
     if not _is_number(cap) or not cap > 0 or math.isinf(cap):
         raise ConfigError(f"clip.tis.cap must be a finite number > 0, got {cap!r}")
     require("clip.tis", "rollout_logp", rollout_logp, _TIS_HINT)
-    valid, logp, old_logp, adv, rollout_logp, log_ratio = _prepare(
-        "clip.tis", logp, old_logp, adv, mask, rollout_logp
-    )
+    valid, adv, log_ratio = _prepare("clip.tis", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
     # min(exp(d), cap) = exp(min(d, log cap)): same value, and exp cannot overflow.
-    weight = torch.exp(torch.clamp(old_logp - rollout_logp, max=math.log(cap))).detach()
+    log_w = _zero_pad(valid, old_logp.detach() - rollout_logp.detach())
+    weight = torch.exp(torch.clamp(log_w, max=math.log(cap))).detach()
     loss = _zero_pad(valid, weight * _ppo_loss(ratio, adv, lower, upper))
-    return loss, _metrics(valid, log_ratio, *_clipped(ratio, adv, lower, upper), tis_weight=weight)
+    return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper), tis_weight=_zero_pad(valid, weight))

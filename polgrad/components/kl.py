@@ -33,17 +33,16 @@ from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
 
-def _log_ratio(where: str, logp: Tensor, ref_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def _log_ratio(where: str, logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     """x = logp - ref_logp on valid tokens and exactly 0 elsewhere (padding may hold -inf or nan;
-    selecting before any nonlinearity keeps those out of both the value and the gradient)."""
+    selecting before any nonlinearity keeps those out of both the value and the gradient).
+
+    Every sample-based estimator maps x = 0 to exactly 0 (k1, k2, k3, abs and their straight-through
+    forms, with or without k3's guards), so its result is already zero on padding and needs no
+    second select; the padding tests in tests/test_kl.py check value and gradient there."""
     check_bt(where, mask, logp=logp, ref_logp=ref_logp)
-    valid = mask > 0
-    x = torch.where(valid, logp - ref_logp, torch.zeros_like(logp))
-    return x, valid
-
-
-def _masked(valid: Tensor, value: Tensor) -> Tensor:
-    return torch.where(valid, value, torch.zeros_like(value))
+    diff = logp - ref_logp
+    return torch.where(mask > 0, diff, diff.new_zeros(()))
 
 
 def _k2(x: Tensor) -> Tensor:
@@ -89,8 +88,7 @@ def k1(
     Source: Schulman 2020 "Approximating KL divergence"; verl `kl_penalty='k1'`.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T]; logits unused.
     """
-    x, valid = _log_ratio("kl.k1", logp, ref_logp, mask)
-    return _masked(valid, x)
+    return _log_ratio("kl.k1", logp, ref_logp, mask)
 
 
 @register("kl", "k2", formula="k2 = x^2/2", unbiased=False, needs_logits=False)
@@ -108,8 +106,8 @@ def k2(
     Source: Schulman 2020 "Approximating KL divergence"; verl `kl_penalty='mse'`/'k2'.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T]; logits unused.
     """
-    x, valid = _log_ratio("kl.k2", logp, ref_logp, mask)
-    return _masked(valid, _k2(x))
+    x = _log_ratio("kl.k2", logp, ref_logp, mask)
+    return _k2(x)
 
 
 @register("kl", "k3", formula="k3 = e^{-x} - 1 + x", unbiased=True, needs_logits=False)
@@ -140,8 +138,8 @@ def k3(
     """
     _check_guard("kl.k3", "max_log_ratio", max_log_ratio)
     _check_guard("kl.k3", "max_value", max_value)
-    x, valid = _log_ratio("kl.k3", logp, ref_logp, mask)
-    return _masked(valid, _k3(x, max_log_ratio, max_value))
+    x = _log_ratio("kl.k3", logp, ref_logp, mask)
+    return _k3(x, max_log_ratio, max_value)
 
 
 @register("kl", "abs", formula="|x|", unbiased=False, needs_logits=False)
@@ -157,8 +155,8 @@ def abs_(
 
     Source: verl `kl_penalty='abs'`. Shapes: logp, ref_logp, mask [B,T] -> [B,T]; logits unused.
     """
-    x, valid = _log_ratio("kl.abs", logp, ref_logp, mask)
-    return _masked(valid, x.abs())
+    x = _log_ratio("kl.abs", logp, ref_logp, mask)
+    return x.abs()
 
 
 _LOGITS_HINT = (
@@ -203,9 +201,9 @@ def full(
     lq = torch.log_softmax(ref_logits.to(dtype), dim=-1)
     p = lp.exp()
     # Select before multiplying so that p = 0 entries give 0, not 0·(-inf) = nan, in value and gradient.
-    diff = torch.where(p > 0, lp - lq, torch.zeros_like(lp))
+    diff = torch.where(p > 0, lp - lq, lp.new_zeros(()))
     kl = (p * diff).sum(dim=-1).to(logp.dtype)
-    return _masked(mask > 0, kl)
+    return torch.where(mask > 0, kl, kl.new_zeros(()))  # the logits' KL is not 0 on padding
 
 
 @register("kl", "k1_st", formula="k1 = x (∇ of x^2/2)", unbiased=True, needs_logits=False)
@@ -225,8 +223,8 @@ def k1_st(
     divergence gradient estimation for RL". The straight-through pairing is polgrad's.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T].
     """
-    x, valid = _log_ratio("kl.k1_st", logp, ref_logp, mask)
-    return _masked(valid, _straight_through(x, x))
+    x = _log_ratio("kl.k1_st", logp, ref_logp, mask)
+    return _straight_through(x, x)
 
 
 @register("kl", "k3_st", formula="k3 = e^{-x} - 1 + x (∇ of x^2/2)", unbiased=True, needs_logits=False)
@@ -250,8 +248,8 @@ def k3_st(
     """
     _check_guard("kl.k3_st", "max_log_ratio", max_log_ratio)
     _check_guard("kl.k3_st", "max_value", max_value)
-    x, valid = _log_ratio("kl.k3_st", logp, ref_logp, mask)
-    return _masked(valid, _straight_through(_k3(x, max_log_ratio, max_value), x))
+    x = _log_ratio("kl.k3_st", logp, ref_logp, mask)
+    return _straight_through(_k3(x, max_log_ratio, max_value), x)
 
 
 @register("kl", "abs_st", formula="|x| (∇ of x^2/2)", unbiased=False, needs_logits=False)
@@ -268,5 +266,5 @@ def abs_st(
     Source: verl `abs` for the value; the straight-through construction as in `k1_st`.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T].
     """
-    x, valid = _log_ratio("kl.abs_st", logp, ref_logp, mask)
-    return _masked(valid, _straight_through(x.abs(), x))
+    x = _log_ratio("kl.abs_st", logp, ref_logp, mask)
+    return _straight_through(x.abs(), x)
