@@ -148,6 +148,7 @@ def _decode(
     model,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
+    rows: Tensor,
     *,
     temperature: float,
     top_p: float,
@@ -159,32 +160,35 @@ def _decode(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """KV-cache sampling loop -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B]).
 
-    The prompt is prefilled by the model's own forward; each new token then goes through
-    `StaticDecoder.step` (static cache, see static_decode.py) when the model supports it and `lean`,
-    else through the model's forward with a growing `DynamicCache`.
+    `prompt_ids`/`prompt_mask` [U,P] are the distinct prompts and `rows` [B] the prompt of each row:
+    each prompt is prefilled once by the model's own forward and its K/V copied to its rows (a group
+    of G samples shares one prefill). Each new token then goes through `StaticDecoder.step` (static
+    cache, see static_decode.py) when the model supports it and `lean`, else through the model's
+    forward with a growing `DynamicCache`.
     """
     from transformers import DynamicCache
 
-    b = prompt_ids.shape[0]
+    b = rows.shape[0]
     device = prompt_ids.device
-    attn = prompt_mask.long()
-    pos = position_ids_from_mask(attn)
     cache = DynamicCache(config=model.config)
     out = model(
         input_ids=prompt_ids,
-        attention_mask=attn,
-        position_ids=pos,
+        attention_mask=prompt_mask.long(),
+        position_ids=position_ids_from_mask(prompt_mask),
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     )
-    logits = out.logits[:, -1].float()
-    next_pos = pos[:, -1] + 1
+    logits = out.logits[rows, -1].float()
+    attn = prompt_mask[rows].long()
+    next_pos = position_ids_from_mask(attn)[:, -1] + 1
     static = None
     if lean and StaticDecoder.unsupported(model) is None:
         static = StaticDecoder(model, b, prompt_ids.shape[1] + max_new_tokens)
-        static.load_prefill(cache, prompt_mask)
+        static.load_prefill(cache, attn, rows)
         del cache
+    else:
+        cache.reorder_cache(rows)
     tokens, logps = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ones = torch.ones((b, 1), dtype=attn.dtype, device=device)
@@ -272,8 +276,9 @@ def generate(
         gen = torch.Generator(device=device).manual_seed(int(generator_seed))
         response, mask, logp, truncated = _decode(
             model,
-            ids[rows],
-            pmask[rows],
+            ids,
+            pmask,
+            rows,
             temperature=float(temperature),
             top_p=float(top_p),
             max_new_tokens=max_new_tokens,
@@ -288,6 +293,7 @@ def generate(
                 model,
                 ids,
                 pmask,
+                torch.arange(len(examples), device=device),
                 temperature=0.0,
                 top_p=1.0,
                 max_new_tokens=max_new_tokens,

@@ -100,12 +100,16 @@ class StaticDecoder:
         self.mask = torch.zeros(batch, 1, 1, max_len, dtype=torch.bool, device=device)
         self.t = 0
 
-    def load_prefill(self, cache, prompt_mask: Tensor) -> None:
-        """Copy the HF prefill's K/V (a DynamicCache over the [B,P] prompt) into the static cache."""
+    def load_prefill(self, cache, prompt_mask: Tensor, rows: Tensor | None = None) -> None:
+        """Copy the HF prefill's K/V into the static cache: row b gets the cache's row `rows[b]`.
+
+        `cache` is a DynamicCache over [U,P] prompts, `prompt_mask` [B,P] the rows' prompt masks,
+        `rows` [B] the prompt of each row (None: the cache has one row per row).
+        """
         p = prompt_mask.shape[1]
         for lay, cl in zip(self.layers, cache.layers, strict=True):
-            lay["k"][:, :, :p] = cl.keys
-            lay["v"][:, :, :p] = cl.values
+            lay["k"][:, :, :p] = cl.keys if rows is None else cl.keys[rows]
+            lay["v"][:, :, :p] = cl.values if rows is None else cl.values[rows]
         self.mask[:, 0, 0, :p] = prompt_mask.bool()
         self.t = p
 
