@@ -170,3 +170,41 @@ def test_generic_models_still_generate(tiny, task):
     out = hf.generate(gpt2, tokenizer, examples, group_size=2, max_new_tokens=5, generator_seed=0)
     again = hf.response_logprobs(gpt2, out)
     assert torch.allclose(again * out.mask, out.rollout_logp, atol=TOL, rtol=0)
+
+
+def test_decode_threads_policy(tiny, monkeypatch):
+    """One thread for small decode steps only when OpenMP threads sleep; torch's setting otherwise."""
+    model, _ = tiny
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+        assert hf.decode_threads(model, 64) == 1
+        # 2 x rows x params >= 1 GFLOP per token: both threads pay off
+        rows = int(1e9 / (2 * sum(p.numel() for p in model.parameters()))) + 1
+        assert hf.decode_threads(model, rows) == 2
+        monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+        assert hf.decode_threads(model, 64) == 2
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+        assert hf.decode_threads(model, 64) == 2
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_generate_restores_the_thread_count(tiny, task, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        hf.generate(
+            model,
+            tokenizer,
+            task.examples("train", 2, seed=0),
+            group_size=2,
+            max_new_tokens=3,
+            generator_seed=0,
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
