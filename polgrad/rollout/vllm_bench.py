@@ -109,18 +109,32 @@ def benchmark_backends(
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import argparse
+    import csv
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads for both backends")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny-only", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--out", default=os.path.join("results", "bench", "vllm_vs_hf.csv"), help="CSV to write ('' = none)"
+    )
+    args = parser.parse_args(argv)
     configs = DEFAULT_CONFIGS[:1] if args.tiny_only else DEFAULT_CONFIGS
-    for row in benchmark_backends(configs, repeats=args.repeats, num_threads=args.threads):
+    rows = benchmark_backends(configs, repeats=args.repeats, num_threads=args.threads)
+    for row in rows:
         print(json.dumps(row))
+    if args.out and rows:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        tmp = args.out + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, args.out)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
