@@ -6,6 +6,7 @@ import os
 
 import gin
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 # One profile for every property test: enough examples to find the corner cases of masks and
@@ -20,6 +21,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("polgrad")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): small
+    models run faster and bit-reproducibly on one thread, and the thread count is restored after."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 @pytest.fixture(autouse=True)

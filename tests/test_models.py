@@ -18,13 +18,7 @@ from polgrad import models
 from polgrad.errors import ConfigError, DataError
 from polgrad.models import ScalarHeadModel, build_tiny, build_tokenizer, encode_prompts, encode_sequences
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,7 @@ MAX_NEW = 8
 TOL = 1e-5  # fp32, same model, one forward vs the KV-cache loop
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
