@@ -232,11 +232,13 @@ def train(
                     * batch["mask"]
                 )
 
-        # 3. reference log-probs (only if a part needs them or KL is measured)
+        # 3. reference log-probs (only if a part needs them or KL is measured); the reference is
+        # frozen, and no_grad keeps autograd from even looking at its forward
         if reference is not None:
-            batch["ref_logp"] = hf_rollout.response_logprobs(
-                reference, rollout, temperature=temperature
-            ).double()
+            with torch.no_grad():
+                batch["ref_logp"] = hf_rollout.response_logprobs(
+                    reference, rollout, temperature=temperature
+                ).double()
         t_ref = time.perf_counter()
 
         # 4. values from the critic before the update (old_values)
