@@ -403,6 +403,7 @@ def test_padding_is_zero_and_gets_no_gradient_even_if_garbage(name):
     pad = mask == 0
     for t in (loss, logp.grad, *metrics.values()):
         assert torch.isfinite(t).all() and (t[pad] == 0).all()
+    assert not torch.signbit(loss[pad]).any(), "padding must be +0.0, not -0.0"
     assert (loss[~pad] != 0).all() and (logp.grad[~pad] != 0).all()
 
 

@@ -157,9 +157,12 @@ def ppo(
     Shapes: logp, old_logp, adv, mask [B,T] (rollout_logp ignored) -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("ppo", eps_low, eps_high)
-    valid, adv, log_ratio = _prepare("clip.ppo", logp, old_logp, adv, mask, rollout_logp)
+    _, adv, log_ratio = _prepare("clip.ppo", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
-    loss = _zero_pad(valid, _ppo_loss(ratio, adv, lower, upper))
+    # On padding ρ = 1 and A = 0, so the loss is max(-0.0, -0.0) = -0.0: adding +0.0 makes it +0.0
+    # (IEEE 754) at a tenth of the cost of a select; other values are unchanged (a -0.0 on a valid
+    # token with A = 0 also becomes +0.0).
+    loss = _ppo_loss(ratio, adv, lower, upper) + 0.0
     return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper))
 
 
