@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from polgrad import registry
+from polgrad.components.advantage import last_token
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError, PolgradError
 
@@ -176,6 +177,16 @@ class Algorithm:
                 f"Algorithm.value_init = @{self.parts['Algorithm.value_init'].full_name} is set but no part "
                 "uses a critic (e.g. @advantage.gae or @advantage.mc): remove the binding"
             )
+        if (
+            self.kl is not None
+            and self.kl_placement == "reward"
+            and self.parts["Algorithm.kl"].meta.get("needs_logits")
+        ):
+            raise ConfigError(
+                f"Algorithm.kl = @{self.parts['Algorithm.kl'].full_name} needs the full logits, which a "
+                "KL in the reward does not have (it uses the sampled tokens' log-probs): pick a "
+                "sample-based estimator such as @kl.k1 there, or set Algorithm.kl_placement = 'loss'"
+            )
         if self.needs_baseline_rollout and self.reward_shaping:
             raise ConfigError(
                 f"{needing_baseline(self)} compares each score with the greedy response's raw score; "
@@ -229,7 +240,7 @@ class Algorithm:
     @property
     def needs_reference(self) -> bool:
         """A reference model is loaded only when a KL term can be non-zero."""
-        controller_moves = self.parts["Algorithm.kl_controller"].name != "fixed"
+        controller_moves = not self.parts["Algorithm.kl_controller"].meta.get("constant", False)
         return self.kl is not None and (self.kl_coef > 0 or controller_moves)
 
     @property
@@ -284,10 +295,7 @@ class Algorithm:
             return out, metrics
 
         # Per-token rewards: the score on the last valid token of each row.
-        lengths = mask.sum(-1)
-        last = (mask * torch.arange(1, mask.shape[1] + 1, dtype=mask.dtype)).argmax(-1)
-        token_rewards = torch.zeros_like(mask)
-        token_rewards[torch.arange(mask.shape[0]), last] = scores * (lengths > 0).to(mask.dtype)
+        token_rewards = last_token(scores, mask)
         rewards = scores
         if self.kl_in_reward():
             kl_tok = self.kl(out["old_logp"], out["ref_logp"], mask) * mask

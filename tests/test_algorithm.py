@@ -44,6 +44,10 @@ def build(extra: str = "", base: str = GRPO) -> Algorithm:
             "Algorithm.value_init = @value_init.policy is set but no part",
         ),
         ("clip.ppo.eps_low = -0.2", "Algorithm.clip = @clip.ppo"),
+        (
+            "Algorithm.kl = @kl.full\nAlgorithm.kl_placement = 'reward'",
+            "Algorithm.kl = @kl.full needs the full logits",
+        ),
     ],
 )
 def test_validation_errors_are_one_line_and_name_the_binding(extra, fragment):

@@ -129,9 +129,8 @@ def _groups(where: str, rewards: Tensor, group_ids: Tensor | None) -> tuple[Tens
     Returns (d [B], dsum [G], n [G], inv [B]) with d_i = r_i - max_{g(i)} r, dsum_g = sum_{i in g} d_i,
     n_g the group size and inv_i the group index of row i. Working with d instead of r keeps the
     arithmetic relative to the group's own spread (a constant group gives d = 0 exactly).
-    Every group must have at least 2 rows.
+    Every group must have at least 2 rows; callers have checked that group_ids is given.
     """
-    require(where, "group_ids", group_ids, _GROUPS_HINT)
     uniq, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     lonely = counts < 2
     if bool(lonely.any()):
@@ -153,7 +152,7 @@ def _centered(d: Tensor, dsum: Tensor, n: Tensor, inv: Tensor) -> Tensor:
     return d - (dsum / n)[inv]
 
 
-def _last_token(rewards: Tensor, m: Tensor) -> Tensor:
+def last_token(rewards: Tensor, m: Tensor) -> Tensor:
     """[B,T] with rewards[i] on the last valid token of row i, 0 elsewhere (fully masked rows: all 0)."""
     t = m.shape[1]
     if t == 0:
@@ -167,7 +166,7 @@ def _last_token(rewards: Tensor, m: Tensor) -> Tensor:
 def _token_rewards(rewards: Tensor, token_rewards: Tensor | None, m: Tensor) -> Tensor:
     """The per-token rewards a token-level estimator uses: token_rewards, or rewards on the last token."""
     if token_rewards is None:
-        return _last_token(rewards, m)
+        return last_token(rewards, m)
     return _masked(token_rewards.to(m.dtype), m)
 
 
@@ -454,9 +453,9 @@ def reinforce_pp_baseline(
     gamma, eps = _unit(where, "gamma", gamma), _nonneg(where, "eps", eps)
     dev = _centered(*_groups(where, rewards.to(dtype), group_ids))  # R_i - mean_G R
     if token_rewards is None:
-        r = _last_token(dev, m)  # the centred score on the last valid token
+        r = last_token(dev, m)  # the centred score on the last valid token
     else:
-        r = _masked(token_rewards.to(dtype), m) - _last_token(rewards.to(dtype) - dev, m)
+        r = _masked(token_rewards.to(dtype), m) - last_token(rewards.to(dtype) - dev, m)
     c = _Compact(m)
     ret = c.unpack(_discounted_sum(c.pack(r), gamma))
     return _whiten(ret, m, eps), None

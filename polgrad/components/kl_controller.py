@@ -29,7 +29,7 @@ def _state(where: str, coef, measured_kl, n_steps) -> tuple[float, float, int]:
     return coef, measured_kl, int(n_steps)
 
 
-@register("kl_controller", "fixed", formula="beta")
+@register("kl_controller", "fixed", formula="beta", constant=True)
 def fixed(coef: float, measured_kl: float, n_steps: int) -> float:
     """Constant coefficient: beta_{k+1} = beta_k.
 

@@ -64,7 +64,6 @@ class Entry:
 
 
 _TABLE: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
-_BY_FN: dict[int, Entry] = {}
 
 
 def _closest(word: str, choices) -> str:
@@ -84,7 +83,8 @@ def register(kind: str, name: str, **meta: Any) -> Callable[[Callable[..., Any]]
 
     Duplicate names raise. `meta` is free-form but the keys below are read by polgrad:
     `needs_critic`, `needs_reference`, `needs_groups`, `needs_logits`, `needs_baseline_rollout`,
-    `level` ('token' | 'sequence'), `off_policy`, `formula` (the term used in the Table-5 core loss).
+    `level` ('token' | 'sequence'), `off_policy`, `formula` (the term used in the Table-5 core loss),
+    `constant` (a KL controller that never moves the coefficient).
     """
     _check_kind(kind)
     if not name.isidentifier():
@@ -101,7 +101,6 @@ def register(kind: str, name: str, **meta: Any) -> Callable[[Callable[..., Any]]
         entry = Entry(kind=kind, name=name, fn=wrapped, meta=dict(meta))
         wrapped.__polgrad_entry__ = entry
         _TABLE[kind][name] = entry
-        _BY_FN[id(wrapped)] = entry
         return wrapped
 
     return deco
@@ -124,8 +123,8 @@ def get(kind: str, name: str) -> Callable[..., Any]:
 
 def entry_of(fn: Any) -> Entry | None:
     """The registry entry behind a callable handed over by gin (`@advantage.rloo`), or None."""
-    entry = getattr(fn, "__polgrad_entry__", None)
-    return entry if entry is not None else _BY_FN.get(id(fn))
+    # gin's scoped references (`@scope/kind.name`) wrap with functools.wraps, which copies the attribute.
+    return getattr(fn, "__polgrad_entry__", None)
 
 
 def names(kind: str) -> list[str]:
