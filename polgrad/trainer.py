@@ -33,6 +33,7 @@ from polgrad import models, registry
 from polgrad.algorithm import Algorithm
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError
+from polgrad.results import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
 
 REWARD_SOURCES = ("task", "reward_model")
@@ -197,15 +198,19 @@ def train(
         )
         t_gen = time.perf_counter()
 
-        # 2. reward: the task's verifier or the reward model, one scalar per sequence
-        if reward_model is not None:
-            scores = hf_rollout.rollout_scores(reward_model, rollout)
-        else:
-            scores = torch.tensor(
-                [the_task.reward(ex, txt) for ex, txt in zip(rollout.examples, rollout.texts, strict=True)]
+        # 2. reward: the task's verifier or the reward model, one scalar per sequence (the greedy
+        # baseline, when a part needs one, is scored by the same scorer)
+        def score(r: hf_rollout.Rollout) -> Tensor:
+            if reward_model is not None:
+                return hf_rollout.rollout_scores(reward_model, r).double()
+            return torch.tensor(
+                [the_task.reward(ex, txt) for ex, txt in zip(r.examples, r.texts, strict=True)],
+                dtype=torch.float64,
             )
+
+        scores = score(rollout)
         batch: dict[str, Tensor] = {
-            "scores": scores.double(),
+            "scores": scores,
             "mask": rollout.mask.double(),
             "truncated": rollout.truncated,
             "group_ids": rollout.group_ids,
@@ -214,12 +219,7 @@ def train(
             "row": torch.arange(len(scores)),
         }
         if algo.needs_baseline_rollout:
-            batch["baseline_scores"] = torch.tensor(
-                [
-                    the_task.reward(ex, txt)
-                    for ex, txt in zip(rollout.examples, rollout.baseline_texts, strict=True)
-                ]
-            ).double()
+            batch["baseline_scores"] = score(rollout.baseline)
         accuracy_train = float((scores >= 1.0).double().mean())
 
         # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's
@@ -363,7 +363,8 @@ def train(
         vllm_engine.close()
     summary = summarize(metrics_path, wall_time_s=time.time() - t_start)
     if info.rank == 0:
-        _atomic_json(os.path.join(out_dir, "summary.json"), summary)
+        summary_json = json.dumps(summary, indent=2, sort_keys=True)
+        atomic_write_text(os.path.join(out_dir, "summary.json"), summary_json)
         with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
             f.write(gin.operative_config_str())
     return summary
@@ -427,18 +428,9 @@ def _truncate_metrics(path: str, steps: int) -> None:
     """Keep the first `steps` rows (those the checkpoint covers); a resumed run rewrites the rest."""
     if not os.path.exists(path):
         return
-    rows = [line for line in open(path) if line.strip()][:steps]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(rows)
-    os.replace(tmp, path)
-
-
-def _atomic_json(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    with open(path) as f:
+        rows = [line for line in f if line.strip()][:steps]
+    atomic_write_text(path, "".join(rows))
 
 
 def _progress(it, *, enabled: bool, desc: str):

@@ -100,6 +100,30 @@ def test_ppo_with_reward_model_reward_and_critic_from_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_remax_baseline_is_scored_by_the_reward_model_too(tmp_path, monkeypatch):
+    """With reward_source='reward_model' the greedy baseline must get the same scorer as the samples
+    (a task-verifier baseline against reward-model scores would make ReMax's advantage meaningless)."""
+    from polgrad.rollout import hf as hf_rollout
+
+    scored = []
+    real = hf_rollout.rollout_scores
+
+    def spy(reward_model, rollout):
+        scored.append(rollout.temperature)
+        return real(reward_model, rollout)
+
+    monkeypatch.setattr(hf_rollout, "rollout_scores", spy)
+    rows = run(
+        tmp_path,
+        os.path.join(REPO, "registry", "remax.gin"),
+        ["train.task = @task.sort", "train.reward_source = 'reward_model'", "train.steps = 2"],
+    )
+    assert len(rows) == 2
+    # per step: the sampled rollout (temperature 1) and its greedy baseline (temperature 0)
+    assert scored.count(0.0) >= 2 and scored.count(1.0) >= 2
+
+
+@pytest.mark.slow
 def test_same_seed_gives_identical_metrics(tmp_path):
     spec = os.path.join(REPO, "registry", "grpo.gin")
     a = run(tmp_path, spec, name="a")
