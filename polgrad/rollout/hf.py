@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from polgrad.errors import ConfigError, ShapeError
-from polgrad.models import encode_prompts, position_ids_from_mask
+from polgrad.models import encode_prompts, position_ids_from_mask, torch_threads
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
 
@@ -241,12 +241,49 @@ def decode_threads(model, rows: int) -> int:
     return 1 if gflop < _SINGLE_THREAD_DECODE_GFLOP else n
 
 
-def _texts(tokenizer, response_ids: Tensor, mask: Tensor, eos_id: int) -> list[str]:
+def decode_texts(tokenizer, response_ids: Tensor, mask: Tensor, eos_id: int) -> list[str]:
+    """The responses as text: the masked-in tokens of each row without the EOS (both backends use it)."""
     out = []
     for row, m in zip(response_ids.tolist(), mask.tolist(), strict=True):
         keep = [t for t, k in zip(row, m, strict=True) if k > 0 and t != eos_id]
         out.append(tokenizer.decode(keep, skip_special_tokens=True))
     return out
+
+
+def assemble_rollout(
+    tokenizer,
+    examples: Sequence[Example],
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    rows: Tensor,
+    decoded: tuple[Tensor, Tensor, Tensor, Tensor],
+    *,
+    eos_id: int,
+    temperature: float,
+    baseline: Rollout | None = None,
+) -> Rollout:
+    """The Rollout of `decoded` = (response_ids, mask, logp, truncated) [B,...] for prompts [U,P].
+
+    Row b answers prompt `rows[b]` of `examples`/`prompt_ids` (the layout in the module docstring);
+    texts are decoded here. Both backends build their Rollouts, greedy baselines included, with it.
+    """
+    response, mask, logp, truncated = decoded
+    row_list = rows.tolist()
+    return Rollout(
+        prompt_ids=prompt_ids[rows],
+        prompt_mask=prompt_mask[rows],
+        response_ids=response,
+        mask=mask,
+        rollout_logp=logp,
+        group_ids=rows.clone(),
+        truncated=truncated,
+        response_lengths=mask.sum(1).long(),
+        texts=decode_texts(tokenizer, response, mask, eos_id),
+        examples=[examples[i] for i in row_list],
+        temperature=float(temperature),
+        baseline_texts=None if baseline is None else list(baseline.texts),
+        baseline=baseline,
+    )
 
 
 def check_generate_args(
@@ -291,70 +328,54 @@ def generate(
     ids, pmask = encode_prompts(tokenizer, [ex.prompt for ex in examples])
     ids, pmask = ids.to(device), pmask.to(device)
     was_training = model.training
-    threads = torch.get_num_threads()
     model.eval()
     try:
-        rows = torch.arange(len(examples), device=device).repeat_interleave(group_size)
-        torch.set_num_threads(decode_threads(model, len(rows)))
-        gen = torch.Generator(device=device).manual_seed(int(generator_seed))
-        response, mask, logp, truncated = _decode(
-            model,
-            ids,
-            pmask,
-            rows,
-            temperature=float(temperature),
-            top_p=float(top_p),
-            max_new_tokens=max_new_tokens,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            gen=gen,
-            lean=lean_decode,
-        )
-        baseline = None
-        if greedy_baseline:
-            g_resp, g_mask, g_logp, g_trunc = _decode(
+        with torch_threads(decode_threads(model, len(examples) * group_size)):
+            rows = torch.arange(len(examples), device=device).repeat_interleave(group_size)
+            gen = torch.Generator(device=device).manual_seed(int(generator_seed))
+            decoded = _decode(
                 model,
                 ids,
                 pmask,
-                torch.arange(len(examples), device=device),
-                temperature=0.0,
-                top_p=1.0,
+                rows,
+                temperature=float(temperature),
+                top_p=float(top_p),
                 max_new_tokens=max_new_tokens,
                 eos_id=eos_id,
                 pad_id=pad_id,
                 gen=gen,
                 lean=lean_decode,
             )
-            g_texts = _texts(tokenizer, g_resp, g_mask, eos_id)
-            baseline = Rollout(
-                prompt_ids=ids[rows],
-                prompt_mask=pmask[rows],
-                response_ids=g_resp[rows],
-                mask=g_mask[rows],
-                rollout_logp=g_logp[rows],
-                group_ids=rows.clone(),
-                truncated=g_trunc[rows],
-                response_lengths=g_mask[rows].sum(1).long(),
-                texts=[g_texts[i] for i in rows.tolist()],
-                examples=[examples[i] for i in rows.tolist()],
-                temperature=0.0,
-            )
+            baseline = None
+            if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows
+                prompts = torch.arange(len(examples), device=device)
+                greedy = _decode(
+                    model,
+                    ids,
+                    pmask,
+                    prompts,
+                    temperature=0.0,
+                    top_p=1.0,
+                    max_new_tokens=max_new_tokens,
+                    eos_id=eos_id,
+                    pad_id=pad_id,
+                    gen=gen,
+                    lean=lean_decode,
+                )
+                baseline = assemble_rollout(
+                    tokenizer, examples, ids, pmask, prompts, greedy, eos_id=eos_id, temperature=0.0
+                ).select(rows)
     finally:
         model.train(was_training)
-        torch.set_num_threads(threads)
-    return Rollout(
-        prompt_ids=ids[rows],
-        prompt_mask=pmask[rows],
-        response_ids=response,
-        mask=mask,
-        rollout_logp=logp,
-        group_ids=rows.clone(),
-        truncated=truncated,
-        response_lengths=mask.sum(1).long(),
-        texts=_texts(tokenizer, response, mask, eos_id),
-        examples=[examples[i] for i in rows.tolist()],
-        temperature=float(temperature),
-        baseline_texts=None if baseline is None else list(baseline.texts),
+    return assemble_rollout(
+        tokenizer,
+        examples,
+        ids,
+        pmask,
+        rows,
+        decoded,
+        eos_id=eos_id,
+        temperature=temperature,
         baseline=baseline,
     )
 

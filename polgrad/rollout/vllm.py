@@ -66,7 +66,7 @@ import torch
 from torch import Tensor
 
 from polgrad.errors import ConfigError
-from polgrad.models import encode_prompts, load_tokenizer
+from polgrad.models import encode_prompts, load_tokenizer, torch_threads
 from polgrad.rollout import hf
 from polgrad.rollout.hf import Rollout
 from polgrad.tasks.base import Example
@@ -88,19 +88,6 @@ def _global_rng_kept() -> Iterator[None]:
             random.setstate(py_state)
             np.random.set_state(np_state)
 
-
-@contextlib.contextmanager
-def _torch_threads(n: int | None) -> Iterator[None]:
-    """Run a block with `n` torch intra-op threads (None: unchanged), restoring the count afterwards."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -197,7 +184,7 @@ class VLLMRollout:
             )
             for s in seeds
         ]
-        with _global_rng_kept(), _torch_threads(self.num_threads):
+        with _global_rng_kept(), torch_threads(self.num_threads):
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         rows = [o.outputs[0] for o in outs]
         width = max(len(c.token_ids) for c in rows)
@@ -220,13 +207,6 @@ class VLLMRollout:
             logp[b, :n] = torch.tensor([st[t].logprob for st, t in zip(steps, ids, strict=True)])
             mask[b, :n] = 1.0
         return response, mask, logp, truncated
-
-    def _texts(self, response_ids: Tensor, mask: Tensor) -> list[str]:
-        out = []
-        for row, m in zip(response_ids.tolist(), mask.tolist(), strict=True):
-            keep = [t for t, k in zip(row, m, strict=True) if k > 0 and t != self.eos_id]
-            out.append(self.tokenizer.decode(keep, skip_special_tokens=True))
-        return out
 
     def generate(
         self,
@@ -261,36 +241,21 @@ class VLLMRollout:
         rows = torch.arange(len(examples)).repeat_interleave(group_size)
         gen = torch.Generator().manual_seed(int(generator_seed))
         seeds = torch.randint(0, 2**31 - 1, (len(rows),), generator=gen).tolist()
-        response, mask, logp, truncated = self._sample(
+        decoded = self._sample(
             [prompts[i] for i in rows.tolist()], temperature=float(temperature), top_p=float(top_p),
             max_new_tokens=max_new_tokens, seeds=seeds,
         )
         baseline = None
-        if greedy_baseline:
-            g_resp, g_mask, g_logp, g_trunc = self._sample(
+        if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows
+            greedy = self._sample(
                 prompts, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seeds=[0] * len(prompts)
             )
-            g_texts = self._texts(g_resp, g_mask)
-            baseline = Rollout(
-                prompt_ids=ids[rows], prompt_mask=pmask[rows], response_ids=g_resp[rows], mask=g_mask[rows],
-                rollout_logp=g_logp[rows], group_ids=rows.clone(), truncated=g_trunc[rows],
-                response_lengths=g_mask[rows].sum(1).long(),
-                texts=[g_texts[i] for i in rows.tolist()], examples=[examples[i] for i in rows.tolist()],
+            baseline = hf.assemble_rollout(
+                self.tokenizer, examples, ids, pmask, torch.arange(len(examples)), greedy, eos_id=self.eos_id,
                 temperature=0.0,
-            )
-        return Rollout(
-            prompt_ids=ids[rows],
-            prompt_mask=pmask[rows],
-            response_ids=response,
-            mask=mask,
-            rollout_logp=logp,
-            group_ids=rows.clone(),
-            truncated=truncated,
-            response_lengths=mask.sum(1).long(),
-            texts=self._texts(response, mask),
-            examples=[examples[i] for i in rows.tolist()],
-            temperature=float(temperature),
-            baseline_texts=None if baseline is None else list(baseline.texts),
+            ).select(rows)
+        return hf.assemble_rollout(
+            self.tokenizer, examples, ids, pmask, rows, decoded, eos_id=self.eos_id, temperature=temperature,
             baseline=baseline,
         )
 
@@ -304,7 +269,7 @@ class VLLMRollout:
 
         ids = [int(t) for t in token_ids]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        with _global_rng_kept(), _torch_threads(self.num_threads):
+        with _global_rng_kept(), torch_threads(self.num_threads):
             out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
         steps = out.prompt_logprobs[1:]  # the first is None: nothing predicts the first token
         return torch.tensor([st[t].logprob for st, t in zip(steps, ids[1:], strict=True)])
