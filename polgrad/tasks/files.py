@@ -32,7 +32,6 @@ Every problem with the file raises a one-line `DataError` naming the file and wh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import numbers
@@ -45,7 +44,14 @@ from typing import Any
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import register
 from polgrad.tasks.base import Example
-from polgrad.tasks.synthetic import DIGITS, check_fraction, check_split
+from polgrad.tasks.synthetic import (
+    DIGITS,
+    change_one,
+    check_fraction,
+    check_split,
+    in_eval_split,
+    prompt_hash,
+)
 
 SUPPORTED = (".jsonl", ".parquet")
 ANSWER_FORMATS = ("gsm8k", "exact")
@@ -88,10 +94,7 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
             if kind < 2:
                 wrong = n + rng.choice((-1, 1) if kind == 0 else (-10, 10))
             else:
-                digits = str(abs(n))
-                i = rng.randrange(len(digits))
-                digits = digits[:i] + rng.choice([d for d in DIGITS if d != digits[i]]) + digits[i + 1 :]
-                wrong = int(digits) * (-1 if n < 0 else 1)
+                wrong = int(change_one(str(abs(n)), rng)) * (-1 if n < 0 else 1)
             plausible = abs(len(str(wrong)) - len(answer)) <= 1 and (wrong >= 0) == (n >= 0)
             if str(wrong) != answer and plausible:
                 return str(wrong)
@@ -100,10 +103,6 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
         i = rng.choice(spots)
         return answer[:i] + rng.choice([d for d in DIGITS if d != answer[i]]) + answer[i + 1 :]
     return "0"  # a non-numeric answer (no digits, so '0' differs from it)
-
-
-def _stable_hash(prompt: str) -> int:
-    return int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "big")
 
 
 # --- reading the file -----------------------------------------------------------------------------
@@ -305,11 +304,10 @@ def file_task(
         rows.append(row)
         chars.update(prompt, raw_answer, demo)
 
-    threshold = eval_fraction * 2.0**64
-    held_out = {r.prompt for r in rows if _stable_hash(r.prompt) < threshold}
+    held_out = {r.prompt for r in rows if in_eval_split(r.prompt, eval_fraction)}
     distinct = {r.prompt for r in rows}
     if not held_out and eval_fraction > 0 and len(distinct) >= 2:
-        held_out = {min(distinct, key=_stable_hash)}  # a small file still gets an eval split
+        held_out = {min(distinct, key=prompt_hash)}  # a small file still gets an eval split
     train = tuple(r for r in rows if r.prompt not in held_out)
     eval_ = tuple(r for r in rows if r.prompt in held_out)
     if not train:

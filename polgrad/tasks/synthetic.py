@@ -38,10 +38,14 @@ DIGITS = "0123456789"
 SPLITS = ("train", "eval")
 
 
+def prompt_hash(prompt: str) -> int:
+    """A stable 64-bit hash of the prompt: blake2b(prompt)[:8] as a big-endian integer."""
+    return int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "big")
+
+
 def in_eval_split(prompt: str, eval_fraction: float) -> bool:
-    """True iff `prompt` is held out: blake2b(prompt)[:8] as an integer < eval_fraction * 2**64."""
-    h = int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "big")
-    return h < eval_fraction * 2.0**64
+    """True iff `prompt` is held out: prompt_hash(prompt) < eval_fraction * 2**64."""
+    return prompt_hash(prompt) < eval_fraction * 2.0**64
 
 
 def exact_or_partial(answer: str, response: str, partial: bool) -> float:
@@ -125,7 +129,7 @@ class _Generated:
         return [(ex.prompt, ex.answer, self._corrupt(ex, rng)) for ex in self._draw("train", n, rng)]
 
 
-def _change_one(s: str, rng: random.Random, symbols: str = DIGITS) -> str:
+def change_one(s: str, rng: random.Random, symbols: str = DIGITS) -> str:
     """`s` with one character replaced by a different symbol."""
     i = rng.randrange(len(s))
     c = rng.choice([d for d in symbols if d != s[i]])
@@ -184,7 +188,7 @@ class Add(_Generated):
             elif kind == 1:  # a dropped or spurious carry
                 wrong = total + rng.choice((-10, 10))
             else:  # one digit wrong
-                wrong = int(_change_one(str(total), rng))
+                wrong = int(change_one(str(total), rng))
             plausible = abs(len(str(wrong)) - len(str(total))) <= 1  # no '107' -> '7'
             if wrong >= 0 and wrong != total and plausible and len(str(wrong)) <= self.max_response_chars:
                 return self._write(wrong)
@@ -226,7 +230,7 @@ class Sort(_Generated):
             swapped = _swap_adjacent(ex.answer, rng)
             if swapped is not None:
                 return swapped
-        return "".join(sorted(_change_one(ex.answer, rng, DIGITS[: self.symbols])))  # sorted, wrong digit
+        return "".join(sorted(change_one(ex.answer, rng, DIGITS[: self.symbols])))  # sorted, wrong digit
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ class Reverse(_Generated):
             swapped = _swap_adjacent(ex.answer, rng)  # also covers "copied instead of reversed"
             if swapped is not None:
                 return swapped
-        return _change_one(ex.answer, rng, DIGITS[: self.symbols])
+        return change_one(ex.answer, rng, DIGITS[: self.symbols])
 
 
 @register("task", "add")
