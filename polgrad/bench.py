@@ -69,6 +69,7 @@ import argparse
 import contextlib
 import csv
 import functools
+import io
 import json
 import math
 import os
@@ -82,6 +83,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from polgrad.results import atomic_write_text, read_metrics
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("polgrad", "trl")
@@ -291,6 +294,17 @@ def _torch_threads() -> int:
 # ----------------------------------------------------------------------------------------------
 
 
+def grpo_bindings(w: Workload) -> list[str]:
+    """The bench's GRPO hyperparameters on top of registry/grpo.gin (shared by every bench part)."""
+    return [
+        f"Algorithm.group_size = {w.group_size}",
+        f"Algorithm.kl_coef = {w.beta!r}",
+        f"clip.ppo.eps_low = {w.clip_eps!r}",
+        f"clip.ppo.eps_high = {w.clip_eps!r}",
+        f"advantage.grpo.eps = {w.adv_eps!r}",
+    ]
+
+
 def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
     """gin bindings on top of experiments/base_tiny.gin + registry/grpo.gin for the bench workload."""
     return [
@@ -298,7 +312,6 @@ def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
         "task.add.digits = 2",
         "task.add.partial = True",
         f"train.prompts_per_step = {w.prompts}",
-        f"Algorithm.group_size = {w.group_size}",
         f"MAX_NEW_TOKENS = {w.max_new_tokens}",
         f"train.max_new_tokens = {w.max_new_tokens}",
         f"train.steps = {steps}",
@@ -312,12 +325,9 @@ def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
         "train.eval_every = 1000000000",  # eval still runs after the last step, which is not measured
         "train.eval_size = 1",
         "train.checkpoint_every = 1000000000",
-        f"Algorithm.kl_coef = {w.beta!r}",
-        f"clip.ppo.eps_low = {w.clip_eps!r}",
-        f"clip.ppo.eps_high = {w.clip_eps!r}",
-        f"advantage.grpo.eps = {w.adv_eps!r}",
         "Algorithm.ppo_epochs = 1",
         "Algorithm.minibatches = 1",
+        *grpo_bindings(w),
     ]
 
 
@@ -367,7 +377,7 @@ def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     with _patched(patches):
         trainer_mod.train(out, progress=False)
     gin.clear_config()
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     ends = [r["time_s"] for r in rows]
     # interval k (0-based step k >= 1) = ends[k] - ends[k-1]; measured steps warmup .. warmup+steps-1
     idx = list(range(w.warmup, w.warmup + w.steps))
@@ -820,16 +830,7 @@ def grpo_algorithm(w: Workload | None = None):
     from polgrad.algorithm import load_spec
 
     w = w or Workload()
-    return load_spec(
-        os.path.join(REPO_ROOT, "registry", "grpo.gin"),
-        [
-            f"Algorithm.group_size = {w.group_size}",
-            f"Algorithm.kl_coef = {w.beta!r}",
-            f"clip.ppo.eps_low = {w.clip_eps!r}",
-            f"clip.ppo.eps_high = {w.clip_eps!r}",
-            f"advantage.grpo.eps = {w.adv_eps!r}",
-        ],
-    )
+    return load_spec(os.path.join(REPO_ROOT, "registry", "grpo.gin"), grpo_bindings(w))
 
 
 def loss_inputs(b: int, t: int, seed: int = 0, dtype=None) -> dict[str, Any]:
@@ -1117,15 +1118,16 @@ def pair_rows(w: Workload, pairs: list[dict[str, Any]], n_params: int) -> list[d
 
 
 def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """`rows` as a CSV (columns in first-seen order, floats to 6 significant digits), written atomically."""
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=keys)
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=keys)
+    wr.writeheader()
+    for r in rows:
+        wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    atomic_write_text(path, buf.getvalue())
 
 
 def _stats(xs: Sequence[float]) -> str:

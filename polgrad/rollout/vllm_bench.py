@@ -111,7 +111,6 @@ def benchmark_backends(
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
-    import csv
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -127,13 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         print(json.dumps(row))
     if args.out and rows:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        tmp = args.out + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, args.out)
+        from polgrad.bench import write_csv
+
+        write_csv(args.out, rows)
         print(f"wrote {args.out}")
 
 
