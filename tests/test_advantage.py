@@ -25,8 +25,32 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polgrad import registry
-from polgrad.components.advantage import _gae_loop
 from polgrad.errors import ConfigError, ShapeError
+
+
+def gae_loop(token_rewards, values, mask, gamma: float, lam: float):
+    """Reference GAE with a plain backward loop over time (the test oracle for advantage.gae).
+
+    verl's masked recursion on the original layout: at a valid token t
+        delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,
+    then V_next <- V_t and A_next <- A_t; at a masked token nothing changes (V_next, A_next carry
+    over). V_next = A_next = 0 after the last valid token. Returns (adv, returns = adv + V), both 0
+    where mask is 0.
+    """
+    b, t = mask.shape
+    valid = mask != 0
+    zero = torch.zeros(b, dtype=values.dtype, device=values.device)
+    adv = torch.zeros_like(values)
+    next_v, running = zero.clone(), zero.clone()
+    for s in reversed(range(t)):
+        ok = valid[:, s]
+        delta = token_rewards[:, s] + gamma * next_v - values[:, s]
+        running = torch.where(ok, delta + gamma * lam * running, running)
+        next_v = torch.where(ok, values[:, s], next_v)
+        adv[:, s] = torch.where(ok, running, zero)
+    returns = torch.where(valid, adv + values, torch.zeros_like(values))
+    return adv, returns
+
 
 F64 = torch.float64
 U = torch.finfo(F64).eps  # 2.2e-16 = 2u
@@ -518,7 +542,7 @@ def test_gae_vectorised_equals_loop(b, gamma, lam):
     adv, ret = fn("gae")(
         b.rewards, b.mask, values=b.values, token_rewards=b.token_rewards, gamma=gamma, lam=lam
     )
-    ladv, lret = _gae_loop(full_token_rewards(b), b.values, b.mask, gamma, lam)
+    ladv, lret = gae_loop(full_token_rewards(b), b.values, b.mask, gamma, lam)
     torch.testing.assert_close(adv, ladv, rtol=0, atol=TOL_SUM)
     torch.testing.assert_close(ret, lret, rtol=0, atol=TOL_SUM)
 
@@ -541,7 +565,7 @@ def test_gae_long_sequences_match_loop(t):
         adv, ret = fn("gae")(
             torch.zeros(bsz, dtype=F64), mask, values=v, token_rewards=tr, gamma=gamma, lam=lam
         )
-        ladv, lret = _gae_loop(tr, v, mask, gamma, lam)
+        ladv, lret = gae_loop(tr, v, mask, gamma, lam)
         torch.testing.assert_close(adv, ladv, rtol=0, atol=tol)
         torch.testing.assert_close(ret, lret, rtol=0, atol=tol)
 

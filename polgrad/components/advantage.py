@@ -242,28 +242,10 @@ def _whiten(x: Tensor, m: Tensor, eps: float) -> Tensor:
     return _safe_div(centred, std + eps)
 
 
-def _gae_loop(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float):
-    """Reference GAE with a plain backward loop over time (the test oracle for `gae`; not registered).
-
-    verl's masked recursion on the original layout: at a valid token t
-        delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,
-    then V_next <- V_t and A_next <- A_t; at a masked token nothing changes (V_next, A_next carry
-    over). V_next = A_next = 0 after the last valid token. Returns (adv, returns = adv + V), both 0
-    where mask is 0.
-    """
-    b, t = mask.shape
-    valid = mask != 0
-    zero = torch.zeros(b, dtype=values.dtype, device=values.device)
-    adv = torch.zeros_like(values)
-    next_v, running = zero.clone(), zero.clone()
-    for s in reversed(range(t)):
-        ok = valid[:, s]
-        delta = token_rewards[:, s] + gamma * next_v - values[:, s]
-        running = torch.where(ok, delta + gamma * lam * running, running)
-        next_v = torch.where(ok, values[:, s], next_v)
-        adv[:, s] = torch.where(ok, running, zero)
-    returns = torch.where(valid, adv + values, torch.zeros_like(values))
-    return adv, returns
+def _return_to_go(r: Tensor, m: Tensor, gamma: float) -> Tensor:
+    """G_t = sum_{k >= 0} gamma^k r_{t+k} over the valid tokens of each row (holes skipped), 0 elsewhere."""
+    c = _Compact(m)
+    return c.unpack(_discounted_sum(c.pack(r), gamma))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,8 +339,7 @@ def mc(
     m, dtype = _enter(where, rewards, mask, values=values, token_rewards=token_rewards)
     gamma = _unit(where, "gamma", gamma)
     r, v = _token_rewards(rewards, token_rewards, m), _masked(values.to(dtype), m)
-    c = _Compact(m)
-    ret = c.unpack(_discounted_sum(c.pack(r), gamma))
+    ret = _return_to_go(r, m, gamma)
     return _masked(ret - v, m), ret
 
 
@@ -406,8 +387,7 @@ def reinforce_pp(
     m, _ = _enter(where, rewards, mask, token_rewards=token_rewards)
     gamma, eps = _unit(where, "gamma", gamma), _nonneg(where, "eps", eps)
     r = _token_rewards(rewards, token_rewards, m)
-    c = _Compact(m)
-    ret = c.unpack(_discounted_sum(c.pack(r), gamma))
+    ret = _return_to_go(r, m, gamma)
     return _whiten(ret, m, eps), None
 
 
@@ -456,8 +436,7 @@ def reinforce_pp_baseline(
         r = last_token(dev, m)  # the centred score on the last valid token
     else:
         r = _masked(token_rewards.to(dtype), m) - last_token(rewards.to(dtype) - dev, m)
-    c = _Compact(m)
-    ret = c.unpack(_discounted_sum(c.pack(r), gamma))
+    ret = _return_to_go(r, m, gamma)
     return _whiten(ret, m, eps), None
 
 
