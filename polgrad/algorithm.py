@@ -238,6 +238,11 @@ class Algorithm:
         return self._any("needs_critic")
 
     @property
+    def needs_reward_model(self) -> bool:
+        """A part (e.g. value_init.reward_model) needs a trained reward model, whatever scores the rewards."""
+        return self._any("needs_reward_model")
+
+    @property
     def needs_reference(self) -> bool:
         """A reference model is loaded only when a KL term can be non-zero."""
         controller_moves = not self.parts["Algorithm.kl_controller"].meta.get("constant", False)

@@ -369,9 +369,13 @@ def heldout_accuracy(
     model, tokenizer, task, *, n: int, seed: int, temperature: float = 0.0, split: str = "eval"
 ) -> float:
     """Mean task reward of one response per prompt of `split` (default: held-out); temperature 0 = greedy."""
+    return accuracy(model, tokenizer, task, task.examples(split, n, seed), seed=seed, temperature=temperature)
+
+
+def accuracy(model, tokenizer, task, examples, *, seed: int, temperature: float = 0.0) -> float:
+    """Mean task reward of one response per example (temperature 0 = greedy, `seed` seeds sampling)."""
     from polgrad.rollout.hf import generate
 
-    examples = task.examples(split, n, seed)
     out = generate(
         model,
         tokenizer,
@@ -469,7 +473,6 @@ def _sft(task, mkw, demos, probe, batch_size, lr, target, seed, progress) -> tup
     """The SFT run behind `warm_start`: -> (stats, trained model, tokenizer)."""
     from tqdm.auto import tqdm
 
-    from polgrad.rollout.hf import generate
 
     t0 = time.perf_counter()
     max_steps = len(demos) // batch_size
@@ -499,16 +502,7 @@ def _sft(task, mkw, demos, probe, batch_size, lr, target, seed, progress) -> tup
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if target is not None and (step % SFT_PROBE_EVERY == 0 or step == max_steps):
-            out = generate(
-                model,
-                tokenizer,
-                probe,
-                group_size=1,
-                temperature=0.0,
-                max_new_tokens=int(task.max_response_chars) + 1,
-                generator_seed=seed,
-            )
-            acc = sum(float(task.reward(e, t)) for e, t in zip(probe, out.texts, strict=True)) / len(probe)
+            acc = accuracy(model, tokenizer, task, probe, seed=seed)
             history.append((step, acc))
             bar.set_postfix(loss=f"{losses[-1]:.3f}", probe=f"{acc:.2f}", refresh=False)
             if acc >= target:

@@ -126,11 +126,7 @@ def train(
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
     # A reward model is trained (cached) when it scores the responses or initialises the critic.
     rm_path, rm_accuracy, reward_model = None, None, None
-    if (
-        reward_source == "reward_model"
-        or algo.parts.get("Algorithm.value_init", None) is not None
-        and algo.parts["Algorithm.value_init"].meta.get("needs_reward_model")
-    ):
+    if reward_source == "reward_model" or algo.needs_reward_model:
         rm = {} if rm_steps is None else {"steps": rm_steps}
         rm_path, rm_accuracy = models.train_reward_model(
             policy_path, the_task, seed=seed, progress=progress, **rm
