@@ -885,6 +885,17 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def _failed(cell: Cell, where: str, error: BaseException, limit: int | None = None) -> dict[str, Any]:
+    """The outcome of a cell whose runner raised `error` (recorded as failed; the sweep goes on)."""
+    text = " ".join(str(error).split())
+    return {
+        "cell_id": cell.id,
+        "status": "failed",
+        "summary": None,
+        "error": f"{where}: {type(error).__name__}: {text if limit is None else text[:limit]}",
+    }
+
+
 def is_finished(run_dir: Path) -> bool:
     summary = read_summary(run_dir)
     return summary is not None and summary.get("status") == "ok"
@@ -1215,12 +1226,7 @@ def _run_local(exp, todo, run_dirs, record, progress, *, parallel, train_module)
                 try:
                     outcome = fut.result()
                 except Exception as e:  # the runner's own bug or an OS error: record, go on
-                    outcome = {
-                        "cell_id": cell.id,
-                        "status": "failed",
-                        "summary": None,
-                        "error": f"sweep runner: {type(e).__name__}: {' '.join(str(e).split())}",
-                    }
+                    outcome = _failed(cell, "sweep runner", e)
                 record(cell, outcome)
                 progress.finish(cell, outcome)
             progress.refresh()
@@ -1303,12 +1309,7 @@ def _run_ray(exp, todo, run_dirs, record, progress, *, parallel, train_module, a
                 try:
                     outcome = ray.get(ref)
                 except Exception as e:
-                    outcome = {
-                        "cell_id": cell.id,
-                        "status": "failed",
-                        "summary": None,
-                        "error": f"ray: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
-                    }
+                    outcome = _failed(cell, "ray", e, limit=300)
                 record(cell, outcome)
                 progress.finish(cell, outcome)
             progress.refresh()
@@ -1473,7 +1474,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        progress.close()
+        progress.close()  # before the message, so the bar does not overwrite it
         print(f"{exp.name}: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
     finally:
