@@ -7,6 +7,14 @@ import torch
 from polgrad.errors import ShapeError
 
 
+def zero_pad(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x where `keep` (bool, broadcastable to x) is set, exactly +0 elsewhere.
+
+    torch.where with a 0-dim zero: no [B,T] fill, and whatever padding holds (nan, inf) reaches
+    neither the value nor the gradient (torch.where passes no gradient to the side it drops)."""
+    return torch.where(keep, x, x.new_zeros(()))
+
+
 def check_bt(where: str, mask: torch.Tensor, **tensors: torch.Tensor | None) -> tuple[int, int]:
     """Check that `mask` is [B,T] float 0/1 and every given tensor is [B,T] too. Returns (B, T)."""
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:

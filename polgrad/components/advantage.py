@@ -40,7 +40,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_b, check_bt, require
+from polgrad.components._checks import check_b, check_bt, require, zero_pad
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -114,7 +114,7 @@ def _nonneg(where: str, name: str, value: float) -> float:
 
 def _masked(x: Tensor, m: Tensor) -> Tensor:
     """x on valid tokens, exactly 0 elsewhere (also if x holds garbage in padding)."""
-    return torch.where(m != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return zero_pad(m != 0, x)
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:

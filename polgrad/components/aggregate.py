@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import numbers
 
-import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt
+from polgrad.components._checks import check_bt, zero_pad
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
@@ -37,7 +36,7 @@ def _enter(where: str, loss: Tensor, mask: Tensor, counts: StepCounts) -> tuple[
         )
     m = mask.to(loss.dtype)
     # mask.bool() is mask != 0 (for every float, nan and -0.0 included) at a quarter of the cost.
-    return torch.where(mask.bool(), loss, loss.new_zeros(())) * m, m
+    return zero_pad(mask.bool(), loss) * m, m
 
 
 @register("aggregate", "token_mean", formula="sum(l*m) / N_tokens", denominator="tokens")

@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt, require
+from polgrad.components._checks import check_bt, require, zero_pad
 from polgrad.errors import ConfigError
 from polgrad.registry import register
 
@@ -69,11 +69,6 @@ def _bounds(part: str, eps_low, eps_high, *, low_optional: bool = False) -> tupl
 # Shared pieces.
 
 
-def _zero_pad(valid: Tensor, x: Tensor) -> Tensor:
-    """x where valid, exactly 0 elsewhere (a 0-dim zero broadcast by torch.where: no [B,T] fill)."""
-    return torch.where(valid, x, x.new_zeros(()))
-
-
 def _prepare(
     where: str, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, rollout_logp: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -84,8 +79,8 @@ def _prepare(
     """
     check_bt(where, mask, logp=logp, old_logp=old_logp, adv=adv, rollout_logp=rollout_logp)
     valid = mask > 0
-    adv = _zero_pad(valid, adv.detach())
-    log_ratio = torch.clamp(_zero_pad(valid, logp - old_logp.detach()), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    adv = zero_pad(valid, adv.detach())
+    log_ratio = torch.clamp(zero_pad(valid, logp - old_logp.detach()), -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return valid, adv, log_ratio
 
 
@@ -245,7 +240,7 @@ def gspo(
     """
     lower, upper = _bounds("gspo", eps_low, eps_high)
     valid, adv, log_ratio = _prepare("clip.gspo", logp, old_logp, adv, mask, rollout_logp)
-    logp = _zero_pad(valid, logp)
+    logp = zero_pad(valid, logp)
     n_valid = valid.sum(dim=-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
     seq_ratio = torch.exp(log_ratio.detach().sum(dim=-1, keepdim=True) / n_valid)  # [B,1]; padding is 0
     token_ratio = seq_ratio * torch.exp(logp - logp.detach())  # value s_i, gradient s_i ∇logp_t
@@ -287,7 +282,7 @@ def cispo(
     """
     lower, upper = _bounds("cispo", eps_low, eps_high, low_optional=True)
     valid, adv, log_ratio = _prepare("clip.cispo", logp, old_logp, adv, mask, rollout_logp)
-    logp = _zero_pad(valid, logp)
+    logp = zero_pad(valid, logp)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, min=lower, max=upper).detach()
     loss = _plus_zero(-weight * adv * logp)
@@ -295,7 +290,7 @@ def cispo(
     # Both are False on padding (ρ = 1 there); the weight, clip(1) there, is selected out.
     r = ratio.detach()
     trunc_low = r < lower if lower is not None else None
-    metrics = _metrics(log_ratio, trunc_low, r > upper, is_weight=_zero_pad(valid, weight))
+    metrics = _metrics(log_ratio, trunc_low, r > upper, is_weight=zero_pad(valid, weight))
     return loss, metrics
 
 
@@ -340,7 +335,7 @@ def tis(
     valid, adv, log_ratio = _prepare("clip.tis", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
     # min(exp(d), cap) = exp(min(d, log cap)): same value, and exp cannot overflow.
-    log_w = _zero_pad(valid, old_logp.detach() - rollout_logp.detach())
+    log_w = zero_pad(valid, old_logp.detach() - rollout_logp.detach())
     weight = torch.exp(torch.clamp(log_w, max=math.log(cap))).detach()
     loss = _plus_zero(weight * _ppo_loss(ratio, adv, lower, upper))
-    return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper), tis_weight=_zero_pad(valid, weight))
+    return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper), tis_weight=zero_pad(valid, weight))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt, require
+from polgrad.components._checks import check_bt, require, zero_pad
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -42,7 +42,7 @@ def _log_ratio(where: str, logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tens
     second select; the padding tests in tests/test_kl.py check value and gradient there."""
     check_bt(where, mask, logp=logp, ref_logp=ref_logp)
     diff = logp - ref_logp
-    return torch.where(mask > 0, diff, diff.new_zeros(()))
+    return zero_pad(mask > 0, diff)
 
 
 def _k2(x: Tensor) -> Tensor:
@@ -203,7 +203,7 @@ def full(
     # Select before multiplying so that p = 0 entries give 0, not 0·(-inf) = nan, in value and gradient.
     diff = torch.where(p > 0, lp - lq, lp.new_zeros(()))
     kl = (p * diff).sum(dim=-1).to(logp.dtype)
-    return torch.where(mask > 0, kl, kl.new_zeros(()))  # the logits' KL is not 0 on padding
+    return zero_pad(mask > 0, kl)  # the logits' KL is not 0 on padding
 
 
 @register("kl", "k1_st", formula="k1 = x (∇ of x^2/2)", unbiased=True, needs_logits=False)

@@ -13,7 +13,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt
+from polgrad.components._checks import check_bt, zero_pad
 from polgrad.errors import ConfigError
 from polgrad.registry import register
 
@@ -22,7 +22,7 @@ def _masked(mask: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
     """Each x where mask is set, exactly 0 elsewhere. Zeroing the INPUTS (not only the loss) keeps
     a non-finite value in padding from turning the loss or its gradient into NaN (0 * inf)."""
     keep = mask != 0
-    return tuple(torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)) for x in xs)
+    return tuple(zero_pad(keep, x) for x in xs)
 
 
 @register("value_loss", "clipped", formula="0.5*max((V-R)^2, (clip(V, V_old-eps, V_old+eps)-R)^2)")
