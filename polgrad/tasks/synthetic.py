@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from polgrad.errors import ConfigError
 from polgrad.registry import register
@@ -195,35 +196,53 @@ class Add(_Generated):
 
 
 @dataclass(frozen=True)
-class Sort(_Generated):
-    """'sort 31524=' -> '12345': the digits in ascending order (repeats allowed)."""
+class _DigitString(_Generated):
+    """'<prefix> 31524=' -> `_transform('31524')`: `length` digits drawn from the first `symbols` digits."""
 
     length: int = 5
     symbols: int = 10
-    name: str = field(default="sort", init=False)
+    prefix: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 2 <= self.length <= 10:
-            raise ConfigError(f"task.sort.length = {self.length} must be in 2..10 (prompts stay short)")
+            raise ConfigError(
+                f"task.{self.name}.length = {self.length} must be in 2..10 (prompts stay short)"
+            )
         if not 2 <= self.symbols <= 10:
-            raise ConfigError(f"task.sort.symbols = {self.symbols} must be in 2..10")
+            raise ConfigError(f"task.{self.name}.symbols = {self.symbols} must be in 2..10")
 
     @property
     def alphabet(self) -> str:
-        return _sorted_alphabet(DIGITS, "sort =")
+        return _sorted_alphabet(DIGITS, self.prefix + " =")
 
     @property
     def max_prompt_chars(self) -> int:
-        return self.length + 6
+        return self.length + len(self.prefix) + 2  # '<prefix> ' + digits + '='
 
     @property
     def max_response_chars(self) -> int:
         return self.length
 
+    @staticmethod
+    def _transform(s: str) -> str:
+        raise NotImplementedError
+
     def _sample(self, rng: random.Random) -> Example:
         s = "".join(rng.choice(DIGITS[: self.symbols]) for _ in range(self.length))
-        return Example(prompt=f"sort {s}=", answer="".join(sorted(s)))
+        return Example(prompt=f"{self.prefix} {s}=", answer=self._transform(s))
+
+
+@dataclass(frozen=True)
+class Sort(_DigitString):
+    """'sort 31524=' -> '12345': the digits in ascending order (repeats allowed)."""
+
+    name: str = field(default="sort", init=False)
+    prefix: ClassVar[str] = "sort"
+
+    @staticmethod
+    def _transform(s: str) -> str:
+        return "".join(sorted(s))
 
     def _corrupt(self, ex: Example, rng: random.Random) -> str:
         if rng.random() < 0.5:  # right multiset, wrong order
@@ -234,35 +253,15 @@ class Sort(_Generated):
 
 
 @dataclass(frozen=True)
-class Reverse(_Generated):
+class Reverse(_DigitString):
     """'rev 31524=' -> '42513': the digits in reverse order."""
 
-    length: int = 5
-    symbols: int = 10
     name: str = field(default="reverse", init=False)
+    prefix: ClassVar[str] = "rev"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 2 <= self.length <= 10:
-            raise ConfigError(f"task.reverse.length = {self.length} must be in 2..10 (prompts stay short)")
-        if not 2 <= self.symbols <= 10:
-            raise ConfigError(f"task.reverse.symbols = {self.symbols} must be in 2..10")
-
-    @property
-    def alphabet(self) -> str:
-        return _sorted_alphabet(DIGITS, "rev =")
-
-    @property
-    def max_prompt_chars(self) -> int:
-        return self.length + 5
-
-    @property
-    def max_response_chars(self) -> int:
-        return self.length
-
-    def _sample(self, rng: random.Random) -> Example:
-        s = "".join(rng.choice(DIGITS[: self.symbols]) for _ in range(self.length))
-        return Example(prompt=f"rev {s}=", answer=s[::-1])
+    @staticmethod
+    def _transform(s: str) -> str:
+        return s[::-1]
 
     def _corrupt(self, ex: Example, rng: random.Random) -> str:
         if rng.random() < 0.5:
