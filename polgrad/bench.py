@@ -69,6 +69,7 @@ import argparse
 import contextlib
 import csv
 import functools
+import inspect
 import io
 import json
 import math
@@ -574,6 +575,7 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     from trl.trainer.utils import nanstd
 
     from polgrad import models
+    from polgrad.components import kl as kl_parts
     from polgrad.components.protocols import StepCounts
     from polgrad.rollout import hf as hf_rollout
 
@@ -676,7 +678,10 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     loss_fn_trl.backward()
     m = rollout.mask.bool()
     fn_grad_diff = float((leaf_pg.grad - leaf_trl.grad)[m].abs().max())
-    # polgrad's k3 guards (log-ratio clamp 20, value clamp 10; TRL has none) switched off
+    # polgrad's k3 guards (log-ratio and value clamps; TRL has none) switched off, then back to the
+    # part's own defaults (registry/grpo.gin does not bind them)
+    guards = inspect.signature(kl_parts.k3).parameters
+    max_value, max_log_ratio = guards["max_value"].default, guards["max_log_ratio"].default
     with gin.unlock_config():
         gin.bind_parameter("kl.k3.max_value", None)
         gin.bind_parameter("kl.k3.max_log_ratio", None)
@@ -684,11 +689,11 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     loss_fn_ng, _, _ = algo.loss(dict(batch, logp=leaf_ng, entropy=out.entropy.double()), counts)
     loss_fn_ng.backward()
     with gin.unlock_config():
-        gin.bind_parameter("kl.k3.max_value", 10.0)
-        gin.bind_parameter("kl.k3.max_log_ratio", 20.0)
+        gin.bind_parameter("kl.k3.max_value", max_value)
+        gin.bind_parameter("kl.k3.max_log_ratio", max_log_ratio)
     x_ref = out.logp.double() - ref_logp.double()
     k3 = torch.expm1(-x_ref) + x_ref
-    guard_tokens = int((((k3 > 10.0) | (x_ref.abs() > 20.0)) & rollout.mask.bool()).sum())
+    guard_tokens = int((((k3 > max_value) | (x_ref.abs() > max_log_ratio)) & rollout.mask.bool()).sum())
 
     # --- 2. end to end: each framework's own forward, advantage formula and dtype
     out = hf_rollout.response_logprobs(policy_pg, rollout, with_entropy=True)
