@@ -692,16 +692,8 @@ def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> None:
     import_train_module(train_module)
     f = exp.file
     for stmt in exp.imports:  # a user's module: its parts must register before we check names
-        module = stmt.split()[1]
-        if stmt.startswith("from "):
-            module = f"{stmt.split()[1]}.{stmt.split()[3]}"
         try:
-            importlib.import_module(module)
-        except ImportError:
-            try:
-                importlib.import_module(module.rsplit(".", 1)[0])
-            except Exception as e:
-                raise _fail(f, f"'{stmt}'", f"cannot import ({' '.join(str(e).split())})") from None
+            gin.parse_config(stmt)  # gin's own import, exactly as the trainer will run it
         except Exception as e:
             raise _fail(f, f"'{stmt}'", f"cannot import ({' '.join(str(e).split())})") from None
 

@@ -226,6 +226,10 @@ BAD_FILES = {
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.lr': [0.1,\nSweep.seeds = [0]\n",
         ["exp.gin"],
     ),
+    "module that does not import": (
+        "import no_such_module_xyz\n" + specs("spec_a.gin") + OK_GRID,
+        ["'import no_such_module_xyz'", "cannot import"],
+    ),
     "REQUIRED left unset": (
         "fake_train.crash_message = %gin.REQUIRED\n" + specs("spec_a.gin") + OK_GRID,
         ["cell spec_a-", "fake_train.crash_message", "REQUIRED"],
