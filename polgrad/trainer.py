@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from polgrad import distributed as dist_lib
-from polgrad import models, registry
+from polgrad import hooks, models, registry
 from polgrad.algorithm import Algorithm
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError
@@ -176,6 +176,7 @@ def train(
 
     bar = _progress(range(start_step, steps), enabled=progress and info.rank == 0, desc=f"{algo.name}")
     for step in bar:
+        hooks.event("step")
         row: dict[str, Any] = {"step": step + 1}
         t0 = time.perf_counter()
         rng = torch.Generator().manual_seed(_step_seed(seed, step))
@@ -183,15 +184,16 @@ def train(
         # 1. rollout: G samples for each prompt of this step
         examples = the_task.examples("train", prompts_per_step, seed=_step_seed(seed, step))
         engine.module.eval()
-        rollout = sample(
-            examples,
-            group_size=algo.group_size,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            greedy_baseline=algo.needs_baseline_rollout,
-            generator_seed=_step_seed(seed, step),
-        )
+        with hooks.phase("sample"):
+            rollout = sample(
+                examples,
+                group_size=algo.group_size,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                greedy_baseline=algo.needs_baseline_rollout,
+                generator_seed=_step_seed(seed, step),
+            )
         t_gen = time.perf_counter()
 
         # 2. reward: the task's verifier or the reward model, one scalar per sequence (the greedy
@@ -204,7 +206,8 @@ def train(
                 dtype=torch.float64,
             )
 
-        scores = score(rollout)
+        with hooks.phase("reward"):
+            scores = score(rollout)
         batch: dict[str, Tensor] = {
             "scores": scores,
             "mask": rollout.mask.double(),
@@ -231,7 +234,7 @@ def train(
         # 3. reference log-probs (only if a part needs them or KL is measured); the reference is
         # frozen, and no_grad keeps autograd from even looking at its forward
         if reference is not None:
-            with torch.no_grad():
+            with torch.no_grad(), hooks.phase("ref"):
                 batch["ref_logp"] = hf_rollout.response_logprobs(
                     reference, rollout, temperature=temperature
                 ).double()
@@ -268,13 +271,14 @@ def train(
                     mb = {k: v[rows] for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 1}
                     src = rollout.select(mb["row"])
                     # One forward gives log-probs, entropy (and logits for an exact-KL part).
-                    out = hf_rollout.response_logprobs(
-                        engine.module,
-                        src,
-                        temperature=temperature,
-                        with_entropy=True,
-                        return_logits=algo.needs_logits,
-                    )
+                    with hooks.phase("policy_fwd"):
+                        out = hf_rollout.response_logprobs(
+                            engine.module,
+                            src,
+                            temperature=temperature,
+                            with_entropy=True,
+                            return_logits=algo.needs_logits,
+                        )
                     mb["logp"], mb["entropy"] = out.logp.double(), out.entropy.double()
                     if algo.needs_logits:
                         mb["logits"] = out.logits.double()
@@ -285,18 +289,21 @@ def train(
                     if critic_engine is not None:
                         critic_engine.module.train()
                         mb["values"] = hf_rollout.response_values(critic_engine.module, src).double()
-                    policy_loss, value_loss, mb_metrics = algo.loss(mb, counts)
+                    with hooks.phase("loss"):
+                        policy_loss, value_loss, mb_metrics = algo.loss(mb, counts)
                     last = i == len(micro) - 1
                     # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the
                     # whole step, which DeepSpeed then skips on every rank (see distributed.py).
-                    dist_lib.backward(engine, policy_loss, boundary=last)
-                    if critic_engine is not None:
-                        dist_lib.backward(critic_engine, value_loss, boundary=last)
+                    with hooks.phase("backward"):
+                        dist_lib.backward(engine, policy_loss, boundary=last)
+                        if critic_engine is not None:
+                            dist_lib.backward(critic_engine, value_loss, boundary=last)
                     for k, v in mb_metrics.items():
                         update_metrics[k] = update_metrics.get(k, 0.0) + float(v)
-                applied = dist_lib.step(engine)
-                if critic_engine is not None:
-                    dist_lib.step(critic_engine)
+                with hooks.phase("optim"):
+                    applied = dist_lib.step(engine)
+                    if critic_engine is not None:
+                        dist_lib.step(critic_engine)
                 skipped_steps += applied is False
                 n_updates += 1
         # Each micro-batch metric is a share of its step's mean: the sum over a step is the step
@@ -329,7 +336,8 @@ def train(
         if critic_engine is not None and n and "returns" in batch:
             row["explained_variance"] = _explained_variance(batch["values"], batch["returns"], mask)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
-            row["eval_accuracy"] = evaluate(engine.module, tokenizer, the_task, eval_size, max_new_tokens)
+            with hooks.phase("eval"):
+                row["eval_accuracy"] = evaluate(engine.module, tokenizer, the_task, eval_size, max_new_tokens)
         row.update(
             {
                 "time_gen": t_gen - t0,

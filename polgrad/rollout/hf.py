@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from polgrad import hooks
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask, torch_threads
 from polgrad.rollout.static_decode import StaticDecoder
@@ -333,19 +334,20 @@ def generate(
         with torch_threads(decode_threads(model, len(examples) * group_size)):
             rows = torch.arange(len(examples), device=device).repeat_interleave(group_size)
             gen = torch.Generator(device=device).manual_seed(int(generator_seed))
-            decoded = _decode(
-                model,
-                ids,
-                pmask,
-                rows,
-                temperature=float(temperature),
-                top_p=float(top_p),
-                max_new_tokens=max_new_tokens,
-                eos_id=eos_id,
-                pad_id=pad_id,
-                gen=gen,
-                lean=lean_decode,
-            )
+            with hooks.phase("decode"):
+                decoded = _decode(
+                    model,
+                    ids,
+                    pmask,
+                    rows,
+                    temperature=float(temperature),
+                    top_p=float(top_p),
+                    max_new_tokens=max_new_tokens,
+                    eos_id=eos_id,
+                    pad_id=pad_id,
+                    gen=gen,
+                    lean=lean_decode,
+                )
             baseline = None
             if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows
                 prompts = torch.arange(len(examples), device=device)
