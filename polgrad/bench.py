@@ -340,8 +340,8 @@ def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     import polgrad.trainer as trainer_mod
     from polgrad import distributed as dist_lib
     from polgrad.algorithm import Algorithm
+    from polgrad.config import parse_config
     from polgrad.rollout import hf as hf_rollout
-    from polgrad.train import parse_config
 
     torch.set_num_threads(w.threads)
     steps = w.warmup + w.steps + 1  # the last step also runs the (unmeasured) final eval

@@ -35,12 +35,12 @@ import os
 import platform
 import socket
 import subprocess
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from polgrad.errors import DataError
+from polgrad.io import atomic_write_text  # noqa: F401  (re-exported: callers use results.atomic_write_text)
 
 # The metrics a trainer's summary.json carries, in the order they appear in the CSV and the table.
 METRICS = (
@@ -158,23 +158,6 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temp file beside `path`, fsync, os.replace: readers see old or new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def order_columns(columns: Iterable[str]) -> list[str]:

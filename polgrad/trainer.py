@@ -33,7 +33,7 @@ from polgrad import hooks, models, registry
 from polgrad.algorithm import Algorithm
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError
-from polgrad.results import atomic_write_text
+from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
 
 REWARD_SOURCES = ("task", "reward_model")

@@ -15,7 +15,7 @@ if os.environ.get("POLGRAD_REQUIRE_VLLM") == "1":
 else:
     vllm = pytest.importorskip("vllm")
 
-from polgrad.train import parse_config  # noqa: E402
+from polgrad.config import parse_config  # noqa: E402
 from polgrad.trainer import train  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
