@@ -8,18 +8,17 @@
     Algorithm.clip = @clip.ppo
     Algorithm.aggregate = @aggregate.seq_mean_token_mean
 
-An `Algorithm` holds no model and no optimizer. Given a rollout batch it computes advantages
-(`prepare`), and given a micro-batch with fresh log-probs it computes the policy and value
-losses with metrics (`loss`). It never branches on an algorithm's name: every decision is a
-part's call or a part's declared metadata (`needs_critic`, `needs_groups`, ...). The same
-metadata gives the spec's row of the chapter's Table 5 (`table_row`).
+An `Algorithm` is immutable once built: it holds no model, no optimizer and no loop state (the
+KL coefficient that a controller moves is the loop's, passed in as `kl_coef`). Given a rollout
+batch it computes advantages (`prepare`), and given a micro-batch with fresh log-probs it
+computes the policy and value losses with metrics (`loss`). It never branches on an algorithm's
+name: every decision is a part's call or a part's declared metadata (`needs_critic`,
+`needs_groups`, ...). The same metadata gives the spec's row of the chapter's Table 5 (`table_row`).
 """
 
 from __future__ import annotations
 
-import glob
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gin
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from polgrad import registry
+from polgrad.batch import Batch
 from polgrad.components.advantage import last_token
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError, PolgradError
@@ -113,9 +113,19 @@ class Algorithm:
         self.ppo_epochs = int(ppo_epochs)
         self.minibatches = int(minibatches)
         self.group_size = int(group_size)
-        self.reward_shaping = list(reward_shaping or ())
-        self.filters = list(filters or ())
+        self.reward_shaping = reward_shaping or ()
+        self.filters = tuple(filters or ())
+        self.reward_shaping = tuple(self.reward_shaping)
         self._validate()
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"Algorithm is immutable (tried to set {name!r}); the KL coefficient is loop state: "
+                "pass kl_coef to prepare/loss"
+            )
+        super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
@@ -268,16 +278,21 @@ class Algorithm:
         return self.needs_reference and self.kl_placement == "loss"
 
     @torch.no_grad()
-    def prepare(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, float]]:
+    def prepare(
+        self, batch: Batch | Mapping[str, Tensor], *, kl_coef: float | None = None
+    ) -> tuple[Batch, dict[str, float]]:
         """Scores to advantages for a whole rollout batch (no gradient).
 
         batch: `scores` [B] task/RM scores, `mask` [B,T], `truncated` [B] bool, `group_ids` [B],
           `old_logp` [B,T]; plus `ref_logp` [B,T] if needs_reference, `values` [B,T] if
-          needs_critic, `baseline_scores` [B] if needs_baseline_rollout, and any other per-row
-          tensors, which are carried along (and filtered with the rows).
+          needs_critic, `baseline_scores` [B] if needs_baseline_rollout (a `Batch`, or a mapping
+          of its field names). Every field and the rollout are filtered with the rows.
+        kl_coef: this step's KL coefficient (loop state; default: the spec's initial `kl_coef`).
         Returns the batch with `rewards` [B], `token_rewards` [B,T], `adv` [B,T], `returns`
         [B,T] (if a critic), and rows dropped by the filters removed; plus scalar metrics.
         """
+        beta = self.kl_coef if kl_coef is None else float(kl_coef)
+        batch = Batch.of(batch)
         mask = batch["mask"]
         scores = batch["scores"].to(mask.dtype)
         metrics: dict[str, float] = {"score_mean": float(scores.mean())}
@@ -290,10 +305,7 @@ class Algorithm:
         for fn in self.filters:
             keep &= fn(scores, batch["group_ids"])
         metrics["filtered_frac"] = float(1.0 - keep.double().mean())
-        out = {
-            k: (v[keep] if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == keep.shape[0] else v)
-            for k, v in batch.items()
-        }
+        out = batch.select(keep)
         mask, scores = out["mask"], scores[keep]
         baseline = baseline[keep] if baseline is not None else None
         if mask.shape[0] == 0:
@@ -304,9 +316,9 @@ class Algorithm:
         rewards = scores
         if self.kl_in_reward():
             kl_tok = self.kl(out["old_logp"], out["ref_logp"], mask) * mask
-            token_rewards = token_rewards - self.kl_coef * kl_tok
+            token_rewards = token_rewards - beta * kl_tok
             # Sequence-level estimators see the same penalty folded into the scalar reward.
-            rewards = scores - self.kl_coef * kl_tok.sum(-1)
+            rewards = scores - beta * kl_tok.sum(-1)
             metrics["kl_reward"] = float(kl_tok.sum() / mask.sum().clamp_min(1))
 
         adv, returns = self.advantage(
@@ -317,14 +329,12 @@ class Algorithm:
             token_rewards=token_rewards,
             baseline_rewards=baseline,
         )
-        out.update(rewards=rewards, token_rewards=token_rewards, adv=adv)
-        if returns is not None:
-            out["returns"] = returns
+        out = out.replace(rewards=rewards, token_rewards=token_rewards, adv=adv, returns=returns)
         metrics["adv_mean"] = float((adv * mask).sum() / mask.sum().clamp_min(1))
         return out, metrics
 
     def loss(
-        self, mb: dict[str, Tensor], counts: StepCounts
+        self, mb: Batch | Mapping[str, Tensor], counts: StepCounts, *, kl_coef: float | None = None
     ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
         """Policy loss, critic loss and metrics of one micro-batch, as its share of the step.
 
@@ -333,6 +343,7 @@ class Algorithm:
           `rollout_logp` for off-policy corrections; `values` (with grad), `old_values`, `returns`
           if a critic is trained.
         counts: the whole optimizer step's denominators (StepCounts.of_step over every micro-batch).
+        kl_coef: this step's KL coefficient (loop state; default: the spec's initial `kl_coef`).
         Summing the returned losses over the step's micro-batches gives the step loss; metrics
         are likewise shares (token-weighted sums over counts.num_tokens) that add up to step means.
         """
@@ -349,7 +360,7 @@ class Algorithm:
             kl_tok = self.kl(
                 mb["logp"], mb["ref_logp"], mask, logits=mb.get("logits"), ref_logits=mb.get("ref_logits")
             )
-            per_token = per_token + self.kl_coef * kl_tok
+            per_token = per_token + (self.kl_coef if kl_coef is None else float(kl_coef)) * kl_tok
             metrics["kl_loss"] = (kl_tok.detach() * mask).sum() / counts.num_tokens
         if self.entropy_coef > 0:
             per_token = per_token - self.entropy_coef * mb["entropy"]
@@ -364,10 +375,9 @@ class Algorithm:
             metrics["value_loss"] = value_loss.detach()
         return policy_loss, value_loss, metrics
 
-    def next_kl_coef(self, measured_kl: float, n_steps: int) -> float:
-        """Move the KL coefficient with the controller (the loop calls this once per step)."""
-        self.kl_coef = float(self.kl_controller(self.kl_coef, measured_kl, n_steps))
-        return self.kl_coef
+    def next_kl_coef(self, kl_coef: float, measured_kl: float, n_steps: int) -> float:
+        """The KL coefficient after this step: the controller moves it (the loop calls this once per step)."""
+        return float(self.kl_controller(kl_coef, measured_kl, n_steps))
 
     # ------------------------------------------------------------------ Table 5
     def table_row(self) -> dict[str, str]:
@@ -394,55 +404,3 @@ class Algorithm:
             "reference_policy": "Yes" if self.needs_reference else "No",
             "core_loss": core,
         }
-
-
-def specs_dir() -> str:
-    """registry/ beside the package (a source checkout) or under the current directory."""
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "registry")
-    return here if os.path.isdir(here) else os.path.join(os.getcwd(), "registry")
-
-
-def load_spec(path: str, bindings: Sequence[str] = (), base: str | None = None) -> Algorithm:
-    """Parse one spec gin file (after `base`, if given; gin's bindings cleared first) and build it."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"spec file {path} does not exist; specs live in {specs_dir()}")
-    gin.clear_config()
-    try:
-        if base is not None:
-            import polgrad.trainer  # noqa: F401  (a base config binds train.*)
-        gin.parse_config_files_and_bindings(
-            [base, path] if base else [path], list(bindings), skip_unknown=False
-        )
-        return Algorithm()
-    except PolgradError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"{path}: {' '.join(str(e).split())}") from None
-
-
-def table_row_from_file(spec_path: str, bindings: Sequence[str] = ()) -> dict[str, str]:
-    """The Table-5 row of a spec gin file plus `bindings` (e.g. a sweep cell's grid values).
-
-    Clears gin's bindings before and after.
-    """
-    if bindings:
-        import polgrad.trainer  # noqa: F401  (cell bindings may name train.* or task.*)
-    try:
-        return load_spec(spec_path, bindings).table_row()
-    finally:
-        gin.clear_config()
-
-
-def comparison_table(folder: str | None = None) -> str:
-    """Markdown Table 5 for every spec file in `folder` (default registry/)."""
-    folder = folder or specs_dir()
-    paths = sorted(glob.glob(os.path.join(folder, "*.gin")))
-    if not paths:
-        raise ConfigError(f"no spec files (*.gin) in {folder}")
-    cols = ["method", "type", "reward_model", "value_function", "reference_policy", "core_loss"]
-    head = ["Method", "Type", "Reward model", "Value function", "Reference policy", "Core loss"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in paths:
-        row = table_row_from_file(p)
-        lines.append("| " + " | ".join(str(row[c]).replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines)

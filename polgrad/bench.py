@@ -832,7 +832,7 @@ def grpo_algorithm(w: Workload | None = None):
     The gin bindings stay in place (parts read their hyperparameters from gin at call time): call
     `gin.clear_config()` when done with the Algorithm.
     """
-    from polgrad.algorithm import load_spec
+    from polgrad.config import load_spec
 
     w = w or Workload()
     return load_spec(os.path.join(REPO_ROOT, "registry", "grpo.gin"), grpo_bindings(w))

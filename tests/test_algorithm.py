@@ -111,10 +111,10 @@ def test_total_loss_is_the_sum_of_micro_batch_shares(seed, cut):
     a = build()
     gen = torch.Generator().manual_seed(seed)
     batch, _ = a.prepare(_batch(gen))
-    batch["logp"] = batch["old_logp"] + 0.3 * torch.randn(
-        batch["mask"].shape, generator=gen, dtype=torch.float64
+    batch = batch.replace(
+        logp=batch["old_logp"] + 0.3 * torch.randn(batch["mask"].shape, generator=gen, dtype=torch.float64)
     )
-    batch["entropy"] = torch.rand(batch["mask"].shape, generator=gen, dtype=torch.float64)
+    batch = batch.replace(entropy=torch.rand(batch["mask"].shape, generator=gen, dtype=torch.float64))
     rows = torch.randperm(8, generator=gen)
     parts = [rows[:cut], rows[cut:]]
     full, _, _ = a.loss(batch, StepCounts.of_step([batch["mask"]]))

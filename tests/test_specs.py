@@ -8,7 +8,7 @@ import os
 import gin
 import pytest
 
-from polgrad.algorithm import comparison_table, load_spec, table_row_from_file
+from polgrad.config import comparison_table, load_spec, table_row_from_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = sorted(glob.glob(os.path.join(REPO, "registry", "*.gin")))

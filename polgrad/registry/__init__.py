@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specs", default=None, help="folder of spec gin files (default: registry/)")
     args = ap.parse_args(argv)
     if args.table:
-        from polgrad.algorithm import comparison_table
+        from polgrad.config import comparison_table
 
         print(comparison_table(args.specs))
     else:

@@ -1,0 +1,99 @@
+"""The typed batch the loop carries from sampling to the update (names as in the tensor glossary).
+
+One `Batch` holds B sampled sequences, row-aligned: every tensor's first dimension is B, and
+`rollout` (the sampled ids, texts and examples) has the same rows. `select(rows)` takes rows of
+all of them at once, so a filter or a micro-batch never loses track of which sequence is which
+(no bookkeeping column). It is also a read-only mapping over the tensors that are set, so a part
+or a test can read `batch["adv"]` and `batch.get("values")`.
+
+Shapes: [B] for scores, truncated, group_ids, baseline_scores, rewards; [B,T] for the others
+except logits/ref_logits [B,T,V].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from polgrad.errors import ShapeError
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Batch(Mapping):
+    """B sequences and what the loop has computed about them so far (None: not computed)."""
+
+    mask: Tensor  # [B,T] float 0/1 over response tokens
+    group_ids: Tensor  # [B] which prompt each row answers
+    old_logp: Tensor  # [B,T] log-probs under the policy that sampled (pi_old)
+    scores: Tensor | None = None  # [B] the task's or reward model's score
+    truncated: Tensor | None = None  # [B] bool: hit max_new_tokens without EOS
+    rollout_logp: Tensor | None = None  # [B,T] the sampler's own log-probs (off-policy corrections)
+    baseline_scores: Tensor | None = None  # [B] score of the prompt's greedy response (ReMax)
+    ref_logp: Tensor | None = None  # [B,T] reference policy
+    values: Tensor | None = None  # [B,T] critic
+    old_values: Tensor | None = None  # [B,T] critic before the update
+    rewards: Tensor | None = None  # [B] shaped scalar reward
+    token_rewards: Tensor | None = None  # [B,T]
+    adv: Tensor | None = None  # [B,T]
+    returns: Tensor | None = None  # [B,T]
+    logp: Tensor | None = None  # [B,T] current policy (with grad), per micro-batch
+    entropy: Tensor | None = None  # [B,T]
+    logits: Tensor | None = None  # [B,T,V]
+    ref_logits: Tensor | None = None  # [B,T,V]
+    rollout: Any = None  # the sampled sequences (polgrad.rollout.hf.Rollout), same rows
+
+    def __post_init__(self) -> None:
+        b = self.mask.shape[0]
+        for name, value in self._tensors():
+            if value.dim() == 0 or value.shape[0] != b:
+                raise ShapeError(
+                    f"Batch.{name} has shape {tuple(value.shape)}; its first dimension must be B={b}"
+                )
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Batch:
+        """A Batch from a mapping of field names (a Batch is returned as is)."""
+        if isinstance(data, Batch):
+            return data
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ShapeError(f"unknown batch field(s) {unknown}; valid fields: {', '.join(sorted(fields))}")
+        return cls(**data)
+
+    @property
+    def size(self) -> int:
+        """B, the number of sequences."""
+        return self.mask.shape[0]
+
+    def _tensors(self) -> Iterator[tuple[str, Tensor]]:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                yield f.name, value
+
+    def select(self, rows: Tensor) -> Batch:
+        """The rows `rows` (bool mask or int indices) of every tensor and of the rollout."""
+        changes: dict[str, Any] = {name: value[rows] for name, value in self._tensors()}
+        if self.rollout is not None:
+            changes["rollout"] = self.rollout.select(rows)
+        return dataclasses.replace(self, **changes)
+
+    def replace(self, **changes: Any) -> Batch:
+        return dataclasses.replace(self, **changes)
+
+    # read-only mapping over the tensors that are set
+    def __getitem__(self, name: str) -> Tensor:
+        value = getattr(self, name, None) if isinstance(name, str) else None
+        if not isinstance(value, Tensor):
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._tensors())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._tensors())
