@@ -1,0 +1,148 @@
+"""The one config pipeline: gin errors explained in one line with the valid names, build() checks."""
+
+from __future__ import annotations
+
+import os
+
+import gin
+import pytest
+import torch
+
+from polgrad import config
+from polgrad.algorithm import Algorithm
+from polgrad.batch import Batch
+from polgrad.errors import ConfigError, ShapeError
+from polgrad.trainer import step_seed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRPO = os.path.join(REPO, "registry", "grpo.gin")
+
+# A mistake a user makes -> what the one-line error must say (the fix and, for a typo, the name meant).
+TYPOS = [
+    ("Algorithm.advantage = @advantage.rlooo", "unknown advantage 'rlooo'.*did you mean 'rloo'"),
+    ("Algorithm.kl_coeff = 0.1", "'Algorithm' has no parameter 'kl_coeff'.*did you mean 'kl_coef'"),
+    ("trian.steps = 3", "unknown configurable 'trian'.*did you mean 'train'"),
+    ("train.task = @task.addd", "unknown task 'addd'.*did you mean 'add'"),
+    ("train.stepz = 3", "'train' has no parameter 'stepz'.*did you mean 'steps'"),
+    ("include 'experiments/nope.gin'", "include 'experiments/nope.gin' not found"),
+    ("import no_such_module_xyz", "cannot import 'no_such_module_xyz'.*PYTHONPATH"),
+]
+
+
+@pytest.mark.parametrize("binding, message", TYPOS, ids=[t[0] for t in TYPOS])
+def test_a_typo_in_a_binding_gets_the_valid_names_and_the_closest(binding, message):
+    gin.clear_config()
+    with pytest.raises(ConfigError, match=message) as err:
+        config.parse_config([GRPO], [binding])
+    assert "\n" not in str(err.value)
+    assert binding in str(err.value)  # names the binding
+
+
+def test_a_typo_in_a_file_names_the_file_and_line(tmp_path):
+    spec = tmp_path / "mine.gin"
+    spec.write_text(f"include '{GRPO}'\n\nAlgorithm.kl_coeff = 0.1\n")
+    gin.clear_config()
+    with pytest.raises(ConfigError, match=r"mine.gin: line 3: 'Algorithm' has no parameter 'kl_coeff'"):
+        config.parse_config([str(spec)], [])
+
+
+def test_a_missing_include_inside_a_file_is_named(tmp_path):
+    spec = tmp_path / "mine.gin"
+    spec.write_text("include 'experiments/nope.gin'\n")
+    gin.clear_config()
+    with pytest.raises(ConfigError, match=r"mine.gin: line 1: include 'experiments/nope.gin' not found"):
+        config.parse_config([str(spec)], [])
+
+
+BAD_VALUES = [
+    ("clip.ppo.eps_low = -0.1", r"Algorithm.clip = @clip.ppo: clip.ppo.eps_low must be"),
+    ("Algorithm.kl = 'k3'", r"Algorithm.kl must be a registered kl part"),
+    ("Algorithm.group_size = 1", r"set Algorithm.group_size >= 2"),
+    ("train.lr = -1.0", r"train.lr must be a finite number > 0"),
+    ("train.steps = 0", r"train.steps must be a positive integer"),
+    ("train.top_p = 1.5", r"train.top_p must be in \(0, 1\]"),
+    ("train.zero_stage = 4", r"train.zero_stage must be one of 0, 1, 2, 3"),
+    ("train.reward_source = 'oracle'", r"train.reward_source must be one of"),
+    ("train.task = @advantage.grpo", r"train.task must be a registered task"),
+]
+
+
+@pytest.mark.parametrize("binding, message", BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_build_rejects_a_bad_value_in_one_line(binding, message):
+    gin.clear_config()
+    config.parse_config([GRPO], [binding])
+    with pytest.raises(ConfigError, match=message) as err:
+        config.build()
+    assert "\n" not in str(err.value)
+
+
+def test_build_of_every_spec_gives_the_spec_and_the_train_config():
+    gin.clear_config()
+    config.parse_config([GRPO], [])
+    cfg, algo = config.build()
+    assert algo.name == "grpo" and cfg.task_name == "add"
+    assert cfg.task_kwargs()["digits"] == 2  # the base config's binding, on top of the default
+
+
+def test_the_algorithm_is_immutable():
+    gin.clear_config()
+    config.parse_config([GRPO], [])
+    _, algo = config.build()
+    with pytest.raises(AttributeError, match="immutable"):
+        algo.kl_coef = 1.0
+    # the controller returns the next coefficient instead of moving the spec's
+    assert algo.next_kl_coef(0.3, measured_kl=0.1, n_steps=1) == 0.3  # grpo: fixed controller
+    assert algo.kl_coef == 0.04
+
+
+def test_prepare_and_loss_use_the_loop_s_kl_coefficient():
+    gin.clear_config()
+    gin.parse_config(
+        "Algorithm.name = 'x'\nAlgorithm.advantage = @advantage.reinforce\nAlgorithm.clip = @clip.none\n"
+        "Algorithm.aggregate = @aggregate.token_mean\nAlgorithm.kl = @kl.k1\n"
+        "Algorithm.kl_placement = 'reward'\nAlgorithm.kl_coef = 0.1"
+    )
+    algo = Algorithm()
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    old = torch.full((2, 3), -1.0, dtype=torch.float64)
+    batch = dict(
+        mask=mask,
+        group_ids=torch.arange(2),
+        old_logp=old,
+        ref_logp=old - 0.5,
+        scores=torch.tensor([1.0, 0.0], dtype=torch.float64),
+        truncated=torch.zeros(2, dtype=torch.bool),
+    )
+    a, _ = algo.prepare(batch)  # the spec's 0.1
+    b, _ = algo.prepare(batch, kl_coef=0.3)
+    # k1 = old - ref = 0.5 per token, 3 tokens: rewards = score - beta * 1.5
+    torch.testing.assert_close(
+        a["rewards"], torch.tensor([1.0 - 0.15, -0.15], dtype=torch.float64), rtol=0, atol=1e-12
+    )
+    torch.testing.assert_close(
+        b["rewards"], torch.tensor([1.0 - 0.45, -0.45], dtype=torch.float64), rtol=0, atol=1e-12
+    )
+
+
+def test_step_seeds_differ_by_rank_and_step():
+    seeds = {step_seed(0, s, r) for s in range(50) for r in range(4)}
+    assert len(seeds) == 200
+    assert step_seed(3, 7, 1) == step_seed(3, 7, 1)
+
+
+def test_batch_selects_every_field_and_checks_rows():
+    b = Batch(
+        mask=torch.ones(3, 2),
+        group_ids=torch.tensor([0, 0, 1]),
+        old_logp=torch.zeros(3, 2),
+        scores=torch.tensor([1.0, 2.0, 3.0]),
+    )
+    s = b.select(torch.tensor([2, 0]))
+    assert s["scores"].tolist() == [3.0, 1.0] and s.group_ids.tolist() == [1, 0]
+    assert set(s) == {"mask", "group_ids", "old_logp", "scores"}
+    with pytest.raises(ShapeError, match="first dimension must be B=3"):
+        b.replace(scores=torch.ones(2))
+    with pytest.raises(ShapeError, match="unknown batch field"):
+        Batch.of(
+            {"mask": torch.ones(1, 1), "group_ids": torch.zeros(1), "old_logp": torch.zeros(1, 1), "row": 0}
+        )
