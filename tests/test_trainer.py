@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from polgrad.components.protocols import StepCounts
+from polgrad.config import parse_config
 from polgrad.registry import register
-from polgrad.train import parse_config
 from polgrad.trainer import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,6 +142,28 @@ def test_interrupt_and_resume_ends_where_an_uninterrupted_run_ends(tmp_path):
     full = run(tmp_path, spec, [*common, "train.steps = 6"], name="full")
     run(tmp_path, spec, [*common, "train.steps = 4"], name="cut")
     resumed = run(tmp_path, spec, [*common, "train.steps = 6"], name="cut", resume=True)
+    strip = {"eval_accuracy"}
+    assert [{k: v for k, v in r.items() if k not in strip} for r in deterministic(resumed)] == [
+        {k: v for k, v in r.items() if k not in strip} for r in deterministic(full)
+    ]
+
+
+@pytest.mark.slow
+def test_the_kl_coefficient_is_loop_state_restored_on_resume(tmp_path):
+    """With the adaptive controller the coefficient moves every step; it lives in the checkpoint
+    (not in the spec), so a resumed run continues from the moved value, not the spec's initial one."""
+    spec = os.path.join(REPO, "registry", "ppo.gin")
+    common = [
+        "train.checkpoint_every = 2",
+        "train.eval_every = 100",
+        "Algorithm.kl_controller = @kl_controller.adaptive",
+    ]
+    full = run(tmp_path, spec, [*common, "train.steps = 4"], name="full")
+    coefs = [r["kl_coef"] for r in full]
+    assert len(set(coefs)) == len(coefs), coefs  # it moved every step
+    run(tmp_path, spec, [*common, "train.steps = 2"], name="cut")
+    resumed = run(tmp_path, spec, [*common, "train.steps = 4"], name="cut", resume=True)
+    assert [r["kl_coef"] for r in resumed] == coefs
     strip = {"eval_accuracy"}
     assert [{k: v for k, v in r.items() if k not in strip} for r in deterministic(resumed)] == [
         {k: v for k, v in r.items() if k not in strip} for r in deterministic(full)
