@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from polgrad import distributed as dist_lib
-from polgrad import hooks, models, registry
+from polgrad import hooks, models, pretrain, registry
 from polgrad.algorithm import Algorithm
 from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError
@@ -120,7 +120,7 @@ def train(
     # --- models: policy (+ reference, critic, reward model when the parts need them) ----------
     if policy_path is None:
         sft = {} if sft_steps is None else {"sft_steps": sft_steps}
-        policy_path = models.warm_start(
+        policy_path = pretrain.warm_start(
             task_entry.name, task_kwargs, model_kwargs, seed=seed, progress=progress, **sft
         )
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
@@ -128,7 +128,7 @@ def train(
     rm_path, rm_accuracy, reward_model = None, None, None
     if reward_source == "reward_model" or algo.needs_reward_model:
         rm = {} if rm_steps is None else {"steps": rm_steps}
-        rm_path, rm_accuracy = models.train_reward_model(
+        rm_path, rm_accuracy = pretrain.train_reward_model(
             policy_path, the_task, seed=seed, progress=progress, **rm
         )
     if reward_source == "reward_model":
