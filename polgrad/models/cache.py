@@ -47,6 +47,7 @@ def digest(obj: Any) -> str:
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> Path:
+    """`cache_dir` (user-expanded), or `default_cache_dir()` when None."""
     return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
 
@@ -91,6 +92,7 @@ def read_info(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_info(path: Path, info: dict[str, Any]) -> None:
+    """Write `info` as the checkpoint's polgrad.json (sorted keys, indented)."""
     (path / POLGRAD_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 

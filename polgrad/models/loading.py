@@ -13,6 +13,7 @@ from polgrad.models.tiny import ATTN_IMPLEMENTATION
 
 
 def check_dir(path: str | os.PathLike, what: str) -> Path:
+    """`path` as a Path if it holds a config.json (a save_pretrained dir); else a DataError naming `what`."""
     p = Path(path)
     if not (p / "config.json").is_file():
         raise DataError(f"{what} checkpoint '{p}' has no config.json; pass a save_pretrained directory")
