@@ -49,7 +49,7 @@ class TrainConfig:
 
     task: a task factory (`@task.add`). policy_path: a HF checkpoint; None builds the tiny default
     for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the default of
-    polgrad.pretrain). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
+    polgrad.pretrain.sft). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
     rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM

@@ -36,7 +36,7 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import config, hooks, models
+from polgrad import config, hooks, models, pretrain
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -157,7 +157,7 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     policy_path = cfg.policy_path
     if policy_path is None:
         sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
-        policy_path = models.warm_start(
+        policy_path = pretrain.warm_start(
             cfg.task_name, cfg.task_kwargs(), cfg.model_kwargs, seed=cfg.seed, progress=cfg.progress, **sft
         )
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
@@ -165,7 +165,7 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     rm_path, rm_accuracy, reward_model = None, None, None
     if cfg.reward_source == "reward_model" or algo.needs_reward_model:
         rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
-        rm_path, rm_accuracy = models.train_reward_model(
+        rm_path, rm_accuracy = pretrain.train_reward_model(
             policy_path, task, seed=cfg.seed, progress=cfg.progress, **rm
         )
     if cfg.reward_source == "reward_model":

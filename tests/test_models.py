@@ -14,9 +14,11 @@ import torch
 from transformers import AutoTokenizer
 
 import polgrad
-from polgrad import models
+from polgrad import models, pretrain
 from polgrad.errors import ConfigError, DataError
 from polgrad.models import ScalarHeadModel, build_tiny, build_tokenizer, encode_prompts, encode_sequences
+from polgrad.pretrain import reward_model as rm_module
+from polgrad.pretrain import sft as sft_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,7 +120,7 @@ ONE_LAYER = {"layers": 1}
 
 
 def test_sft_cache_hit_and_key(tmp_path, monkeypatch):
-    path = models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
+    path = pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
     info = models.read_info(path)
     assert info["stats"]["steps"] == 3 and info["task"] == "add" and info["model_kwargs"]["layers"] == 1
     assert 0.0 <= info["stats"]["heldout_greedy_accuracy"] <= 1.0
@@ -129,36 +131,36 @@ def test_sft_cache_hit_and_key(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a cache hit must not train")
 
-    monkeypatch.setattr(models, "_sft", boom)
+    monkeypatch.setattr(sft_module, "_sft", boom)
     t0 = time.perf_counter()
-    assert models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL) == path
+    assert pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL) == path
     assert time.perf_counter() - t0 < 5.0
     # spelling out a default model kwarg is the same key; progress/threads are not part of it
     same = dict(SMALL, progress=True, threads=2)
     assert (
-        models.warm_start(
+        pretrain.warm_start(
             "add", {"digits": 1}, {**ONE_LAYER, "hidden": 128}, seed=0, cache_dir=tmp_path, **same
         )
         == path
     )
     monkeypatch.undo()
-    other = models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=1, cache_dir=tmp_path, **SMALL)
+    other = pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=1, cache_dir=tmp_path, **SMALL)
     assert other != path
     with pytest.raises(ConfigError, match="unknown model kwargs"):
-        models.warm_start("add", {}, {"width": 3}, cache_dir=tmp_path, **SMALL)
+        pretrain.warm_start("add", {}, {"width": 3}, cache_dir=tmp_path, **SMALL)
 
 
 def test_sft_cache_is_atomic(tmp_path, monkeypatch):
     def killed(*a, **k):
         raise RuntimeError("simulated crash after the weights were written")
 
-    monkeypatch.setattr(models, "_write_info", killed)
+    monkeypatch.setattr(sft_module, "write_info", killed)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
+        pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
     monkeypatch.undo()
     root = tmp_path / "sft"
     assert [p.name for p in root.iterdir() if p.is_dir()] == []  # no entry, no tmp dir left
-    path = models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
+    path = pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
     name = path.rsplit("/", 1)[1]
     # a run killed with SIGKILL leaves only its tmp dir: the next call cleans it and never trusts it
     import shutil
@@ -167,7 +169,7 @@ def test_sft_cache_is_atomic(tmp_path, monkeypatch):
     stale = root / f".tmp-{name}-99999-deadbeef"
     stale.mkdir()
     (stale / "config.json").write_text("{half")
-    assert models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL) == path
+    assert pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL) == path
     assert not stale.exists() and (root / name / "polgrad.json").is_file()
 
 
@@ -180,7 +182,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_warm_start_beats_untrained(tmp_path, add_task):
-    path = models.warm_start(
+    path = pretrain.warm_start(
         "add",
         {"digits": 2},
         {},
@@ -192,11 +194,15 @@ def test_warm_start_beats_untrained(tmp_path, add_task):
     )
     stats = models.read_info(path)["stats"]
     untrained, tok = build_tiny(add_task, seed=0)
-    base = models.heldout_accuracy(untrained.eval(), tok, add_task, n=models.SFT_EVAL_EXAMPLES, seed=0)
+    base = pretrain.heldout_accuracy(untrained.eval(), tok, add_task, n=pretrain.SFT_EVAL_EXAMPLES, seed=0)
     assert stats["stopped_at_target"], stats["probe_history"]
     assert stats["heldout_greedy_accuracy"] >= base + 0.08, (stats, base)
-    again = models.heldout_accuracy(
-        models.load_reference(path), models.load_tokenizer(path), add_task, n=models.SFT_EVAL_EXAMPLES, seed=0
+    again = pretrain.heldout_accuracy(
+        models.load_reference(path),
+        models.load_tokenizer(path),
+        add_task,
+        n=pretrain.SFT_EVAL_EXAMPLES,
+        seed=0,
     )
     assert again == stats["heldout_greedy_accuracy"]  # the saved checkpoint is the evaluated one
 
@@ -244,8 +250,8 @@ def test_scalar_head_save_load_round_trip(tmp_path, policy_dir):
 @pytest.mark.slow
 def test_reward_model_beats_chance_and_is_cached(tmp_path, monkeypatch):
     sort = polgrad.get("task", "sort")()
-    policy = models.warm_start("sort", {}, {}, seed=0, cache_dir=tmp_path, progress=False)
-    path, acc = models.train_reward_model(
+    policy = pretrain.warm_start("sort", {}, {}, seed=0, cache_dir=tmp_path, progress=False)
+    path, acc = pretrain.train_reward_model(
         policy, sort, pairs=2048, steps=200, seed=0, cache_dir=tmp_path, progress=False
     )
     info = models.read_info(path)
@@ -254,9 +260,9 @@ def test_reward_model_beats_chance_and_is_cached(tmp_path, monkeypatch):
     rm = models.load_reward_model(path)
     tok = models.load_tokenizer(path)
     held = sort.preference_pairs(64, 123)
-    assert models.pairwise_accuracy(rm, tok, held) > 0.6
-    monkeypatch.setattr(models, "_train_rm", lambda *a, **k: pytest.fail("a cache hit must not train"))
-    assert models.train_reward_model(
+    assert pretrain.pairwise_accuracy(rm, tok, held) > 0.6
+    monkeypatch.setattr(rm_module, "_train_rm", lambda *a, **k: pytest.fail("a cache hit must not train"))
+    assert pretrain.train_reward_model(
         policy, "sort", pairs=2048, steps=200, seed=0, cache_dir=tmp_path, progress=False
     ) == (path, acc)
 
@@ -319,6 +325,6 @@ def test_importing_components_does_not_import_transformers():
 
 
 def test_polgrad_json_is_plain_json(tmp_path):
-    path = models.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
+    path = pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL)
     info = json.loads((tmp_path / "sft" / path.rsplit("/", 1)[1] / "polgrad.json").read_text())
     assert info["version"] == models.MODEL_CODE_VERSION and len(info["key"]) == 64

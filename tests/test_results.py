@@ -177,26 +177,22 @@ def test_leaderboard_groups_over_seeds_and_sorts_by_the_primary_metric():
     assert [e["group"]["Algorithm.kl"] for e in low][:3] == ["@kl.k1", "@kl.k3", "@kl.abs"]
 
 
-def test_markdown_marks_the_best_group_and_says_when_there_is_no_ci(monkeypatch):
-    import sys
-    import types
+TABLE5_ROW = {
+    "table5_method": "GRPO",
+    "table5_type": "on-policy",
+    "table5_reward_model": "rule",
+    "table5_value_function": "none",
+    "table5_reference_policy": "yes",
+    "table5_core_loss": "clip",
+}
 
-    fake = types.ModuleType("polgrad.algorithm")
-    fake.table_row_from_file = lambda p, bindings=(): {
-        "method": "GRPO",
-        "type": "on-policy",
-        "reward_model": "rule",
-        "value_function": "none",
-        "reference_policy": "yes",
-        "core_loss": "clip",
-    }
-    monkeypatch.setitem(sys.modules, "polgrad.algorithm", fake)
+
+def test_markdown_marks_the_best_group_and_says_when_there_is_no_ci():
     md = results.markdown(
         "kl",
-        _rows(),
+        [{**r, **TABLE5_ROW} for r in _rows()],
         swept_columns=["Algorithm.kl"],
         primary_metric="eval_accuracy",
-        spec_files={"grpo": "registry/grpo.gin"},
         command="python -m polgrad.sweep x.gin",
     )
     table = [ln for ln in md.splitlines() if ln.startswith("| ")]
@@ -216,7 +212,6 @@ def test_markdown_without_table5_says_why():
         _rows(),
         swept_columns=["Algorithm.kl"],
         primary_metric="eval_accuracy",
-        spec_files={"grpo": "/no/such/spec.gin"},
     )
     assert "Table-5 columns unavailable" in md and "| n/a |" in md
 
@@ -239,3 +234,47 @@ def test_plot_writes_a_valid_png_even_without_metrics(tmp_path):
     results.plot(tmp_path / "p.png", "kl", _rows(), swept_columns=["Algorithm.kl"], results_dir=tmp_path)
     img = matplotlib.image.imread(tmp_path / "p.png")
     assert img.ndim == 3 and img.shape[2] in (3, 4)
+
+
+def test_markdown_table5_comes_from_the_csv_columns_and_the_method_is_the_spec(tmp_path):
+    t5 = {k: v for k, v in TABLE5_ROW.items() if k != "table5_method"}
+    rows = [{**r, **t5} if r["Algorithm.kl"] != "@kl.k1" else r for r in _rows()]
+    md = results.markdown("kl", rows, swept_columns=["Algorithm.kl"], primary_metric="eval_accuracy")
+    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    labels = "| method | type | reward model | value function | reference policy | core loss |"
+    assert table[0].endswith(labels)
+    assert table[1].endswith("| grpo | on-policy | rule | none | yes | clip |")
+    k1 = next(ln for ln in table if "`@kl.k1`" in ln)
+    assert k1.endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")
+    assert "Table-5 columns unavailable for 1 of 4 groups" in md and "grpo · Algorithm.kl=@kl.k1" in md
+    # in the CSV the table5_* columns sit after the metrics, not among the swept bindings
+    path = tmp_path / "e.csv"
+    results.upsert_row(path, _row("c0", **{"Algorithm.kl": "@kl.k3", "steps": 3, **t5}))
+    with open(path, newline="") as fh:
+        header = csv.DictReader(fh).fieldnames
+    assert header.index("Algorithm.kl") < header.index("seed") < header.index("table5_type")
+    assert header.index("steps") < header.index("table5_type") < header.index("status")
+
+
+def test_results_import_neither_the_algorithm_nor_the_trainer():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, polgrad.results; "
+        "sys.exit(any(m in sys.modules for m in ('polgrad.algorithm', 'polgrad.trainer', 'polgrad.sweep')))"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_cli_reports_a_missing_experiment_without_a_runpy_warning(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "polgrad.results", "nope", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and "RuntimeWarning" not in out.stderr
+    assert results.main is not None

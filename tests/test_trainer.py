@@ -198,12 +198,12 @@ def test_non_finite_loss_never_reaches_the_optimizer(tmp_path):
 
 def _policy_after(tmp_path, spec, steps: int, out=None) -> dict:
     """The policy weights of a run's last DeepSpeed checkpoint, or of the start when steps == 0."""
-    from polgrad import models
+    from polgrad import models, pretrain
 
     if steps == 0:
         gin.clear_config()
         parse_config([spec], FAST)
-        path = models.warm_start(
+        path = pretrain.warm_start(
             "add",
             {"digits": 2, "reverse": False, "pad": False, "partial": False, "eval_fraction": 0.1},
             None,

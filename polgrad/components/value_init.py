@@ -13,19 +13,15 @@ reused for RLVR by Tülu 3 (Lambert et al. 2024), initialises it from the reward
 others take the checkpoint RL starts from (usually the SFT model) with a randomly initialised value
 head; re-initialising the whole model is rarer (RL takes longer to converge) but works.
 
-polgrad.models (and so transformers) is imported inside the functions: importing
-polgrad.components stays light.
+polgrad.models sits below the components and imports transformers only inside its functions, so
+importing polgrad.components stays light.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from polgrad.errors import ConfigError
+from polgrad.models.heads import ScalarHeadModel
 from polgrad.registry import register
-
-if TYPE_CHECKING:  # pragma: no cover
-    from polgrad.models import ScalarHeadModel
 
 
 def _trainable(model: ScalarHeadModel) -> ScalarHeadModel:
@@ -45,8 +41,6 @@ def reward_model(*, policy_path: str, reward_model_path: str | None) -> ScalarHe
 
     Shapes: the returned module maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
     """
-    from polgrad.models import ScalarHeadModel
-
     if reward_model_path is None:
         raise ConfigError(
             "Algorithm.value_init = @value_init.reward_model needs a reward model, but this run has none "
@@ -69,8 +63,6 @@ def policy(
 
     Shapes: the returned module maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
     """
-    from polgrad.models import ScalarHeadModel
-
     _check_std("policy", head_init_std)
     return _trainable(ScalarHeadModel.from_backbone(policy_path, head_init_std=head_init_std, seed=seed))
 
@@ -88,8 +80,6 @@ def random(
     Shapes: the returned module maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
     """
     from transformers import AutoConfig
-
-    from polgrad.models import ScalarHeadModel
 
     _check_std("random", head_init_std)
     config = AutoConfig.from_pretrained(policy_path)

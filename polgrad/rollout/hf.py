@@ -45,7 +45,7 @@ from torch import Tensor
 
 from polgrad import hooks
 from polgrad.errors import ConfigError, ShapeError
-from polgrad.models import encode_prompts, position_ids_from_mask, torch_threads
+from polgrad.models import encode_prompts, position_ids_from_mask, sequence_scores, torch_threads
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
 
@@ -482,6 +482,4 @@ def response_values(
 
 def rollout_scores(reward_model, rollout: Rollout) -> Tensor:
     """Reward-model scores [B], read at each row's last generated token (the EOS unless truncated)."""
-    from polgrad.models import sequence_scores
-
     return sequence_scores(reward_model, rollout.input_ids, rollout.attention_mask)

@@ -101,7 +101,7 @@ class VLLMRollout:
     """A vLLM engine for one checkpoint, with `generate` (-> hf's Rollout) and `sync_weights`.
 
     `model_path` is a Hugging Face checkpoint directory (model and tokenizer `save_pretrained` there, e.g.
-    `polgrad.models.warm_start`'s output). The engine is fp32, eager (no CUDA graphs / compilation of the
+    `polgrad.pretrain.warm_start`'s output). The engine is fp32, eager (no CUDA graphs / compilation of the
     model), with an explicit KV-cache budget `kv_cache_memory_bytes` instead of a fraction of the machine's
     memory. `max_model_len` defaults to the config's `max_position_embeddings`. `num_threads` is the torch
     thread count while `generate` runs (None: the caller's); the default 1 is vLLM's own choice for its

@@ -1,0 +1,78 @@
+"""The models of RLHF-PPO, built from a config (no model hub): policy, reference, critic, reward.
+
+    tokenizer            character-level, one token per character of `task.alphabet` + 4 specials
+    build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
+    load_policy(path)    trainable AutoModelForCausalLM;  load_reference(path): frozen, eval mode
+    ScalarHeadModel      AutoModel backbone + Linear(hidden, 1): per-position scalars [B,S]
+                         (the critic, see components/value_init.py, and the reward model)
+    load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token
+    cache                the on-disk cache of trained checkpoints and their polgrad.json
+
+Training the policy's warm start and the reward model (which needs rollouts and tasks) lives one
+layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
+
+Modules: tokenizer (token layout, encode_prompts / encode_sequences), tiny (the preset), threads
+(thread count, seeding), cache (cache dir, keys, entries), loading (policy / reference), heads
+(ScalarHeadModel). This package imports only torch, transformers, safetensors and polgrad's bottom
+layer; transformers is imported inside the functions that need it.
+"""
+
+from polgrad.models.cache import (
+    MODEL_CODE_VERSION,
+    POLGRAD_JSON,
+    checkpoint_fingerprint,
+    default_cache_dir,
+    digest,
+    read_info,
+    write_info,
+)
+from polgrad.models.heads import HEAD_FILE, ScalarHeadModel, load_reward_model, sequence_scores
+from polgrad.models.loading import check_dir, freeze, load_policy, load_reference
+from polgrad.models.threads import default_num_threads, seeded, torch_threads
+from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs
+from polgrad.models.tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    UNK,
+    build_tokenizer,
+    encode_prompts,
+    encode_sequences,
+    load_tokenizer,
+    position_ids_from_mask,
+)
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "BOS",
+    "EOS",
+    "HEAD_FILE",
+    "MODEL_CODE_VERSION",
+    "PAD",
+    "POLGRAD_JSON",
+    "SPECIAL_TOKENS",
+    "UNK",
+    "ScalarHeadModel",
+    "build_tiny",
+    "build_tokenizer",
+    "check_dir",
+    "checkpoint_fingerprint",
+    "default_cache_dir",
+    "default_num_threads",
+    "digest",
+    "encode_prompts",
+    "encode_sequences",
+    "freeze",
+    "load_policy",
+    "load_reference",
+    "load_reward_model",
+    "load_tokenizer",
+    "position_ids_from_mask",
+    "read_info",
+    "resolved_model_kwargs",
+    "seeded",
+    "sequence_scores",
+    "torch_threads",
+    "write_info",
+]

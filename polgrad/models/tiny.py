@@ -1,0 +1,82 @@
+"""The tiny preset: a freshly initialised Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) and
+its character tokenizer, built from a task (no model hub)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+import torch
+
+from polgrad.errors import ConfigError
+from polgrad.models.threads import seeded
+from polgrad.models.tokenizer import build_tokenizer
+
+# Measured on this CPU (tiny model, 1 thread): sdpa 49 ms vs eager 53 ms per SFT step of 64, and 14.0k vs
+# 12.9k tokens/s for an RL rollout of 512 rows; with 2 threads the two are equal. sdpa it is.
+ATTN_IMPLEMENTATION = "sdpa"
+
+
+def build_tiny(
+    task,
+    *,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 256,
+    seed: int = 0,
+):
+    """A freshly initialised Qwen2ForCausalLM for `task` and its character tokenizer: (model, tokenizer).
+
+    Defaults give 596k parameters (4 layers, hidden 128, 4 query / 2 key-value heads of head_dim 32,
+    SwiGLU width 256, tied input/output embeddings), fp32, sdpa attention. head_dim = hidden / heads
+    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` covers BOS + the longest
+    prompt + the longest response + EOS, rounded up to a power of two (at least 128).
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % heads or heads % kv_heads:
+        raise ConfigError(
+            f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"
+        )
+    if hidden // heads < 32:
+        raise ConfigError(
+            f"head_dim = hidden / heads = {hidden // heads} must be >= 32 (vLLM CPU); lower heads"
+        )
+    tokenizer = build_tokenizer(task.alphabet)
+    need = 2 + int(task.max_prompt_chars) + int(task.max_response_chars) + 1
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max(128, 2 ** math.ceil(math.log2(need))),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attention_dropout=0.0,
+        use_cache=True,
+    )
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    with seeded(seed):
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model, tokenizer
+
+
+def resolved_model_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """build_tiny's defaults overlaid with `model_kwargs` (so {} and the explicit defaults share a key)."""
+    params = inspect.signature(build_tiny).parameters
+    defaults = {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    unknown = sorted(set(model_kwargs or {}) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown model kwargs {unknown}; valid: {', '.join(sorted(defaults))}")
+    return {**defaults, **(model_kwargs or {})}

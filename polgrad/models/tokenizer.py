@@ -1,0 +1,107 @@
+"""The character-level tokenizer and the token layout shared with polgrad.rollout.
+
+A prompt is encoded as BOS + one token per character, left-padded with PAD; a response is one token
+per character followed by EOS and right-padded with PAD. Position ids always count attended tokens
+(`cumsum(attention_mask) - 1`), so left padding never changes a result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from polgrad.errors import ConfigError, DataError
+
+PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3; the alphabet follows from id 4
+
+
+def build_tokenizer(alphabet: str):
+    """A character-level `PreTrainedTokenizerFast` over `alphabet` (order kept, duplicates dropped).
+
+    Built with the `tokenizers` library: a WordLevel vocabulary (specials first, then one entry per
+    character), a pre-tokenizer that isolates every character (whitespace included), a post-processor
+    that prepends BOS, and a Fuse decoder that joins characters back without spaces. Characters
+    outside the alphabet encode as UNK. `padding_side` is 'left' (prompts are left-padded).
+    Save with `save_pretrained(dir)`, reload with `AutoTokenizer.from_pretrained(dir)`.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys(alphabet))
+    if not chars:
+        raise ConfigError("the task alphabet is empty; a character tokenizer needs at least one character")
+    clash = [c for c in chars if c in SPECIAL_TOKENS]
+    if clash:
+        raise ConfigError(f"the task alphabet contains special-token strings {clash}")
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=4096,
+    )
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in a checkpoint directory (`AutoTokenizer.from_pretrained`)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.padding_side = "left"
+    return tok
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """BOS + characters, left-padded: (prompt_ids [B,P] int64, prompt_mask [B,P] int64 0/1)."""
+    rows = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def encode_sequences(
+    tokenizer, prompts: Sequence[str], responses: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BOS + prompt + response + EOS, right-padded (for training on fixed text).
+
+    Returns (input_ids [B,S], attention_mask [B,S], response_mask [B,S]) where response_mask is 1 on
+    the response characters and the EOS (the tokens that SFT is trained to predict).
+    """
+    if len(prompts) != len(responses):
+        raise DataError(f"{len(prompts)} prompts but {len(responses)} responses")
+    rows, starts = [], []
+    for p, r in zip(prompts, responses, strict=True):
+        head = tokenizer(p, add_special_tokens=True)["input_ids"]
+        tail = tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(head + tail)
+        starts.append(len(head))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    resp = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, s) in enumerate(zip(rows, starts, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        attn[i, : len(r)] = 1
+        resp[i, s : len(r)] = 1
+    return ids, attn, resp
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count attended tokens only: cumsum(mask) - 1, clamped at 0 on left padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -1,0 +1,88 @@
+"""Leaderboards: the results CSV of a sweep, its markdown table and its learning-curve plot.
+
+A sweep (`python -m polgrad.sweep experiments/X.gin`, see polgrad.sweep) writes, under the
+results folder (default `results/`):
+
+    X.csv                  one row per grid cell, upserted atomically as each cell ends
+    X.md                   the grouped leaderboard (spec + swept bindings, mean ± 95% CI over seeds)
+    X.png                  learning curves: reward_mean (and eval_accuracy) vs step, band over seeds
+    X/experiment.json      what the sweep expanded to (cells, swept columns, primary metric, command)
+    X/runs/<cell-id>/      config.gin, metrics.jsonl, summary.json, stdout.log, cell.json, checkpoints/
+
+CSV columns: experiment, cell_id, spec, spec_file, one column per swept binding (named by the
+binding, value = its gin text, e.g. `Algorithm.kl` = `@kl.k3`), seed, the summary metrics
+(final_train_reward, eval_accuracy, kl, entropy, tokens_per_s, wall_time_s, peak_mem_mb, steps),
+the run's Table-5 row (table5_type, table5_reward_model, table5_value_function,
+table5_reference_policy, table5_core_loss), status (ok | failed), error, run_dir, and where it ran:
+git_commit, python, torch, transformers, deepspeed, hostname, cpu_count, finished_at.
+
+    >>> import polgrad.results
+    >>> df = polgrad.results.load("kl_ablation")          # results/kl_ablation.csv as a DataFrame
+
+`python -m polgrad.results X [--results DIR]` rewrites X.md and X.png from X.csv.
+
+Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), stats (Student-t
+intervals), report (leaderboard, markdown, plot, write_report), __main__ (the CLI).
+"""
+
+from polgrad.io import atomic_write_text
+from polgrad.results.provenance import cpu_count, environment, git_commit
+from polgrad.results.report import (
+    TABLE5,
+    experiment_meta,
+    leaderboard,
+    markdown,
+    plot,
+    write_report,
+)
+from polgrad.results.stats import format_mean_ci, mean_ci, t_cdf, t_ppf
+from polgrad.results.store import (
+    BACK_COLUMNS,
+    FRONT_COLUMNS,
+    METRICS,
+    TABLE5_COLUMNS,
+    csv_path,
+    load,
+    order_columns,
+    read_metrics,
+    read_rows,
+    upsert_row,
+)
+
+__all__ = [
+    "BACK_COLUMNS",
+    "FRONT_COLUMNS",
+    "METRICS",
+    "TABLE5",
+    "TABLE5_COLUMNS",
+    "atomic_write_text",
+    "cpu_count",
+    "csv_path",
+    "environment",
+    "experiment_meta",
+    "format_mean_ci",
+    "git_commit",
+    "leaderboard",
+    "load",
+    "main",
+    "markdown",
+    "mean_ci",
+    "order_columns",
+    "plot",
+    "read_metrics",
+    "read_rows",
+    "t_cdf",
+    "t_ppf",
+    "upsert_row",
+    "write_report",
+]
+
+
+def __getattr__(name: str):
+    # `main` lives in __main__; importing it eagerly here would make `python -m polgrad.results`
+    # warn that the module was imported before being run.
+    if name == "main":
+        from polgrad.results.__main__ import main
+
+        return main
+    raise AttributeError(f"module 'polgrad.results' has no attribute {name!r}")

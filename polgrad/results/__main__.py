@@ -1,0 +1,29 @@
+"""`python -m polgrad.results EXPERIMENT [--results DIR]`: rewrite a sweep's .md and .png from its CSV."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from polgrad.errors import PolgradError
+from polgrad.results.report import write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m polgrad.results", description="Rewrite a sweep's .md and .png."
+    )
+    ap.add_argument("experiment", help="experiment name (the CSV's stem)")
+    ap.add_argument("--results", default="results", help="results folder (default: results)")
+    args = ap.parse_args(argv)
+    try:
+        md, png = write_report(args.experiment, args.results)
+    except PolgradError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {md} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

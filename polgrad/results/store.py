@@ -1,0 +1,168 @@
+"""The results CSV of a sweep: its columns, atomic upserts under a lock file, reading it back, and the
+per-run metrics.jsonl the curves are drawn from."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from polgrad.errors import DataError
+from polgrad.io import atomic_write_text
+
+# The metrics a trainer's summary.json carries, in the order they appear in the CSV and the table.
+METRICS = (
+    "final_train_reward",
+    "eval_accuracy",
+    "kl",
+    "entropy",
+    "tokens_per_s",
+    "wall_time_s",
+    "peak_mem_mb",
+)
+# Table 5 of the chapter, one row per spec: the trainer records it in summary.json ("table5"), the
+# sweep copies it into these CSV columns (the method is the `spec` column); they sit after `steps`.
+TABLE5_COLUMNS = (
+    "table5_type",
+    "table5_reward_model",
+    "table5_value_function",
+    "table5_reference_policy",
+    "table5_core_loss",
+)
+FRONT_COLUMNS = ("experiment", "cell_id", "spec", "spec_file")
+BACK_COLUMNS = (
+    "seed",
+    *METRICS,
+    "steps",
+    *TABLE5_COLUMNS,
+    "status",
+    "error",
+    "run_dir",
+    "git_commit",
+    "python",
+    "torch",
+    "transformers",
+    "deepspeed",
+    "hostname",
+    "cpu_count",
+    "finished_at",
+)
+
+
+def csv_path(experiment: str, results_dir: str | os.PathLike = "results") -> Path:
+    return Path(results_dir) / f"{experiment}.csv"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path.lock` (fcntl.flock; each open is its own lock, so threads exclude too)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the os.replace below still keeps the file whole
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def order_columns(columns: Iterable[str]) -> list[str]:
+    """Fixed columns first and last; anything else (the swept bindings) between, in first-seen order."""
+    seen: list[str] = []
+    for c in columns:
+        if c not in seen:
+            seen.append(c)
+    middle = [c for c in seen if c not in FRONT_COLUMNS and c not in BACK_COLUMNS]
+    front = [c for c in FRONT_COLUMNS if c in seen]
+    back = [c for c in BACK_COLUMNS if c in seen]
+    return front + middle + back
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    if not path.exists():
+        return [], []
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
+
+
+def _cell_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isnan(value):
+        return ""
+    return str(value)
+
+
+def upsert_row(path: str | os.PathLike, row: dict[str, Any], order: Sequence[str] | None = None) -> None:
+    """Insert `row` into the CSV at `path`, replacing any row with the same cell_id.
+
+    The whole file is rewritten to a temp file and moved into place with os.replace, under a lock
+    file, so a crash or a SIGKILL at any moment leaves either the old or the new file, and parallel
+    writers never lose each other's rows. Rows are kept in `order` (a list of cell ids: the sweep's
+    expansion order) so the file does not depend on which cell finished first.
+    """
+    path = Path(path)
+    row = {k: _cell_text(v) for k, v in row.items()}
+    with _locked(path):
+        header, rows = _read_rows(path)
+        rows = [r for r in rows if r.get("cell_id") != row["cell_id"]] + [row]
+        if order is not None:
+            rank = {cid: i for i, cid in enumerate(order)}
+            rows.sort(
+                key=lambda r: rank.get(r.get("cell_id", ""), len(rank))
+            )  # stable: unknown ids keep order
+        columns = order_columns([*header, *row])
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(path, buf.getvalue())
+
+
+def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:
+    """The CSV's rows as dicts of text (no type guessing), [] if the file does not exist."""
+    return _read_rows(Path(path))[1]
+
+
+def load(experiment: str, results_dir: str | os.PathLike = "results"):
+    """The results of `experiment` (results_dir/<experiment>.csv) as a pandas DataFrame."""
+    import pandas as pd
+
+    path = csv_path(experiment, results_dir)
+    if not path.exists():
+        found = sorted(p.stem for p in Path(results_dir).glob("*.csv")) if Path(results_dir).is_dir() else []
+        have = f"; results there: {', '.join(found)}" if found else ""
+        raise DataError(
+            f"no results for experiment '{experiment}': {path} does not exist "
+            f"(run python -m polgrad.sweep experiments/{experiment}.gin){have}"
+        )
+    return pd.read_csv(path)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl; a torn last line is skipped; a step logged twice keeps its last row."""
+    by_step: dict[Any, dict[str, Any]] = {}
+    try:
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and "step" in row:
+                    by_step[row["step"]] = row
+    except OSError:
+        return []
+    return [by_step[s] for s in sorted(by_step)]
