@@ -21,6 +21,8 @@ import pytest
 
 from polgrad import results, sweep
 from polgrad.errors import ConfigError
+from polgrad.sweep import cli, executors, launch
+from polgrad.sweep.experiment import TRAIN_MODULE_ENV
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
@@ -30,7 +32,7 @@ GRID = DATA / "fake_grid.gin"
 @pytest.fixture(autouse=True)
 def fake_trainer(monkeypatch):
     """Every sweep in this file runs the fake trainer; children find it on PYTHONPATH."""
-    monkeypatch.setenv(sweep.TRAIN_MODULE_ENV, "fake_train")
+    monkeypatch.setenv(TRAIN_MODULE_ENV, "fake_train")
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     )
@@ -477,39 +479,39 @@ def test_ray_executor_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_assign_gpu_slots_packs_disjoint_slices():
-    slots = sweep.assign_gpu_slots(8, 2, 10)
+    slots = launch.assign_gpu_slots(8, 2, 10)
     assert [s.cuda_visible_devices for s in slots] == ["0,1", "2,3", "4,5", "6,7"]
-    assert sweep.assign_gpu_slots(8, 2, 3) == sweep.assign_gpu_slots(8, 2, 10)[:3]  # no more than cells
-    assert [s.devices for s in sweep.assign_gpu_slots(5, 2, 9)] == [(0, 1), (2, 3)]  # GPU 4 idles
-    assert [s.devices for s in sweep.assign_gpu_slots(4, 4, 2)] == [(0, 1, 2, 3)]
+    assert launch.assign_gpu_slots(8, 2, 3) == launch.assign_gpu_slots(8, 2, 10)[:3]  # no more than cells
+    assert [s.devices for s in launch.assign_gpu_slots(5, 2, 9)] == [(0, 1), (2, 3)]  # GPU 4 idles
+    assert [s.devices for s in launch.assign_gpu_slots(4, 4, 2)] == [(0, 1, 2, 3)]
     # Physical ids from CUDA_VISIBLE_DEVICES of the sweep itself.
-    assert [s.cuda_visible_devices for s in sweep.assign_gpu_slots(4, 1, 4, devices=[4, 5, 6, 7])] == [
+    assert [s.cuda_visible_devices for s in launch.assign_gpu_slots(4, 1, 4, devices=[4, 5, 6, 7])] == [
         "4",
         "5",
         "6",
         "7",
     ]
     # A fraction 1/k packs k cells per GPU.
-    assert [s.devices for s in sweep.assign_gpu_slots(2, 0.5, 8)] == [(0,), (0,), (1,), (1,)]
-    all_devices = [d for s in sweep.assign_gpu_slots(8, 2, 10) for d in s.devices]
+    assert [s.devices for s in launch.assign_gpu_slots(2, 0.5, 8)] == [(0,), (0,), (1,), (1,)]
+    all_devices = [d for s in launch.assign_gpu_slots(8, 2, 10) for d in s.devices]
     assert len(all_devices) == len(set(all_devices))
-    assert sweep.assign_gpu_slots(8, 2, 0) == []
+    assert launch.assign_gpu_slots(8, 2, 0) == []
     with pytest.raises(ValueError, match="needs 4 GPUs but only 2"):
-        sweep.assign_gpu_slots(2, 4, 1)
+        launch.assign_gpu_slots(2, 4, 1)
     with pytest.raises(ValueError, match="1/k"):
-        sweep.assign_gpu_slots(2, 0.4, 1)
+        launch.assign_gpu_slots(2, 0.4, 1)
 
 
 def test_launch_command_per_slot():
     py = "/py"
-    assert sweep.launch_command("polgrad.train", None, python=py) == ([py, "-m", "polgrad.train"], {})
-    one = sweep.GpuSlot(0, (3,))
-    assert sweep.launch_command("polgrad.train", one, python=py) == (
+    assert launch.launch_command("polgrad.train", None, python=py) == ([py, "-m", "polgrad.train"], {})
+    one = launch.GpuSlot(0, (3,))
+    assert launch.launch_command("polgrad.train", one, python=py) == (
         [py, "-m", "polgrad.train"],
         {"CUDA_VISIBLE_DEVICES": "3"},
     )
-    two = sweep.GpuSlot(1, (2, 3))
-    cmd, env = sweep.launch_command("polgrad.train", two, launcher="deepspeed", master_port=29611, python=py)
+    two = launch.GpuSlot(1, (2, 3))
+    cmd, env = launch.launch_command("polgrad.train", two, launcher="deepspeed", master_port=29611, python=py)
     assert cmd == [
         py,
         "-m",
@@ -523,7 +525,7 @@ def test_launch_command_per_slot():
         "polgrad.train",
     ]
     assert env == {"CUDA_VISIBLE_DEVICES": None}  # deepspeed picks GPUs by --include
-    cmd, env = sweep.launch_command("polgrad.train", two, launcher="torchrun", python=py)
+    cmd, env = launch.launch_command("polgrad.train", two, launcher="torchrun", python=py)
     assert cmd == [
         py,
         "-m",
@@ -541,13 +543,13 @@ def test_local_executor_gives_each_cell_its_gpu_slot(tmp_path, monkeypatch):
     """On a (pretend) 4-GPU node with 2 GPUs per cell: two cells at a time, disjoint devices."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     seen = []
-    real = sweep.run_cell
+    real = launch.run_cell
 
     def spy(cell, run_dir, **kw):
         seen.append((kw["slot"].devices, kw["launcher"], kw["threads"]))
         return real(cell, run_dir, **{**kw, "slot": None})  # the fake trainer runs on CPU
 
-    monkeypatch.setattr(sweep, "run_cell", spy)
+    monkeypatch.setattr(executors, "run_cell", spy)  # where the local executor looks it up
     path = write_exp(
         tmp_path,
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3]}\nSweep.seeds = [0]\n"
@@ -674,7 +676,7 @@ def test_two_sweeps_on_one_experiment_folder_do_not_run_at_once(tmp_path, capsys
     path = write_exp(tmp_path, specs("spec_a.gin") + OK_GRID)
     out = tmp_path / "results"
     (out / "exp").mkdir(parents=True)
-    with sweep._sweep_lock(out / "exp"):
+    with cli._sweep_lock(out / "exp"):
         assert sweep.main([str(path), "--results", str(out)]) == 2
         err = one_line_error(capsys)
         assert "is in use by another sweep" in err and f"pid {os.getpid()}" in err
