@@ -657,6 +657,45 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
     assert (out / "fake_grid.md").read_text().splitlines()[4:] == lines[4:]
 
 
+def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
+    """summary["table5"] (the trainer's Table-5 row) becomes table5_* columns; without it, none."""
+    spec_t5 = tmp_path / "spec_t5.gin"
+    spec_t5.write_text(
+        "fake_train.lr = 0.2\n"
+        "fake_train.table5 = {'method': 'T5-PO', 'type': 'on-policy', 'reward_model': 'rule', "
+        "'value_function': 'none', 'reference_policy': 'yes', 'core_loss': 'clip(r·A)'}\n"
+    )
+    path = write_exp(
+        tmp_path,
+        f"Sweep.specs = ['{DATA / 'spec_a.gin'}', '{spec_t5}']\n"
+        "Sweep.grid = {'fake_train.kl': [@fakekl.k1]}\nSweep.seeds = [0]\nSweep.name = 't5'\n",
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    table5_cols = [
+        "table5_type",
+        "table5_reward_model",
+        "table5_value_function",
+        "table5_reference_policy",
+        "table5_core_loss",
+    ]
+    rows = {r["spec"]: r for r in csv_rows(out / "t5.csv")}
+    assert set(rows) == {"spec_a", "spec_t5"}
+    header = list(rows["spec_t5"])
+    assert all(c in header for c in table5_cols) and "table5_method" not in header
+    assert [rows["spec_t5"][c] for c in table5_cols] == ["on-policy", "rule", "none", "yes", "clip(r·A)"]
+    assert [rows["spec_a"][c] for c in table5_cols] == [""] * 5  # its summary had no table5
+
+    # The row itself: the columns only when summary["table5"] is a dict.
+    exp, cells = sweep.prepare(str(path))
+    run_dir = out / "t5" / "runs" / cells[0].id
+    for table5, present in ((None, False), ("not a dict", False), ({"type": "on-policy"}, True)):
+        summary = {"status": "ok", "table5": table5}
+        row = launch._row(exp, cells[0], run_dir, out, {"status": "ok", "summary": summary})
+        assert all((c in row) is present for c in table5_cols), (table5, row)
+    assert row["table5_type"] == "on-policy" and row["table5_core_loss"] is None
+
+
 def test_cell_over_its_timeout_is_killed_and_recorded(tmp_path, capsys):
     path = write_exp(
         tmp_path,

@@ -147,6 +147,10 @@ _RUNNING: dict[str, subprocess.Popen] = {}
 _RUNNING_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set on ^C / SIGTERM: no new trainer may start
 
+# The Table-5 fields a trainer's summary["table5"] carries, copied into the CSV as table5_<field>
+# (its "method" is the row's `spec` column).
+TABLE5_FIELDS = ("type", "reward_model", "value_function", "reference_policy", "core_loss")
+
 
 def allow_trainers() -> None:
     """A sweep starts: trainers may be launched again (clears the stop of an earlier interrupt)."""
@@ -374,6 +378,9 @@ def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome:
         "spec_file": cell.spec,
     }
     row.update(dict(cell.swept))
+    table5 = summary.get("table5")
+    if isinstance(table5, dict):
+        row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
     row["seed"] = cell.seed
     for m in _results.METRICS:
         row[m] = summary.get(m) if ok else None
