@@ -691,7 +691,7 @@ def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
     run_dir = out / "t5" / "runs" / cells[0].id
     for table5, present in ((None, False), ("not a dict", False), ({"type": "on-policy"}, True)):
         summary = {"status": "ok", "table5": table5}
-        row = launch._row(exp, cells[0], run_dir, out, {"status": "ok", "summary": summary})
+        row = cli._row(exp, cells[0], run_dir, out, {"status": "ok", "summary": summary})
         assert all((c in row) is present for c in table5_cols), (table5, row)
     assert row["table5_type"] == "on-policy" and row["table5_core_loss"] is None
 

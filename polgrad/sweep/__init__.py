@@ -70,7 +70,7 @@ run folder has checkpoints) and re-runs failed ones. A crashing cell is recorded
 the last line of its stderr; the sweep goes on and exits 1 at the end with a summary (2 for a bad
 experiment file, 130 when interrupted). `--executor local` (default) runs cells one at a time, or
 N at a time with `--parallel N`, each with OMP_NUM_THREADS = cores // N (on a GPU node: each
-running cell gets its own CUDA_VISIBLE_DEVICES slice, see `assign_gpu_slots`). `--executor ray`
+running cell gets its own CUDA_VISIBLE_DEVICES slice, see `launch.assign_gpu_slots`). `--executor ray`
 hands cells to Ray as tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address`
 of a cluster whose nodes share the results folder). POLGRAD_TRAIN_MODULE (or the hidden
 `--train-module`) replaces `polgrad.train` by another module that obeys the same command line.
@@ -85,12 +85,13 @@ table5_reference_policy and table5_core_loss.
 
 ## The package
 
-    experiment.py   load_experiment: read and check the file -> Experiment (GinRef, GinMacro, Binding)
+    values.py       gin values as written: GinRef (@kl.k3), GinMacro (%LR), Binding, gin_text
+    experiment.py   load_experiment: read and check the file -> Experiment
     grid.py         expand: Experiment -> [Cell] with stable ids; format_cells for --dry-run
     validation.py   validate(exp, cells, train_module): every cell parsed with gin before training
-    launch.py       GPU slots, launch commands, run_cell (one trainer process), the CSV row
+    launch.py       GPU slots, launch commands, run_cell (one trainer process and its outcome)
     executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar
-    cli.py          main, prepare, run (lock, skip finished cells, record, report)
+    cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
 """
 
 from polgrad.sweep.cli import main, prepare, run

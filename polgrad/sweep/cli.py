@@ -2,14 +2,15 @@
 
 `run` takes the experiment folder's lock, writes experiment.json, skips finished cells, hands the
 rest to the chosen executor (see `polgrad.sweep.executors.EXECUTORS`), records each cell's CSV row
-as it ends and writes the report. Exit codes: 0 every cell ok, 1 some failed, 2 a bad experiment
-file, 130 interrupted.
+(`_row`: the cell, its metrics, its status, where it ran, its Table-5 row) as it ends and writes the
+report. Exit codes: 0 every cell ok, 1 some failed, 2 a bad experiment file, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as _dt
 import json
 import os
 import shlex
@@ -26,7 +27,7 @@ from polgrad.sweep import launch
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand, format_cells
-from polgrad.sweep.launch import _recorded_environment, _row, is_finished, read_summary
+from polgrad.sweep.launch import is_finished, read_summary
 from polgrad.sweep.validation import validate
 
 
@@ -92,6 +93,46 @@ def _sweep_lock(exp_dir: Path):
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# The Table-5 fields a trainer's summary["table5"] carries, copied into the CSV as table5_<field>
+# (its "method" is the row's `spec` column).
+TABLE5_FIELDS = ("type", "reward_model", "value_function", "reference_policy", "core_loss")
+
+
+def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:
+    summary = outcome.get("summary") or {}
+    ok = outcome["status"] == "ok"
+    row: dict[str, Any] = {
+        "experiment": exp.name,
+        "cell_id": cell.id,
+        "spec": cell.spec_name,
+        "spec_file": cell.spec,
+    }
+    row.update(dict(cell.swept))
+    table5 = summary.get("table5")
+    if isinstance(table5, dict):
+        row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
+    row["seed"] = cell.seed
+    for m in _results.METRICS:
+        row[m] = summary.get(m) if ok else None
+    row["steps"] = summary.get("steps") if ok else None
+    row["status"] = outcome["status"]
+    row["error"] = outcome.get("error", "")
+    try:
+        row["run_dir"] = str(run_dir.resolve().relative_to(results_dir.resolve()))
+    except ValueError:
+        row["run_dir"] = str(run_dir)
+    row.update(outcome.get("environment") or _results.environment())
+    row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return row
+
+
+def _recorded_environment(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / "cell.json").read_text()).get("environment")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_address, command) -> int:
@@ -205,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m polgrad.sweep",
         description="Run a grid of training runs "
-        "declared in an experiment gin file (see the module docstring).",
+        "declared in an experiment gin file (see the polgrad.sweep package docstring).",
     )
     ap.add_argument("experiment", help="experiment gin file, e.g. experiments/kl_ablation.gin")
     ap.add_argument("--dry-run", action="store_true", help="validate, print the cells, run nothing")

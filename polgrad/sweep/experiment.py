@@ -17,6 +17,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import ConfigError
+from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
 
 # The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
 DEFAULT_TRAIN_MODULE = "polgrad.train"
@@ -37,73 +38,6 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "timeout_s": None,
 }
 LAUNCHERS = ("deepspeed", "torchrun")
-
-
-class GinRef:
-    """A configurable reference as written (`@kl.k3`, `@scope/name()`); repr is its gin text."""
-
-    def __init__(self, scoped_selector: str, evaluate: bool):
-        self.scoped_selector, self.evaluate = scoped_selector, evaluate
-
-    @property
-    def selector(self) -> str:
-        return self.scoped_selector.rsplit("/", 1)[-1]
-
-    def __repr__(self) -> str:
-        return f"@{self.scoped_selector}{'()' if self.evaluate else ''}"
-
-    def __eq__(self, other):
-        return type(other) is type(self) and repr(other) == repr(self)
-
-    def __hash__(self):
-        return hash(repr(self))
-
-
-class GinMacro:
-    """A macro as written (`%LR`); repr is its gin text."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"%{self.name}"
-
-    def __eq__(self, other):
-        return type(other) is type(self) and other.name == self.name
-
-    def __hash__(self):
-        return hash(repr(self))
-
-
-def _delegate():
-    from gin import config_parser
-
-    class _Delegate(config_parser.ParserDelegate):
-        def configurable_reference(self, scoped_name, evaluate):
-            return GinRef(scoped_name, evaluate)
-
-        def macro(self, name):
-            return GinMacro(name)
-
-    return _Delegate()
-
-
-def gin_text(value: Any) -> str:
-    """The gin text of a parsed value (Python literal syntax; references and macros as written)."""
-    return repr(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class Binding:
-    """One `key = value` line, as text, with where it came from."""
-
-    key: str  # 'Algorithm.kl', 'scope/advantage.grpo.eps', or a macro name 'LR'
-    value: Any
-    line: int = 0
-
-    @property
-    def text(self) -> str:
-        return f"{self.key} = {gin_text(self.value)}"
 
 
 @dataclasses.dataclass
@@ -154,25 +88,6 @@ def resolve_path(path: str, experiment_file: str) -> str | None:
         if (folder / p).is_file():
             return str(folder / p)
     return None
-
-
-def _value_type(v: Any) -> str | None:
-    """Type class of a grid value for the mixed-type check (None and macros mix with anything)."""
-    if v is None or isinstance(v, GinMacro):
-        return None
-    if isinstance(v, GinRef):
-        return "reference"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, (list, tuple)):
-        return "sequence"
-    if isinstance(v, dict):
-        return "dict"
-    return type(v).__name__
 
 
 def _check_key(file: str, where: str, key: Any) -> str:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polgrad.errors import ConfigError
-from polgrad.sweep.experiment import Experiment, gin_text
+from polgrad.sweep.experiment import Experiment
+from polgrad.sweep.values import gin_text
 
 
 @dataclasses.dataclass(frozen=True)

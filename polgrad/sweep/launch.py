@@ -1,9 +1,9 @@
-"""Launching one cell: its GPU slot, its command line, the trainer process, its outcome and CSV row.
+"""Launching one cell: its GPU slot, its command line, the trainer process and its outcome.
 
 `assign_gpu_slots` splits the visible GPUs into disjoint per-cell slots (local executor on a GPU
 node; Ray assigns its own GPUs), `launch_command` builds the command prefix for a slot (plain
 python, DeepSpeed or torchrun), and `run_cell` runs the trainer for a cell in a fresh process,
-in the sweep's process group, and waits for it. `_row` turns an outcome into the cell's CSV row.
+in the sweep's process group, and waits for it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
-from polgrad.sweep.experiment import LAUNCHERS, Experiment
+from polgrad.sweep.experiment import LAUNCHERS
 from polgrad.sweep.grid import Cell
 
 
@@ -146,10 +146,6 @@ def _visible_gpus() -> list[int]:
 _RUNNING: dict[str, subprocess.Popen] = {}
 _RUNNING_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set on ^C / SIGTERM: no new trainer may start
-
-# The Table-5 fields a trainer's summary["table5"] carries, copied into the CSV as table5_<field>
-# (its "method" is the row's `spec` column).
-TABLE5_FIELDS = ("type", "reward_model", "value_function", "reference_policy", "core_loss")
 
 
 def allow_trainers() -> None:
@@ -366,38 +362,3 @@ def run_cell(
         "resumed": resume,
         "environment": _results.environment(),
     }
-
-
-def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:
-    summary = outcome.get("summary") or {}
-    ok = outcome["status"] == "ok"
-    row: dict[str, Any] = {
-        "experiment": exp.name,
-        "cell_id": cell.id,
-        "spec": cell.spec_name,
-        "spec_file": cell.spec,
-    }
-    row.update(dict(cell.swept))
-    table5 = summary.get("table5")
-    if isinstance(table5, dict):
-        row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
-    row["seed"] = cell.seed
-    for m in _results.METRICS:
-        row[m] = summary.get(m) if ok else None
-    row["steps"] = summary.get("steps") if ok else None
-    row["status"] = outcome["status"]
-    row["error"] = outcome.get("error", "")
-    try:
-        row["run_dir"] = str(run_dir.resolve().relative_to(results_dir.resolve()))
-    except ValueError:
-        row["run_dir"] = str(run_dir)
-    row.update(outcome.get("environment") or _results.environment())
-    row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return row
-
-
-def _recorded_environment(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / "cell.json").read_text()).get("environment")
-    except (OSError, ValueError, AttributeError):
-        return None

@@ -16,16 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from polgrad.errors import PolgradError
-from polgrad.sweep.experiment import (
-    DEFAULT_TRAIN_MODULE,
-    TRAIN_MODULE_ENV,
-    Experiment,
-    GinRef,
-    _closest,
-    _fail,
-    gin_text,
-)
+from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, _closest, _fail
 from polgrad.sweep.grid import Cell
+from polgrad.sweep.values import GinRef, gin_text
 
 __all__ = ["validate"]
 
