@@ -6,6 +6,7 @@ Parses the files and bindings with gin, writes DIR/config.gin, one metrics.jsonl
 (flushed), a checkpoint every `checkpoint_every` steps, and summary.json atomically at the end.
 Metrics are a deterministic function of (lr, kl, seed, step). `crash_at` makes it fail with a
 one-line `error: ...` on stderr; `sleep_s` slows each step down so tests can catch it running.
+`table5` (a dict, default None) goes into summary.json as the Table-5 row, as the trainer writes it.
 Every start appends a line to DIR/invocations.jsonl (resume flag, first step, OMP_NUM_THREADS,
 start and end time) so tests can count launches and see overlap. Imports only gin (fast start).
 """
@@ -50,6 +51,7 @@ def settings(
     crash_message: str = "boom",
     checkpoint_every: int = 2,
     eval_every: int = 2,
+    table5=None,
 ):
     return dict(
         steps=steps,
@@ -61,6 +63,7 @@ def settings(
         crash_message=crash_message,
         checkpoint_every=checkpoint_every,
         eval_every=eval_every,
+        table5=dict(table5) if table5 is not None else None,
     )
 
 
@@ -162,6 +165,8 @@ def main(argv=None) -> int:
         "wall_time_s": round(0.1 * cfg["steps"], 6),
         "peak_mem_mb": 123.0,
     }
+    if cfg["table5"] is not None:  # what polgrad.train writes: the Algorithm's Table-5 row
+        summary["table5"] = cfg["table5"]
     with open(out / "invocations.jsonl", "a") as fh:
         fh.write(json.dumps({"end": time.time(), "pid": os.getpid()}) + "\n")
     _atomic_json(out / "summary.json", summary)

@@ -21,6 +21,8 @@ import pytest
 
 from polgrad import results, sweep
 from polgrad.errors import ConfigError
+from polgrad.sweep import cli, executors, launch
+from polgrad.sweep.experiment import TRAIN_MODULE_ENV
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
@@ -30,7 +32,7 @@ GRID = DATA / "fake_grid.gin"
 @pytest.fixture(autouse=True)
 def fake_trainer(monkeypatch):
     """Every sweep in this file runs the fake trainer; children find it on PYTHONPATH."""
-    monkeypatch.setenv(sweep.TRAIN_MODULE_ENV, "fake_train")
+    monkeypatch.setenv(TRAIN_MODULE_ENV, "fake_train")
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     )
@@ -477,39 +479,39 @@ def test_ray_executor_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_assign_gpu_slots_packs_disjoint_slices():
-    slots = sweep.assign_gpu_slots(8, 2, 10)
+    slots = launch.assign_gpu_slots(8, 2, 10)
     assert [s.cuda_visible_devices for s in slots] == ["0,1", "2,3", "4,5", "6,7"]
-    assert sweep.assign_gpu_slots(8, 2, 3) == sweep.assign_gpu_slots(8, 2, 10)[:3]  # no more than cells
-    assert [s.devices for s in sweep.assign_gpu_slots(5, 2, 9)] == [(0, 1), (2, 3)]  # GPU 4 idles
-    assert [s.devices for s in sweep.assign_gpu_slots(4, 4, 2)] == [(0, 1, 2, 3)]
+    assert launch.assign_gpu_slots(8, 2, 3) == launch.assign_gpu_slots(8, 2, 10)[:3]  # no more than cells
+    assert [s.devices for s in launch.assign_gpu_slots(5, 2, 9)] == [(0, 1), (2, 3)]  # GPU 4 idles
+    assert [s.devices for s in launch.assign_gpu_slots(4, 4, 2)] == [(0, 1, 2, 3)]
     # Physical ids from CUDA_VISIBLE_DEVICES of the sweep itself.
-    assert [s.cuda_visible_devices for s in sweep.assign_gpu_slots(4, 1, 4, devices=[4, 5, 6, 7])] == [
+    assert [s.cuda_visible_devices for s in launch.assign_gpu_slots(4, 1, 4, devices=[4, 5, 6, 7])] == [
         "4",
         "5",
         "6",
         "7",
     ]
     # A fraction 1/k packs k cells per GPU.
-    assert [s.devices for s in sweep.assign_gpu_slots(2, 0.5, 8)] == [(0,), (0,), (1,), (1,)]
-    all_devices = [d for s in sweep.assign_gpu_slots(8, 2, 10) for d in s.devices]
+    assert [s.devices for s in launch.assign_gpu_slots(2, 0.5, 8)] == [(0,), (0,), (1,), (1,)]
+    all_devices = [d for s in launch.assign_gpu_slots(8, 2, 10) for d in s.devices]
     assert len(all_devices) == len(set(all_devices))
-    assert sweep.assign_gpu_slots(8, 2, 0) == []
+    assert launch.assign_gpu_slots(8, 2, 0) == []
     with pytest.raises(ValueError, match="needs 4 GPUs but only 2"):
-        sweep.assign_gpu_slots(2, 4, 1)
+        launch.assign_gpu_slots(2, 4, 1)
     with pytest.raises(ValueError, match="1/k"):
-        sweep.assign_gpu_slots(2, 0.4, 1)
+        launch.assign_gpu_slots(2, 0.4, 1)
 
 
 def test_launch_command_per_slot():
     py = "/py"
-    assert sweep.launch_command("polgrad.train", None, python=py) == ([py, "-m", "polgrad.train"], {})
-    one = sweep.GpuSlot(0, (3,))
-    assert sweep.launch_command("polgrad.train", one, python=py) == (
+    assert launch.launch_command("polgrad.train", None, python=py) == ([py, "-m", "polgrad.train"], {})
+    one = launch.GpuSlot(0, (3,))
+    assert launch.launch_command("polgrad.train", one, python=py) == (
         [py, "-m", "polgrad.train"],
         {"CUDA_VISIBLE_DEVICES": "3"},
     )
-    two = sweep.GpuSlot(1, (2, 3))
-    cmd, env = sweep.launch_command("polgrad.train", two, launcher="deepspeed", master_port=29611, python=py)
+    two = launch.GpuSlot(1, (2, 3))
+    cmd, env = launch.launch_command("polgrad.train", two, launcher="deepspeed", master_port=29611, python=py)
     assert cmd == [
         py,
         "-m",
@@ -523,7 +525,7 @@ def test_launch_command_per_slot():
         "polgrad.train",
     ]
     assert env == {"CUDA_VISIBLE_DEVICES": None}  # deepspeed picks GPUs by --include
-    cmd, env = sweep.launch_command("polgrad.train", two, launcher="torchrun", python=py)
+    cmd, env = launch.launch_command("polgrad.train", two, launcher="torchrun", python=py)
     assert cmd == [
         py,
         "-m",
@@ -541,13 +543,13 @@ def test_local_executor_gives_each_cell_its_gpu_slot(tmp_path, monkeypatch):
     """On a (pretend) 4-GPU node with 2 GPUs per cell: two cells at a time, disjoint devices."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     seen = []
-    real = sweep.run_cell
+    real = launch.run_cell
 
     def spy(cell, run_dir, **kw):
         seen.append((kw["slot"].devices, kw["launcher"], kw["threads"]))
         return real(cell, run_dir, **{**kw, "slot": None})  # the fake trainer runs on CPU
 
-    monkeypatch.setattr(sweep, "run_cell", spy)
+    monkeypatch.setattr(executors, "run_cell", spy)  # where the local executor looks it up
     path = write_exp(
         tmp_path,
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3]}\nSweep.seeds = [0]\n"
@@ -655,6 +657,45 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
     assert (out / "fake_grid.md").read_text().splitlines()[4:] == lines[4:]
 
 
+def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
+    """summary["table5"] (the trainer's Table-5 row) becomes table5_* columns; without it, none."""
+    spec_t5 = tmp_path / "spec_t5.gin"
+    spec_t5.write_text(
+        "fake_train.lr = 0.2\n"
+        "fake_train.table5 = {'method': 'T5-PO', 'type': 'on-policy', 'reward_model': 'rule', "
+        "'value_function': 'none', 'reference_policy': 'yes', 'core_loss': 'clip(r·A)'}\n"
+    )
+    path = write_exp(
+        tmp_path,
+        f"Sweep.specs = ['{DATA / 'spec_a.gin'}', '{spec_t5}']\n"
+        "Sweep.grid = {'fake_train.kl': [@fakekl.k1]}\nSweep.seeds = [0]\nSweep.name = 't5'\n",
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    table5_cols = [
+        "table5_type",
+        "table5_reward_model",
+        "table5_value_function",
+        "table5_reference_policy",
+        "table5_core_loss",
+    ]
+    rows = {r["spec"]: r for r in csv_rows(out / "t5.csv")}
+    assert set(rows) == {"spec_a", "spec_t5"}
+    header = list(rows["spec_t5"])
+    assert all(c in header for c in table5_cols) and "table5_method" not in header
+    assert [rows["spec_t5"][c] for c in table5_cols] == ["on-policy", "rule", "none", "yes", "clip(r·A)"]
+    assert [rows["spec_a"][c] for c in table5_cols] == [""] * 5  # its summary had no table5
+
+    # The row itself: the columns only when summary["table5"] is a dict.
+    exp, cells = sweep.prepare(str(path))
+    run_dir = out / "t5" / "runs" / cells[0].id
+    for table5, present in ((None, False), ("not a dict", False), ({"type": "on-policy"}, True)):
+        summary = {"status": "ok", "table5": table5}
+        row = cli._row(exp, cells[0], run_dir, out, {"status": "ok", "summary": summary})
+        assert all((c in row) is present for c in table5_cols), (table5, row)
+    assert row["table5_type"] == "on-policy" and row["table5_core_loss"] is None
+
+
 def test_cell_over_its_timeout_is_killed_and_recorded(tmp_path, capsys):
     path = write_exp(
         tmp_path,
@@ -674,7 +715,7 @@ def test_two_sweeps_on_one_experiment_folder_do_not_run_at_once(tmp_path, capsys
     path = write_exp(tmp_path, specs("spec_a.gin") + OK_GRID)
     out = tmp_path / "results"
     (out / "exp").mkdir(parents=True)
-    with sweep._sweep_lock(out / "exp"):
+    with cli._sweep_lock(out / "exp"):
         assert sweep.main([str(path), "--results", str(out)]) == 2
         err = one_line_error(capsys)
         assert "is in use by another sweep" in err and f"pid {os.getpid()}" in err

@@ -1,0 +1,102 @@
+"""`python -m polgrad.sweep experiments/X.gin`: expand a grid, validate it, run every cell, rank them.
+
+## The experiment file
+
+An experiment is one gin file. Ordinary gin lines say what *every* cell trains with (`include`
+the base config, `import` a user's module, fixed bindings); lines on the configurable `Sweep`
+say what varies. Grid values are real gin values: `@kl.k3` is a reference, `'loss'` a string.
+
+    # experiments/kl_ablation.gin: which KL estimator, and where the penalty goes.
+    include 'experiments/base_tiny.gin'      # the base config of every cell
+    import my_project.parts                  # optional: a user's own registered parts
+    train.steps = 200                        # fixed bindings, in every cell
+
+    Sweep.name = 'kl_ablation'               # results/kl_ablation.{csv,md,png}; default: file stem
+    Sweep.specs = ['registry/grpo.gin', 'registry/rloo.gin']     # algorithms to compare
+    Sweep.grid = {
+        'Algorithm.kl': [@kl.k1, @kl.k2, @kl.k3, @kl.abs],       # a component choice
+        'Algorithm.kl_placement': ['reward', 'loss'],            # any binding, any gin value
+        ('clip.ppo.eps_low', 'clip.ppo.eps_high'): [(0.2, 0.2), (0.2, 0.28)],  # zipped: varied together
+    }
+    Sweep.seeds = [0, 1, 2]
+    Sweep.primary_metric = 'eval_accuracy'   # the leaderboard's sort key
+
+That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parameters:
+
+| parameter          | default           | meaning                                                |
+|--------------------|-------------------|--------------------------------------------------------|
+| `name`             | file stem         | results/<name>.csv, .md, .png and results/<name>/      |
+| `specs`            | required          | spec gin files (registry/*.gin) to compare             |
+| `grid`             | `{}`              | axis -> list of values; an axis is a binding, a macro  |
+|                    |                   | name, or a tuple of bindings varied together (zipped)  |
+| `seeds`            | required          | list of ints; each cell binds `<seed_binding> = seed`  |
+| `seed_binding`     | `'train.seed'`    | the binding that carries the seed                      |
+| `primary_metric`   | `'eval_accuracy'` | a summary.json metric; sorts the leaderboard           |
+| `higher_is_better` | `True`            | direction of the primary metric                        |
+| `num_cpus`         | `1`               | CPUs per cell (Ray request; threads per cell on Ray)   |
+| `num_gpus`         | `0`               | GPUs per cell (Ray request; local GPU slots; 1/k packs |
+|                    |                   | k cells on one GPU)                                    |
+| `launcher`         | `'deepspeed'`     | multi-GPU cells: 'deepspeed' or 'torchrun'             |
+| `timeout_s`        | `None`            | wall-clock limit per cell; over it: killed, failed     |
+
+Every cell runs in a fresh process as
+
+    python -m polgrad.train <includes...> <spec> --bind <fixed...> --bind <grid...> \\
+        --bind '<seed_binding> = <seed>' --out results/<name>/runs/<cell-id> [--resume]
+
+so later wins: the included files, then the spec, then the file's own bindings, then the cell's
+grid values, then its seed. `Sweep` lines never reach the trainer. Paths in `include` and
+`Sweep.specs` are tried relative to the working directory, then to the experiment file's folder
+and its parents. The cell id is a readable prefix plus a hash of what the file says about the
+cell (includes, spec, bindings, seed): e.g. `grpo-k3-loss-s0-1a2b3c4d`. It does not change
+between runs or machines; editing an included file's *content* does not change it (start a new
+experiment name, or delete the run folders, to redo such cells).
+
+Before anything trains, the runner imports polgrad and the trainer module (so every
+configurable is registered), then parses includes + spec + fixed + grid + seed bindings of each
+cell with gin (and `gin.finalize()`, which also catches a `%gin.REQUIRED` left unset). A bad file
+stops the sweep with one line naming the file and the binding: an unknown component (with the
+valid names and the closest match), a binding to a parameter that does not exist, an axis
+whose values mix types, a missing include or spec, no seeds, an empty axis or grid.
+
+## Running
+
+    python -m polgrad.sweep experiments/X.gin [--dry-run] [--parallel N] [--executor local|ray]
+                            [--ray-address ADDR] [--results DIR]
+
+`--dry-run` validates and prints the cells (id, spec, bindings, seed). Re-running the same file
+skips finished cells (summary.json with status ok), resumes unfinished ones (`--resume` when the
+run folder has checkpoints) and re-runs failed ones. A crashing cell is recorded as failed with
+the last line of its stderr; the sweep goes on and exits 1 at the end with a summary (2 for a bad
+experiment file, 130 when interrupted). `--executor local` (default) runs cells one at a time, or
+N at a time with `--parallel N`, each with OMP_NUM_THREADS = cores // N (on a GPU node: each
+running cell gets its own CUDA_VISIBLE_DEVICES slice, see `launch.assign_gpu_slots`). `--executor ray`
+hands cells to Ray as tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address`
+of a cluster whose nodes share the results folder). POLGRAD_TRAIN_MODULE (or the hidden
+`--train-module`) replaces `polgrad.train` by another module that obeys the same command line.
+
+Results (see polgrad.results): results/<name>.csv (one row per cell, written atomically as
+each cell ends), results/<name>.md (leaderboard), results/<name>.png (learning curves), and
+results/<name>/runs/<cell-id>/ with config.gin, metrics.jsonl, summary.json, stdout.log (the
+trainer's stdout and stderr), cell.json (the cell and its exact command) and checkpoints/.
+When a trainer's summary.json carries a Table-5 row (`summary["table5"]`, a dict), its fields go
+into the CSV row as table5_type, table5_reward_model, table5_value_function,
+table5_reference_policy and table5_core_loss.
+
+## The package
+
+    values.py       gin values as written: GinRef (@kl.k3), GinMacro (%LR), Binding, gin_text
+    experiment.py   load_experiment: read and check the file -> Experiment
+    grid.py         expand: Experiment -> [Cell] with stable ids; format_cells for --dry-run
+    validation.py   validate(exp, cells, train_module): every cell parsed with gin before training
+    launch.py       GPU slots, launch commands, run_cell (one trainer process and its outcome)
+    executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar
+    cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
+"""
+
+from polgrad.sweep.cli import main, prepare, run
+from polgrad.sweep.experiment import Experiment, load_experiment
+from polgrad.sweep.grid import Cell, expand
+from polgrad.sweep.validation import validate
+
+__all__ = ["Cell", "Experiment", "expand", "load_experiment", "main", "prepare", "run", "validate"]

@@ -1,0 +1,245 @@
+"""Executors: how the cells still to run get run, and the progress bar over them.
+
+An executor is a function `(exp, todo, run_dirs, record, progress, *, parallel, train_module,
+ray_address)` that runs every cell of `todo`, calling `record(cell, outcome)` and
+`progress.finish(cell, outcome)` as each one ends. `EXECUTORS` maps the `--executor` names to
+them; `PREFLIGHT` holds the checks an executor needs before anything is validated or started.
+
+- local: a thread pool of `--parallel N` workers, each running one cell at a time in a fresh
+  process with cores // N threads; on a GPU node each worker owns a GPU slot.
+- ray: one Ray task per cell asking for `Sweep.num_cpus` / `Sweep.num_gpus`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from polgrad import results as _results
+from polgrad.errors import PolgradError
+from polgrad.sweep.grid import Cell
+from polgrad.sweep.launch import GpuSlot, _failed, _visible_gpus, assign_gpu_slots, last_step, run_cell
+
+
+class _Progress:
+    """tqdm bar over cells: done / running / failed, and the newest running cell's step.
+
+    Workers only mark cells running or stopped; the main thread draws, at most every 0.5 s on a
+    terminal and every 30 s into a log file (one `ok`/`FAILED` line per cell goes there anyway).
+    """
+
+    def __init__(self, total: int, done: int, name: str):
+        from tqdm import tqdm
+
+        tty = sys.stderr.isatty()
+        self.interval = 0.5 if tty else 30.0
+        self.bar = tqdm(
+            total=total,
+            initial=done,
+            desc=name,
+            unit="cell",
+            dynamic_ncols=True,
+            mininterval=self.interval,
+            file=sys.stderr,
+        )
+        self.ok, self.failed = done, 0
+        self.running: dict[str, Path] = {}
+        self.lock = threading.Lock()
+        self.last_draw = 0.0
+
+    def start(self, cell: Cell, run_dir: Path) -> None:
+        with self.lock:
+            self.running[cell.id] = run_dir
+
+    def stop(self, cell: Cell) -> None:
+        with self.lock:
+            self.running.pop(cell.id, None)
+
+    def finish(self, cell: Cell, outcome: dict[str, Any]) -> None:
+        self.stop(cell)
+        if outcome["status"] == "ok":
+            self.ok += 1
+            self.bar.write(f"ok      {cell.id}", file=sys.stderr)
+        else:
+            self.failed += 1
+            self.bar.write(f"FAILED  {cell.id}: {outcome['error']}", file=sys.stderr)
+        self.bar.update(1)
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_draw < self.interval:
+            return
+        self.last_draw = now
+        with self.lock:
+            running = list(self.running.items())
+        text = f"ok {self.ok} · failed {self.failed} · running {len(running)}"
+        if running:
+            cid, run_dir = running[-1]
+            step = last_step(run_dir)
+            text += f" · {cid} step {step if step is not None else '-'}"
+        self.bar.set_postfix_str(text, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _run_local(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
+    """Cells in a thread pool, `parallel` at a time (default 1), each in its own process."""
+    slots: list[GpuSlot | None]
+    if exp.num_gpus > 0:
+        gpus = _visible_gpus()
+        try:
+            slots = list(assign_gpu_slots(len(gpus), exp.num_gpus, len(todo), devices=gpus))
+        except ValueError as e:
+            raise PolgradError(f"{exp.file}: Sweep.num_gpus = {exp.num_gpus:g}: {e}") from None
+        if not slots:
+            raise PolgradError(f"{exp.file}: Sweep.num_gpus = {exp.num_gpus:g} but no GPU is visible")
+        workers = min(parallel or len(slots), len(slots))
+        slots = slots[:workers]
+    else:
+        workers = max(1, parallel or 1)
+        slots = [None] * workers
+    workers = min(workers, max(1, len(todo)))
+    threads = max(1, _results.cpu_count() // workers)
+    free: queue.Queue = queue.Queue()
+    for s in slots[:workers]:
+        free.put(s)
+
+    def work(cell: Cell):
+        slot = free.get()
+        try:
+            progress.start(cell, run_dirs[cell.id])
+            try:
+                return run_cell(
+                    cell,
+                    run_dirs[cell.id],
+                    train_module=train_module,
+                    threads=threads,
+                    slot=slot,
+                    launcher=exp.launcher,
+                    timeout_s=exp.timeout_s,
+                    experiment=exp.name,
+                )
+            finally:
+                progress.stop(cell)
+        finally:
+            free.put(slot)
+
+    pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cell")
+    futures = {pool.submit(work, c): c for c in todo}
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                cell = futures[fut]
+                try:
+                    outcome = fut.result()
+                except Exception as e:  # the runner's own bug or an OS error: record, go on
+                    outcome = _failed(cell, "sweep runner", e)
+                record(cell, outcome)
+                progress.finish(cell, outcome)
+            progress.refresh()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ray_cell(
+    cell: Cell,
+    run_dir: str,
+    train_module: str,
+    num_cpus: float,
+    launcher: str,
+    timeout_s: float | None,
+    experiment: str,
+) -> dict[str, Any]:
+    """Body of one Ray task: run the cell on whatever GPUs Ray gave this worker."""
+    slot = None
+    try:
+        import ray
+
+        gpu_ids = ray.get_gpu_ids()
+        if gpu_ids:
+            slot = GpuSlot(0, tuple(int(g) for g in gpu_ids))
+    except Exception:
+        pass
+    return run_cell(
+        cell,
+        run_dir,
+        train_module=train_module,
+        threads=max(1, int(num_cpus)),
+        slot=slot,
+        launcher=launcher,
+        timeout_s=timeout_s,
+        experiment=experiment,
+    )
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        raise PolgradError(f"--executor ray needs Ray: pip install 'polgrad[ray]' ({e})") from None
+
+
+def _run_ray(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
+    """Cells as Ray tasks on a local Ray, or on the cluster at `ray_address`."""
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        import logging
+
+        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if ray_address:
+            ray.init(address=ray_address, **kwargs)
+        else:
+            ray.init(include_dashboard=False, **kwargs)
+    remote = ray.remote(_ray_cell).options(num_cpus=exp.num_cpus, num_gpus=exp.num_gpus, max_retries=0)
+    limit = parallel or len(todo)
+    queue_ = list(todo)
+    inflight: dict[Any, Cell] = {}
+    try:
+        while queue_ or inflight:
+            while queue_ and len(inflight) < limit:
+                cell = queue_.pop(0)
+                ref = remote.remote(
+                    cell,
+                    str(run_dirs[cell.id]),
+                    train_module,
+                    exp.num_cpus,
+                    exp.launcher,
+                    exp.timeout_s,
+                    exp.name,
+                )
+                inflight[ref] = cell
+                progress.start(cell, run_dirs[cell.id])
+            done, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
+            for ref in done:
+                cell = inflight.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as e:
+                    outcome = _failed(cell, "ray", e, limit=300)
+                record(cell, outcome)
+                progress.finish(cell, outcome)
+            progress.refresh()
+    finally:
+        for ref in inflight:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()
+
+
+# --executor name -> executor; the CLI offers exactly these names.
+EXECUTORS: dict[str, Callable[..., None]] = {"local": _run_local, "ray": _run_ray}
+# --executor name -> a check to run before the experiment is validated (raises PolgradError).
+PREFLIGHT: dict[str, Callable[[], None]] = {"ray": _require_ray}

@@ -1,0 +1,353 @@
+"""Reading an experiment file: gin's own parser, nothing bound, nothing needs to be registered.
+
+`load_experiment(path)` checks the file's syntax and its `Sweep` parameters (see the package
+docstring for the syntax) and returns an `Experiment`: what every cell shares (includes, imports,
+fixed bindings) and what varies (specs, grid axes, seeds). The bindings themselves are checked
+later, with gin, by `polgrad.sweep.validation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from polgrad import results as _results
+from polgrad.errors import ConfigError
+from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
+
+# The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
+DEFAULT_TRAIN_MODULE = "polgrad.train"
+TRAIN_MODULE_ENV = "POLGRAD_TRAIN_MODULE"
+
+# Sweep parameters and their defaults (None = required).
+SWEEP_DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "specs": None,
+    "grid": {},
+    "seeds": None,
+    "seed_binding": "train.seed",
+    "primary_metric": "eval_accuracy",
+    "higher_is_better": True,
+    "num_cpus": 1,
+    "num_gpus": 0,
+    "launcher": "deepspeed",
+    "timeout_s": None,
+}
+LAUNCHERS = ("deepspeed", "torchrun")
+
+
+@dataclasses.dataclass
+class Experiment:
+    """An experiment file, read: what every cell shares and what varies."""
+
+    file: str
+    name: str
+    includes: list[str]  # as written
+    include_paths: list[str]  # resolved
+    imports: list[str]  # gin import statements as text ('import x.y', 'from a import b')
+    fixed: list[Binding]
+    specs: list[str]  # as written
+    spec_paths: list[str]  # resolved
+    axes: list[tuple[tuple[str, ...], list[Any]]]  # (keys, values); a value is a tuple if len(keys) > 1
+    seeds: list[int]
+    seed_binding: str
+    primary_metric: str
+    higher_is_better: bool
+    num_cpus: float
+    num_gpus: float
+    launcher: str
+    timeout_s: float | None
+    lines: dict[str, int] = dataclasses.field(default_factory=dict)  # Sweep param -> line
+
+    @property
+    def swept_columns(self) -> list[str]:
+        return [k for keys, _ in self.axes for k in keys]
+
+
+def _fail(file: str, where: str, msg: str) -> ConfigError:
+    return ConfigError(f"{file}: {where}: {msg}" if where else f"{file}: {msg}")
+
+
+def _closest(word: str, choices: Sequence[str], cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def resolve_path(path: str, experiment_file: str) -> str | None:
+    """`path` as given, else relative to the experiment file's folder, else to its parents."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return str(p) if p.is_file() else None
+    if p.is_file():
+        return str(p.resolve())
+    for folder in [Path(experiment_file).resolve().parent, *Path(experiment_file).resolve().parents]:
+        if (folder / p).is_file():
+            return str(folder / p)
+    return None
+
+
+def _check_key(file: str, where: str, key: Any) -> str:
+    from gin import config_parser
+
+    if not isinstance(key, str) or not key.strip():
+        raise _fail(file, where, f"axis {key!r} must be a binding such as 'Algorithm.kl' (a string)")
+    try:
+        config_parser.parse_binding_key(key)
+    except Exception as e:  # gin's own message names the problem
+        raise _fail(file, where, f"'{key}' is not a gin binding key ({' '.join(str(e).split())})") from None
+    return key
+
+
+def _read_statements(
+    file: str, text: str
+) -> tuple[list[tuple[str, int]], list[str], list[Binding], dict[str, Any], dict[str, int]]:
+    """The file's includes (with lines), imports, fixed bindings, Sweep parameters and their lines."""
+    from gin import config_parser
+
+    includes: list[tuple[str, int]] = []
+    imports: list[str] = []
+    fixed: list[Binding] = []
+    params: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    try:
+        for st in config_parser.ConfigParser(text, _delegate()):
+            line = st.location.line_num if getattr(st, "location", None) else 0
+            if isinstance(st, config_parser.IncludeStatement):
+                includes.append((st.filename, line))
+            elif isinstance(st, config_parser.ImportStatement):
+                imports.append(st.format())
+            elif isinstance(st, config_parser.BlockDeclaration):
+                continue  # its bindings follow as BindingStatements
+            elif isinstance(st, config_parser.BindingStatement):
+                if st.selector == "Sweep" and st.arg_name:
+                    if st.scope:
+                        raise _fail(
+                            file, f"line {line}", f"Sweep.{st.arg_name} cannot be scoped ('{st.scope}/')"
+                        )
+                    if st.arg_name not in SWEEP_DEFAULTS:
+                        raise _fail(
+                            file,
+                            f"line {line}: Sweep.{st.arg_name}",
+                            f"unknown Sweep parameter '{st.arg_name}'; valid: {', '.join(SWEEP_DEFAULTS)}"
+                            + _closest(st.arg_name, list(SWEEP_DEFAULTS)),
+                        )
+                    params[st.arg_name], lines[st.arg_name] = st.value, line
+                else:
+                    sel = f"{st.selector}.{st.arg_name}" if st.arg_name else st.selector
+                    key = f"{st.scope}/{sel}" if st.scope else sel
+                    fixed.append(Binding(key, st.value, line))
+    except ConfigError:
+        raise
+    except SyntaxError as e:
+        raise _fail(file, f"line {e.lineno}", f"gin syntax error: {e.msg}") from None
+    except Exception as e:  # tokenize errors (an unclosed bracket) and the like
+        raise _fail(file, "", f"cannot parse: {' '.join(str(e).split())}") from None
+    return includes, imports, fixed, params, lines
+
+
+def _resolve_files(
+    file: str, includes: list[tuple[str, int]], params: dict[str, Any], where
+) -> tuple[list[str], list[str], list[str]]:
+    """Includes and specs: files that must exist. Returns (include paths, specs, spec paths)."""
+    include_paths = []
+    for inc, line in includes:
+        found = resolve_path(inc, file)
+        if found is None:
+            raise _fail(
+                file,
+                f"line {line}: include '{inc}'",
+                "file not found (looked in the working "
+                "directory, then beside the experiment file and in its parent folders)",
+            )
+        include_paths.append(found)
+    if "specs" not in params:
+        raise _fail(
+            file, "Sweep.specs", "missing: list the spec files to compare, e.g. ['registry/grpo.gin']"
+        )
+    specs = params["specs"]
+    if isinstance(specs, str):
+        specs = [specs]
+    if not isinstance(specs, (list, tuple)) or not specs or not all(isinstance(s, str) for s in specs):
+        raise _fail(file, where("specs"), "must be a non-empty list of spec file paths (strings)")
+    if len(set(specs)) != len(specs):
+        raise _fail(file, where("specs"), "lists a spec twice")
+    spec_paths = []
+    for s in specs:
+        found = resolve_path(s, file)
+        if found is None:
+            raise _fail(
+                file,
+                f"{where('specs')}: '{s}'",
+                "spec file not found (looked in the working "
+                "directory, then beside the experiment file and in its parent folders)",
+            )
+        spec_paths.append(found)
+    stems = [Path(s).stem for s in specs]
+    if len(set(stems)) != len(stems):
+        raise _fail(file, where("specs"), f"two specs share a name ({', '.join(stems)}); rename one")
+
+    return include_paths, list(specs), spec_paths
+
+
+def _read_seeds(file: str, params: dict[str, Any], param, where) -> tuple[list[int], str]:
+    """Sweep.seeds and Sweep.seed_binding."""
+    if "seeds" not in params:
+        raise _fail(file, "Sweep.seeds", "missing: list at least one seed, e.g. Sweep.seeds = [0, 1, 2]")
+    seeds = params["seeds"]
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if (
+        not isinstance(seeds, (list, tuple))
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        raise _fail(file, where("seeds"), f"must be a non-empty list of ints, got {gin_text(seeds)}")
+    if len(set(seeds)) != len(seeds):
+        raise _fail(file, where("seeds"), f"lists a seed twice: {gin_text(seeds)}")
+    seed_binding = param("seed_binding")
+    if not isinstance(seed_binding, str):
+        raise _fail(file, where("seed_binding"), "must be a binding key string such as 'train.seed'")
+    _check_key(file, where("seed_binding"), seed_binding)
+    return list(seeds), seed_binding
+
+
+def _read_grid(
+    file: str, params: dict[str, Any], param, where, seed_binding: str
+) -> list[tuple[tuple[str, ...], list[Any]]]:
+    """Sweep.grid as axes: (binding keys, values); a value is a tuple when the axis zips keys."""
+    grid = param("grid")
+    if not isinstance(grid, dict):
+        raise _fail(file, where("grid"), "must be a dict {'binding': [values, ...], ...}")
+    if "grid" in params and not grid:
+        raise _fail(
+            file,
+            where("grid"),
+            "is empty: give at least one axis, or leave Sweep.grid out to compare the specs only",
+        )
+    axes: list[tuple[tuple[str, ...], list[Any]]] = []
+    seen_keys: set[str] = set()
+    for raw_key, values in grid.items():
+        label = f"{where('grid')}[{raw_key!r}]"
+        keys = tuple(
+            _check_key(file, label, k) for k in (raw_key if isinstance(raw_key, tuple) else (raw_key,))
+        )
+        if not keys:
+            raise _fail(file, label, "an axis needs at least one binding")
+        for k in keys:
+            if k in seen_keys:
+                raise _fail(file, label, f"binding '{k}' appears on two axes")
+            if k == seed_binding:
+                raise _fail(file, label, f"'{k}' is the seed binding: list seeds in Sweep.seeds")
+            seen_keys.add(k)
+        if not isinstance(values, (list, tuple)):
+            raise _fail(file, label, f"values must be a list, got {gin_text(values)}")
+        if not values:
+            raise _fail(file, label, "has no values")
+        if len(keys) > 1:
+            for v in values:
+                if not isinstance(v, (list, tuple)) or len(v) != len(keys):
+                    raise _fail(
+                        file,
+                        label,
+                        f"zips {len(keys)} bindings, so each value must be a tuple of "
+                        f"{len(keys)}; got {gin_text(v)}",
+                    )
+            columns = [[v[i] for v in values] for i in range(len(keys))]
+            values = [tuple(v) for v in values]
+        else:
+            columns = [list(values)]
+        for k, col in zip(keys, columns, strict=True):
+            types = {t for t in map(_value_type, col) if t is not None}
+            if len(types) > 1:
+                hint = ""
+                if "reference" in types and any(isinstance(v, str) and v.startswith("@") for v in col):
+                    hint = "; write a reference without quotes (@kl.k1, not '@kl.k1')"
+                raise _fail(
+                    file,
+                    f"{label}: '{k}'" if len(keys) > 1 else label,
+                    f"values mix types ({', '.join(sorted(types))}): "
+                    f"{gin_text(col)}; every value of an axis must be of one type{hint}",
+                )
+        texts = [gin_text(v) for v in values]
+        if len(set(texts)) != len(texts):
+            raise _fail(file, label, f"lists a value twice: {gin_text(list(values))}")
+        axes.append((keys, list(values)))
+    return axes
+
+
+def load_experiment(path: str) -> Experiment:
+    """Read and check an experiment file (syntax and Sweep parameters; bindings are checked later)."""
+    file = str(path)
+    if not Path(file).is_file():
+        raise ConfigError(f"{file}: experiment file not found")
+    includes, imports, fixed, params, lines = _read_statements(file, Path(file).read_text())
+
+    def param(name):
+        return params.get(name, SWEEP_DEFAULTS[name])
+
+    def where(name):
+        return f"line {lines[name]}: Sweep.{name}" if name in lines else f"Sweep.{name}"
+
+    include_paths, specs, spec_paths = _resolve_files(file, includes, params, where)
+    seeds, seed_binding = _read_seeds(file, params, param, where)
+    axes = _read_grid(file, params, param, where, seed_binding)
+
+    name = param("name") or Path(file).stem
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", name):
+        raise _fail(
+            file, where("name"), f"must be a plain name (letters, digits, _ . -), got {gin_text(name)}"
+        )
+    primary = param("primary_metric")
+    if primary not in _results.METRICS:
+        raise _fail(
+            file,
+            where("primary_metric"),
+            f"unknown metric {gin_text(primary)}; valid: "
+            f"{', '.join(_results.METRICS)}{_closest(str(primary), _results.METRICS)}",
+        )
+    higher = param("higher_is_better")
+    if not isinstance(higher, bool):
+        raise _fail(file, where("higher_is_better"), "must be True or False")
+    num_cpus, num_gpus = param("num_cpus"), param("num_gpus")
+    for pname, v in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise _fail(file, where(pname), f"must be a number >= 0, got {gin_text(v)}")
+    if num_cpus <= 0:
+        raise _fail(file, where("num_cpus"), "must be > 0")
+    if num_gpus > 1 and num_gpus != int(num_gpus):
+        raise _fail(file, where("num_gpus"), "above 1 must be a whole number of GPUs")
+    launcher = param("launcher")
+    if launcher not in LAUNCHERS:
+        raise _fail(
+            file, where("launcher"), f"unknown launcher {gin_text(launcher)}; valid: {', '.join(LAUNCHERS)}"
+        )
+    timeout_s = param("timeout_s")
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0
+    ):
+        raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
+
+    return Experiment(
+        file=file,
+        name=name,
+        includes=[i for i, _ in includes],
+        include_paths=include_paths,
+        imports=imports,
+        fixed=fixed,
+        specs=list(specs),
+        spec_paths=spec_paths,
+        axes=axes,
+        seeds=list(seeds),
+        seed_binding=seed_binding,
+        primary_metric=primary,
+        higher_is_better=higher,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        launcher=launcher,
+        timeout_s=timeout_s,
+        lines=lines,
+    )
