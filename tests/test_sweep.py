@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -567,29 +566,23 @@ def test_local_executor_gives_each_cell_its_gpu_slot(tmp_path, monkeypatch):
 
 
 def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
+    # Each spec's runs record their Table-5 row in summary.json (as polgrad.train does); the md
+    # takes it from the CSV, never from the spec files.
     table = {
-        "spec_a": {
-            "method": "A-PO",
-            "type": "on-policy",
-            "reward_model": "rule",
-            "value_function": "none",
-            "reference_policy": "yes",
-            "core_loss": "clip(r·A)",
-        },
-        "spec_b": {
-            "method": "B-PO",
-            "type": "on-policy",
-            "reward_model": "rule",
-            "value_function": "critic",
-            "reference_policy": "no",
-            "core_loss": "r·A",
-        },
+        "spec_a": "{'method': 'A-PO', 'type': 'on-policy', 'reward_model': 'rule', 'value_function': 'none', "
+        "'reference_policy': 'yes', 'core_loss': 'clip(r·A)'}",
+        "spec_b": "{'method': 'B-PO', 'type': 'on-policy', 'reward_model': 'rule', "
+        "'value_function': 'critic', 'reference_policy': 'no', 'core_loss': 'r·A'}",
     }
-    fake_algorithm = types.ModuleType("polgrad.algorithm")
-    fake_algorithm.table_row_from_file = lambda p, bindings=(): table[Path(p).stem]
-    monkeypatch.setitem(sys.modules, "polgrad.algorithm", fake_algorithm)
+    for name, row in table.items():
+        (tmp_path / f"{name}.gin").write_text(
+            (DATA / f"{name}.gin").read_text() + f"fake_train.table5 = {row}\n"
+        )
+    (tmp_path / "base_fake.gin").write_text((DATA / "base_fake.gin").read_text())
+    (tmp_path / "fake_grid.gin").write_text(GRID.read_text())
+    grid = tmp_path / "fake_grid.gin"
     out = tmp_path / "results"
-    assert sweep.main([str(GRID), "--results", str(out), "--parallel", "2"]) == 0
+    assert sweep.main([str(grid), "--results", str(out), "--parallel", "2"]) == 0
     rows = csv_rows(out / "fake_grid.csv")
     assert len(rows) == 16
     expected_cols = [
@@ -602,6 +595,12 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
         "seed",
         *results.METRICS,
         "steps",
+        "table5_method",
+        "table5_type",
+        "table5_reward_model",
+        "table5_value_function",
+        "table5_reference_policy",
+        "table5_core_loss",
         "status",
         "error",
         "run_dir",
@@ -673,6 +672,7 @@ def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out)]) == 0
     table5_cols = [
+        "table5_method",
         "table5_type",
         "table5_reward_model",
         "table5_value_function",
@@ -682,9 +682,16 @@ def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
     rows = {r["spec"]: r for r in csv_rows(out / "t5.csv")}
     assert set(rows) == {"spec_a", "spec_t5"}
     header = list(rows["spec_t5"])
-    assert all(c in header for c in table5_cols) and "table5_method" not in header
-    assert [rows["spec_t5"][c] for c in table5_cols] == ["on-policy", "rule", "none", "yes", "clip(r·A)"]
-    assert [rows["spec_a"][c] for c in table5_cols] == [""] * 5  # its summary had no table5
+    assert all(c in header for c in table5_cols)
+    assert [rows["spec_t5"][c] for c in table5_cols] == [
+        "T5-PO",
+        "on-policy",
+        "rule",
+        "none",
+        "yes",
+        "clip(r·A)",
+    ]
+    assert [rows["spec_a"][c] for c in table5_cols] == [""] * 6  # its summary had no table5
 
     # The row itself: the columns only when summary["table5"] is a dict.
     exp, cells = sweep.prepare(str(path))

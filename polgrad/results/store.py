@@ -27,8 +27,9 @@ METRICS = (
     "peak_mem_mb",
 )
 # Table 5 of the chapter, one row per spec: the trainer records it in summary.json ("table5"), the
-# sweep copies it into these CSV columns (the method is the `spec` column); they sit after `steps`.
+# sweep copies it into these CSV columns; they sit after `steps`.
 TABLE5_COLUMNS = (
+    "table5_method",
     "table5_type",
     "table5_reward_model",
     "table5_value_function",

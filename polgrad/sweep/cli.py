@@ -96,8 +96,8 @@ def _sweep_lock(exp_dir: Path):
 
 
 # The Table-5 fields a trainer's summary["table5"] carries, copied into the CSV as table5_<field>
-# (its "method" is the row's `spec` column).
-TABLE5_FIELDS = ("type", "reward_model", "value_function", "reference_policy", "core_loss")
+# ("method" is the Algorithm's name, which may differ from the spec file's stem in `spec`).
+TABLE5_FIELDS = ("method", "type", "reward_model", "value_function", "reference_policy", "core_loss")
 
 
 def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:
