@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polgrad.algorithm import Algorithm
-from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError
+from polgrad.registry import StepCounts
 
 GRPO = """
 Algorithm.name = 'grpo'

@@ -15,8 +15,7 @@ import gin
 import pytest
 import torch
 
-from polgrad.components.protocols import StepCounts
-from polgrad.registry import register
+from polgrad.registry import StepCounts, register
 from polgrad.train import parse_config
 from polgrad.trainer import train
 
