@@ -196,3 +196,14 @@ def test_every_builtin_part_passes_the_probe(kind, name):
         extra += "\nAlgorithm.value_init = @value_init.policy"
     a = build(extra)
     assert a.parts[f"Algorithm.{kind}"].full_name == f"{kind}.{name}"
+
+
+@register("advantage", "t_probe_strict_keywords", needs_groups=True)
+def _adv_without_keyword_defaults(rewards, mask, *, group_ids, values, token_rewards, baseline_rewards):
+    """Test part: takes the loop's keywords with no defaults, which the contract allows."""
+    return token_rewards * mask, None
+
+
+def test_probe_calls_the_advantage_with_every_keyword_the_loop_passes():
+    a = build("Algorithm.advantage = @advantage.t_probe_strict_keywords")
+    assert a.parts["Algorithm.advantage"].full_name == "advantage.t_probe_strict_keywords"
