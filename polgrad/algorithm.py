@@ -18,6 +18,7 @@ name: every decision is a part's call or a part's declared metadata (`needs_crit
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,8 +29,8 @@ from torch import Tensor
 from polgrad import registry
 from polgrad.batch import Batch
 from polgrad.components.advantage import last_token
-from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError, PolgradError
+from polgrad.registry import StepCounts
 
 PLACEMENTS = ("reward", "loss")
 
@@ -53,6 +54,20 @@ def _entry(binding: str, fn: Any, kind: str) -> registry.Entry:
             f"valid {kind} names: {', '.join(registry.names(kind))}"
         )
     return entry
+
+
+def _left_to_later_config(e: Exception, entry: registry.Entry) -> bool:
+    """The probe failed only because a hyperparameter is not bound yet: an unbound %MACRO, or a
+    keyword-only hyperparameter without default (or = gin.REQUIRED) that no parsed file sets.
+    The base config parsed before training binds it; the real call reports it if it does not."""
+    msg = str(e)
+    if "In call to configurable 'macro'" in msg:  # gin's wording for a %MACRO with no value
+        return True
+    if isinstance(e, RuntimeError) and msg.startswith("Required bindings for"):  # gin.REQUIRED
+        return True
+    missing = re.match(r"\S+\(\) missing \d+ required keyword-only arguments?: (.*)", msg.splitlines()[0])
+    hparams = {p.name for p in registry.kinds.hyperparameters(entry.kind, entry.fn)}
+    return bool(missing) and set(re.findall(r"'(\w+)'", missing.group(1))) <= hparams
 
 
 @gin.configurable
@@ -205,10 +220,12 @@ class Algorithm:
         self._probe()
 
     def _probe(self) -> None:
-        """Call each tensor part once on a tiny batch so bad hyperparameters fail now, with the binding.
+        """Call each tensor part once on a tiny batch, as the loop will, so that a bad part or
+        hyperparameter fails now, naming its binding: `Algorithm.clip = @clip.x: TypeError: ...`.
 
-        Only polgrad's own errors are turned into a ConfigError here; anything else (e.g. a gin
-        macro the spec leaves to the base config) surfaces when the part is really called.
+        One case is deferred to the real call (`_left_to_later_config`): a hyperparameter the
+        spec leaves to a config file parsed later (an unbound %MACRO, or a required keyword-only
+        hyperparameter no binding sets yet), since a spec is also built on its own (Table 5).
         """
         dt = torch.float64
         mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=dt)
@@ -229,15 +246,19 @@ class Algorithm:
                 ("Algorithm.kl", lambda: self.kl(logp, logp - 0.1, mask, logits=logits, ref_logits=logits))
             )
         if not self.needs_critic and not self.needs_baseline_rollout:
-            probes.append(("Algorithm.advantage", lambda: self.advantage(rewards, mask, group_ids=group_ids)))
+            tok = last_token(rewards, mask)
+            adv_kwargs = dict(group_ids=group_ids, values=None, token_rewards=tok, baseline_rewards=None)
+            probes.append(("Algorithm.advantage", lambda: self.advantage(rewards, mask, **adv_kwargs)))
         for binding, call in probes:
             try:
                 call()
-            except PolgradError as e:
-                first = str(e).splitlines()[0]  # gin appends "In call to configurable ..." lines
-                raise ConfigError(f"{binding} = @{self.parts[binding].full_name}: {first}") from None
-            except Exception:  # noqa: BLE001 - deferred to the real call, see docstring
-                pass
+            except Exception as e:  # noqa: BLE001 - every failure is reported, naming the binding
+                if _left_to_later_config(e, self.parts[binding]):
+                    continue
+                first = (str(e).strip().splitlines() or [""])[0]  # gin appends "In call to ..." lines
+                # polgrad's own errors already say what is wrong; any other gets its type named
+                what = first if isinstance(e, PolgradError) else f"{type(e).__name__}: {first}"
+                raise ConfigError(f"{binding} = @{self.parts[binding].full_name}: {what}") from None
 
     # ------------------------------------------------------------------ what the loop must provide
     def _any(self, key: str) -> bool:

@@ -40,8 +40,8 @@ from polgrad import config, hooks, models, pretrain
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
-from polgrad.components.protocols import StepCounts
 from polgrad.io import atomic_write_text
+from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps

@@ -12,9 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polgrad.components import aggregate
-from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError, ShapeError
-from polgrad.registry import get, lookup
+from polgrad.registry import StepCounts, get, lookup
 
 EPS = torch.finfo(torch.float64).eps  # 2.22e-16; the unit roundoff u is EPS / 2
 F64 = torch.float64

@@ -8,9 +8,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from polgrad import registry
 from polgrad.algorithm import Algorithm
-from polgrad.components.protocols import StepCounts
 from polgrad.errors import ConfigError
+from polgrad.registry import StepCounts, register
 
 GRPO = """
 Algorithm.name = 'grpo'
@@ -134,3 +135,75 @@ def test_one_gradient_step_grpo_is_plain_policy_gradient():
     lengths = batch["mask"].sum(-1, keepdim=True)
     expected = -batch["adv"] / lengths / batch["mask"].shape[0] * batch["mask"]
     torch.testing.assert_close(logp.grad, expected, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe: each part is called once at construction; any failure names the binding
+# ---------------------------------------------------------------------------------------------
+
+
+@register("clip", "t_probe_typeerror")
+def _clip_raising_typeerror(logp, old_logp, adv, mask, *, rollout_logp=None):
+    """Test part: a bug that only shows when called (torch.exp takes one tensor)."""
+    return torch.exp(logp, old_logp), {}
+
+
+@register("clip", "t_probe_hparam")
+def _clip_with_required_hparam(logp, old_logp, adv, mask, *, rollout_logp=None, scale, power=gin.REQUIRED):
+    """Test part: hyperparameters a spec may leave to the base config."""
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    return -torch.exp(logp - old_logp) * adv * mask * scale**power, {}
+
+
+def test_probe_reraises_any_exception_as_a_config_error_naming_the_binding():
+    with pytest.raises(ConfigError) as e:
+        build("Algorithm.clip = @clip.t_probe_typeerror")
+    msg = str(e.value)
+    assert msg.startswith("Algorithm.clip = @clip.t_probe_typeerror: TypeError: exp()"), msg
+    assert "\n" not in msg
+
+
+def test_probe_defers_hyperparameters_left_to_a_later_config():
+    """A spec built on its own (Table 5, tests/test_specs.py) may leave a required hyperparameter
+    or a %MACRO to the base config: the probe skips the part; a bad value, once bound, fails."""
+    part = "Algorithm.clip = @clip.t_probe_hparam\n"
+    build(part + "clip.t_probe_hparam.power = 1")  # keyword-only `scale` unbound
+    gin.clear_config()
+    build(part + "clip.t_probe_hparam.scale = 2.0")  # `power = gin.REQUIRED` unbound
+    gin.clear_config()
+    part += "clip.t_probe_hparam.power = 1\n"
+    build(part + "clip.t_probe_hparam.scale = %SCALE")  # macro without a value
+    gin.clear_config()
+    with pytest.raises(ConfigError, match=r"^Algorithm.clip = @clip.t_probe_hparam: ValueError: scale"):
+        build(part + "SCALE = -1.0\nclip.t_probe_hparam.scale = %SCALE")
+    gin.clear_config()
+    with pytest.raises(ConfigError, match="TypeError: unsupported operand"):
+        build(part + "clip.t_probe_hparam.scale = 2.0\nclip.t_probe_hparam.power = 'x'")
+
+
+PROBED = ("advantage", "clip", "kl", "value_loss", "kl_controller")
+
+
+@pytest.mark.parametrize(
+    "kind, name",
+    [(k, n) for k in PROBED for n in registry.names(k) if registry.lookup(k, n).where.startswith("polgrad.")],
+)
+def test_every_builtin_part_passes_the_probe(kind, name):
+    """The probe's fake inputs are valid for every built-in, so it fires only on real problems."""
+    extra = f"Algorithm.{kind} = @{kind}.{name}"
+    if registry.lookup(kind, name).meta.get("needs_critic"):
+        extra += "\nAlgorithm.value_init = @value_init.policy"
+    a = build(extra)
+    assert a.parts[f"Algorithm.{kind}"].full_name == f"{kind}.{name}"
+
+
+@register("advantage", "t_probe_strict_keywords", needs_groups=True)
+def _adv_without_keyword_defaults(rewards, mask, *, group_ids, values, token_rewards, baseline_rewards):
+    """Test part: takes the loop's keywords with no defaults, which the contract allows."""
+    return token_rewards * mask, None
+
+
+def test_probe_calls_the_advantage_with_every_keyword_the_loop_passes():
+    a = build("Algorithm.advantage = @advantage.t_probe_strict_keywords")
+    assert a.parts["Algorithm.advantage"].full_name == "advantage.t_probe_strict_keywords"

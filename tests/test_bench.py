@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from polgrad import bench
-from polgrad.components.protocols import StepCounts
+from polgrad.registry import StepCounts
 
 HAS_TRL = bench.trl_available()
 # CI's set-up installs the `bench` extra: there a missing TRL is an error, not a skip.

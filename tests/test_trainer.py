@@ -15,9 +15,8 @@ import gin
 import pytest
 import torch
 
-from polgrad.components.protocols import StepCounts
 from polgrad.config import parse_config
-from polgrad.registry import register
+from polgrad.registry import StepCounts, register
 from polgrad.trainer import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ from polgrad.errors import RegistryError
 
 USER_MODULE = textwrap.dedent('''
     import torch
-    from polgrad.components._checks import check_b, check_bt
+    from polgrad.checks import check_b, check_bt
     from polgrad.registry import register
 
 

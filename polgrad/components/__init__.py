@@ -11,4 +11,4 @@ from polgrad.components import (  # noqa: F401
     value_init,
     value_loss,
 )
-from polgrad.components.protocols import StepCounts  # noqa: F401
+from polgrad.registry import StepCounts  # noqa: F401

@@ -1,9 +1,7 @@
 """Built-in advantage parts: per-token advantages (and critic targets) from rewards, values and groups.
 
-Call signature (protocols.AdvantageFn), the same for every estimator:
-
-    fn(rewards[B], mask[B,T], *, group_ids[B]=None, values[B,T]=None, token_rewards[B,T]=None,
-       baseline_rewards[B]=None, <hyperparameters>) -> (adv[B,T], returns[B,T] | None)
+Call signature: `polgrad.registry.kinds.AdvantageFn` (printed by `python -m polgrad.registry`),
+the same for every estimator, plus keyword-only hyperparameters bound by gin.
 
 `adv` is exactly 0 where mask is 0; `returns` (the critic's regression target) is given only by the
 estimators that need a critic, and is 0 where mask is 0 as well. An estimator ignores the inputs it
@@ -40,7 +38,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_b, check_bt, require, zero_pad
+from polgrad.checks import check_b, check_bt, require, zero_pad
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 

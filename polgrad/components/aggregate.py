@@ -1,6 +1,6 @@
 """Built-in aggregate parts: per-token loss [B,T] -> this micro-batch's share of the step's scalar loss.
 
-Call signature (protocols.AggregateFn): `fn(loss[B,T], mask[B,T], counts: StepCounts) -> scalar`.
+Call signature: `polgrad.registry.kinds.AggregateFn`.
 
 The RLHF book's policy-gradient chapter (section "loss aggregation") lists three strategies; they
 differ only in what the masked per-token losses l_{i,t} are divided by. Here every denominator
@@ -20,10 +20,9 @@ import numbers
 
 from torch import Tensor
 
-from polgrad.components._checks import check_bt, zero_pad
-from polgrad.components.protocols import StepCounts
+from polgrad.checks import check_bt, zero_pad
 from polgrad.errors import ConfigError, ShapeError
-from polgrad.registry import register
+from polgrad.registry import StepCounts, register
 
 
 def _enter(where: str, loss: Tensor, mask: Tensor, counts: StepCounts) -> tuple[Tensor, Tensor]:

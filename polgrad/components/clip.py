@@ -1,10 +1,7 @@
-"""Built-in clip parts: the per-token policy surrogate (see protocols.py for the call signature).
+"""Built-in clip parts: the per-token policy surrogate.
 
-Every part is called as
-
-    loss, metrics = fn(logp, old_logp, adv, mask, *, rollout_logp=None)
-
-and returns the per-token loss to *minimise* (minus the surrogate objective), zero where mask is 0,
+Call signature: `polgrad.registry.kinds.ClipFn`. Every part returns the per-token loss to
+*minimise* (minus the surrogate objective), zero where mask is 0,
 and per-token metric tensors (detached, zero where mask is 0) that the Algorithm averages over the
 step's tokens. Every part reports
 
@@ -35,7 +32,7 @@ import math
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt, require, zero_pad
+from polgrad.checks import check_bt, require, zero_pad
 from polgrad.errors import ConfigError
 from polgrad.registry import register
 

@@ -1,6 +1,6 @@
 """Built-in filter parts: which sampled sequences enter the update.
 
-Call signature (protocols.FilterFn): `fn(rewards[B], group_ids[B]) -> keep[B] bool`.
+Call signature: `polgrad.registry.kinds.FilterFn`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_b
+from polgrad.checks import check_b
 from polgrad.errors import ShapeError
 from polgrad.registry import register
 

@@ -1,10 +1,7 @@
-"""Built-in kl parts: per-token estimates of KL(π_θ || π_ref) (see protocols.py for the call signature).
+"""Built-in kl parts: per-token estimates of KL(π_θ || π_ref).
 
-Every part is called as
-
-    kl = fn(logp, ref_logp, mask, *, logits=None, ref_logits=None)    # -> [B,T], zero where mask is 0
-
-with the log-ratio x = logp - ref_logp = log π_θ(y_t) - log π_ref(y_t) of the sampled token y_t.
+Call signature: `polgrad.registry.kinds.KLFn`; each returns kl [B,T], zero where mask is 0, computed
+from the log-ratio x = logp - ref_logp = log π_θ(y_t) - log π_ref(y_t) of the sampled token y_t.
 The tokens were sampled from the policy, so an estimator k is *unbiased* when E_{y~π_θ}[k] equals
 KL(π_θ || π_ref) = E_{y~π_θ}[x] at that position (Schulman 2020, "Approximating KL divergence",
 http://joschu.net/blog/kl-approx.html; in his notation r = π_ref/π_θ = e^{-x}):
@@ -28,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt, require, zero_pad
+from polgrad.checks import check_bt, require, zero_pad
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 

@@ -1,6 +1,6 @@
 """Built-in kl_controller parts: how the KL coefficient beta moves from one step to the next.
 
-Call signature (protocols.KLControllerFn): `fn(coef, measured_kl, n_steps) -> new coef`. The parts
+Call signature: `polgrad.registry.kinds.KLControllerFn`. The parts
 are pure: the training loop holds beta and calls the controller once per optimizer step with the
 KL it measured on that step's rollouts.
 """

@@ -1,9 +1,9 @@
 """Built-in reward_shaping parts: what happens to the sequence scores before advantages.
 
-Call signature (protocols.RewardShapingFn): `fn(scores[B], mask[B,T], *, truncated[B] bool) -> scores[B]`.
-`truncated[i]` is True when response i ended without EOS inside the token budget. The parts
-compose: the Algorithm applies a list of them in order (e.g. eos_only, then clip, then whiten), so
-each takes and returns the same [B] vector and ignores the inputs it does not need.
+Call signature: `polgrad.registry.kinds.RewardShapingFn`. `truncated[i]` is True when response i
+ended without EOS inside the token budget. The parts compose: the Algorithm applies a list of them
+in order (e.g. eos_only, then clip, then whiten), so each takes and returns the same [B] vector and
+ignores the inputs it does not need.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_b, check_bt
+from polgrad.checks import check_b, check_bt
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 

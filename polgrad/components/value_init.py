@@ -1,9 +1,9 @@
 """Built-in value_init parts: where the critic (value network) starts.
 
-Call signature (registry.KINDS['value_init']): `fn(*, policy_path: str, reward_model_path: str | None)
--> ScalarHeadModel`, a trainable module `(input_ids [B,S], attention_mask [B,S]) -> values [B,S]`
-(train mode, requires_grad on). The loop reads V(s_t) at the positions that predict each response
-token (`polgrad.rollout.hf.response_values`). Extra keyword-only hyperparameters are gin-bound
+Call signature: `polgrad.registry.kinds.ValueInitFn`; each returns a ScalarHeadModel, a trainable
+module `(input_ids [B,S], attention_mask [B,S]) -> values [B,S]` (train mode, requires_grad on). The
+loop reads V(s_t) at the positions that predict each response token
+(`polgrad.rollout.hf.response_values`). Extra keyword-only hyperparameters are gin-bound
 (`value_init.policy.head_init_std = 0.02`).
 
 Source: RLHF book, policy-gradient chapter, "value network initialisation": the learned value network

@@ -1,8 +1,7 @@
 """Built-in value_loss parts: the critic's per-token regression loss toward the returns.
 
-Call signature (protocols.ValueLossFn): `fn(values[B,T], old_values[B,T], returns[B,T], mask[B,T])
--> loss[B,T]`, zero where mask is 0. An aggregate part turns it into the scalar, with the step's
-denominators, exactly like the policy loss.
+Call signature: `polgrad.registry.kinds.ValueLossFn`; the loss is zero where mask is 0. An
+aggregate part turns it into the scalar, with the step's denominators, exactly like the policy loss.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from polgrad.components._checks import check_bt, zero_pad
+from polgrad.checks import check_bt, zero_pad
 from polgrad.errors import ConfigError
 from polgrad.registry import register
 

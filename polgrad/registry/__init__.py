@@ -9,8 +9,10 @@ with module = kind, so `advantage.rloo` is the registry name, the gin name
 lands in a results CSV. A user's module registers its own parts the same way; a gin file pulls
 it in with `import my_module`.
 
-`python -m polgrad.registry` lists every kind and name with its metadata and the first line of
-its docstring; `--table` prints the chapter's Table 5 for every spec in registry/.
+The contract of each kind (call signature, metadata keys) lives in `polgrad.registry.kinds` and
+is checked by `register`. `python -m polgrad.registry` lists every kind and name with its
+module:line, metadata and the first line of its docstring; `--table` prints the chapter's
+Table 5 for every spec in registry/.
 """
 
 from __future__ import annotations
@@ -24,24 +26,33 @@ from typing import Any
 import gin
 
 from polgrad.errors import RegistryError
+from polgrad.registry.kinds import (
+    META_KEYS,
+    PROTOCOLS,
+    StepCounts,
+    check_meta,
+    check_signature,
+    signature_text,
+    where,
+)
 
-# The kinds and the one call signature of each (the Protocols in polgrad/components/protocols.py
-# are the typed form of the same contract; CONTRIBUTING.md explains them).
-KINDS: dict[str, str] = {
-    "advantage": "(rewards[B], mask[B,T], *, group_ids[B], values[B,T]|None, token_rewards[B,T]|None, "
-    "baseline_rewards[B]|None) -> (adv[B,T], returns[B,T]|None)",
-    "kl": "(logp[B,T], ref_logp[B,T], mask[B,T], *, logits[B,T,V]|None, ref_logits[B,T,V]|None) -> kl[B,T]",
-    "clip": "(logp[B,T], old_logp[B,T], adv[B,T], mask[B,T], *, rollout_logp[B,T]|None) "
-    "-> (loss[B,T], metrics: dict[str, [B,T]])",
-    "aggregate": "(loss[B,T], mask[B,T], counts: StepCounts) -> scalar",
-    "value_loss": "(values[B,T], old_values[B,T], returns[B,T], mask[B,T]) -> loss[B,T]",
-    "value_init": "(*, policy_path, reward_model_path, ...) -> critic nn.Module: "
-    "(input_ids, attention_mask) -> [B,S]",
-    "kl_controller": "(coef, measured_kl, n_steps) -> new coef",
-    "reward_shaping": "(scores[B], mask[B,T], *, truncated[B]) -> scores[B]",
-    "filter": "(rewards[B], group_ids[B]) -> keep[B] bool",
-    "task": "(**hparams) -> Task (prompts, reward, eval split, SFT demos, preference pairs)",
-}
+__all__ = [
+    "KINDS",
+    "META_KEYS",
+    "PROTOCOLS",
+    "Entry",
+    "StepCounts",
+    "describe",
+    "entries",
+    "entry_of",
+    "get",
+    "lookup",
+    "names",
+    "register",
+]
+
+# The kinds and the one call signature of each, generated from the Protocols in kinds.py.
+KINDS: dict[str, str] = {kind: signature_text(kind) for kind in PROTOCOLS}
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class Entry:
     name: str
     fn: Callable[..., Any]
     meta: dict[str, Any] = field(default_factory=dict)
+    where: str = "?"  # module:line of the definition
 
     @property
     def full_name(self) -> str:
@@ -81,16 +93,20 @@ def _check_kind(kind: str) -> None:
 def register(kind: str, name: str, **meta: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register `fn` as `kind.name` in polgrad's table and in gin (module = kind).
 
-    Duplicate names raise. `meta` is free-form but the keys below are read by polgrad:
-    `needs_critic`, `needs_reference`, `needs_groups`, `needs_logits`, `needs_baseline_rollout`,
-    `level` ('token' | 'sequence'), `off_policy`, `formula` (the term used in the Table-5 core loss),
-    `constant` (a KL controller that never moves the coefficient).
+    Checked here, each failure a one-line RegistryError naming `kind.name (module:line)`: the
+    name is new and an identifier; every `meta` key is declared for the kind (kinds.META_KEYS,
+    listed with their meaning by `python -m polgrad.registry`) with an allowed value; and `fn`
+    accepts the call of the kind's Protocol (kinds.PROTOCOLS), its other parameters being
+    keyword-only or defaulted hyperparameters for gin.
     """
     _check_kind(kind)
     if not name.isidentifier():
         raise RegistryError(f"{kind} name '{name}' is not a Python identifier (gin needs one)")
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        at = where(fn)
+        check_meta(kind, f"{kind}.{name}", at, meta)
+        check_signature(kind, f"{kind}.{name}", at, fn)
         if name in _TABLE[kind]:
             old = _TABLE[kind][name].fn
             raise RegistryError(
@@ -98,7 +114,7 @@ def register(kind: str, name: str, **meta: Any) -> Callable[[Callable[..., Any]]
                 f"{getattr(old, '__qualname__', '?')}); pick another name"
             )
         wrapped = gin.configurable(name, module=kind)(fn)
-        entry = Entry(kind=kind, name=name, fn=wrapped, meta=dict(meta))
+        entry = Entry(kind=kind, name=name, fn=wrapped, meta=dict(meta), where=at)
         wrapped.__polgrad_entry__ = entry
         _TABLE[kind][name] = entry
         return wrapped
@@ -142,30 +158,20 @@ def entries(kind: str | None = None) -> list[Entry]:
 
 
 def describe() -> str:
-    """Every kind, its call signature, and each name with metadata and docstring summary."""
+    """Every kind: its call signature and declared metadata keys; then each name with module:line,
+    its metadata (the descriptive keys level, ratio, unbiased, denominator included), docstring
+    summary and formula."""
     lines = []
     for kind, signature in KINDS.items():
         lines.append(f"{kind}  {signature}")
+        for key, spec in META_KEYS[kind].items():
+            lines.append(f"    meta {key}: {spec.meaning}")
         for e in entries(kind):
             meta = ", ".join(f"{k}={v}" for k, v in sorted(e.meta.items()) if k != "formula")
-            lines.append(f"  {e.full_name:<36} {e.summary}" + (f"  [{meta}]" if meta else ""))
+            lines.append(f"  {e.full_name:<32} {e.where}" + (f"  [{meta}]" if meta else ""))
+            if e.summary:
+                lines.append(f"      {e.summary}")
+            if "formula" in e.meta:
+                lines.append(f"      formula: {e.meta['formula']}")
         lines.append("")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    import polgrad  # noqa: F401  (registers the built-in parts)
-
-    ap = argparse.ArgumentParser(prog="python -m polgrad.registry", description=__doc__.splitlines()[0])
-    ap.add_argument("--table", action="store_true", help="print the chapter's Table 5 for every spec")
-    ap.add_argument("--specs", default=None, help="folder of spec gin files (default: registry/)")
-    args = ap.parse_args(argv)
-    if args.table:
-        from polgrad.config import comparison_table
-
-        print(comparison_table(args.specs))
-    else:
-        print(describe())
-    return 0

@@ -1,0 +1,428 @@
+"""The contract of every kind, written once: its call signature (a Protocol) and its metadata keys.
+
+The training loop calls every part of a kind exactly as its Protocol's `__call__` says and never
+branches on a name. `register()` checks each part against this file when it is registered
+(`check_signature`, `check_meta`), `KINDS` (the signature strings shown by
+`python -m polgrad.registry`) is generated from it, and CONTRIBUTING.md points here.
+
+Reading a Protocol: parameters before `*` are passed positionally, in that order; parameters
+after `*` are passed by keyword; a parameter with a default here is one the loop may omit (so
+the part needs a default for it too). Any further parameter of a part is a hyperparameter that
+gin binds by the part's full name (`clip.ppo.eps_high = 0.28`): it must be keyword-only (after
+`*`) or have a default.
+
+Tensor names are the glossary's (CONTRIBUTING.md): B sequences, T response tokens, V vocabulary.
+
+    logp, old_logp, ref_logp, rollout_logp  [B,T]  log-prob of each sampled response token
+    mask        [B,T]  float 0/1, 1 on response tokens that count (holes allowed)
+    rewards     [B]    one scalar per sequence (score, after shaping; plus folded KL if placed in reward)
+    token_rewards [B,T] per-token rewards (score on the last valid token, minus beta*kl per token)
+    group_ids   [B]    int64, sequences sampled from the same prompt share an id
+    values, old_values, returns, adv  [B,T]
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from polgrad.errors import RegistryError, ShapeError
+
+# --------------------------------------------------------------------------------------------
+# StepCounts: the aggregators' only source of denominators
+# --------------------------------------------------------------------------------------------
+
+_STEP_COUNTS_TOKEN = object()
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Denominators of one optimizer step: over ALL its micro-batches and ALL data-parallel ranks.
+
+    The only constructor is `StepCounts.of_step(masks)`, which sees every micro-batch mask of the
+    step (and all-reduces over ranks when torch.distributed is initialised). Aggregators take a
+    StepCounts and nothing else for their denominators, so a per-micro-batch denominator, the bug
+    that makes gradient accumulation change the loss, cannot be written by accident.
+
+    num_tokens: sum of mask over the step.
+    num_seqs:   number of sequences with at least one valid token (fully masked rows are padding).
+    """
+
+    num_tokens: float
+    num_seqs: float
+    _token: object = None
+
+    def __post_init__(self):
+        if self._token is not _STEP_COUNTS_TOKEN:
+            raise ShapeError(
+                "StepCounts must be built with StepCounts.of_step(masks_of_every_microbatch), "
+                "so that denominators are those of the whole optimizer step"
+            )
+        if self.num_tokens <= 0 or self.num_seqs <= 0:
+            raise ShapeError(
+                f"StepCounts: the step has no valid tokens (num_tokens={self.num_tokens}, "
+                f"num_seqs={self.num_seqs}); every sequence is masked out"
+            )
+
+    @classmethod
+    def of_step(cls, masks: list[Tensor] | tuple[Tensor, ...] | Tensor) -> StepCounts:
+        """Counts over every micro-batch mask of the step, summed over data-parallel ranks."""
+        if isinstance(masks, Tensor):
+            masks = [masks]
+        if not masks:
+            raise ShapeError("StepCounts.of_step needs at least one mask")
+        for m in masks:
+            if not isinstance(m, Tensor) or m.dim() != 2:
+                raise ShapeError("StepCounts.of_step: every mask must be a [B,T] tensor")
+        tokens = sum(float(m.sum()) for m in masks)
+        seqs = sum(float((m.sum(-1) > 0).sum()) for m in masks)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            t = torch.tensor([tokens, seqs], dtype=torch.float64)
+            torch.distributed.all_reduce(t)
+            tokens, seqs = float(t[0]), float(t[1])
+        return cls(num_tokens=tokens, num_seqs=seqs, _token=_STEP_COUNTS_TOKEN)
+
+
+# --------------------------------------------------------------------------------------------
+# The Protocols: one call signature per kind. The first docstring line is the return value.
+# --------------------------------------------------------------------------------------------
+
+
+class AdvantageFn(Protocol):
+    def __call__(
+        self,
+        rewards: Tensor,
+        mask: Tensor,
+        *,
+        group_ids: Tensor,
+        values: Tensor | None,
+        token_rewards: Tensor,
+        baseline_rewards: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(adv[B,T], returns[B,T]|None)
+
+        adv is zero where mask is 0; returns is None when no critic is trained. values is None
+        unless a part declares needs_critic, baseline_rewards None unless needs_baseline_rollout.
+        """
+        ...
+
+
+class KLFn(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        ref_logp: Tensor,
+        mask: Tensor,
+        *,
+        logits: Tensor | None = None,
+        ref_logits: Tensor | None = None,
+    ) -> Tensor:
+        """kl[B,T]
+
+        Per-token KL estimate, zero where mask is 0. logits/ref_logits are omitted when the KL is
+        placed in the reward and passed (possibly None) in the loss; only parts that declare
+        needs_logits get tensors.
+        """
+        ...
+
+
+class ClipFn(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        *,
+        rollout_logp: Tensor | None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss[B,T], metrics: dict[str, [B,T]])
+
+        The per-token loss to minimise and per-token metric tensors such as 'clip_low',
+        'clip_high' (0/1) and 'approx_kl'; the Algorithm averages metrics over the step's tokens.
+        rollout_logp is None unless a part declares off_policy.
+        """
+        ...
+
+
+class AggregateFn(Protocol):
+    def __call__(self, loss: Tensor, mask: Tensor, counts: StepCounts) -> Tensor:
+        """scalar
+
+        This micro-batch's share of the step loss; every denominator comes from `counts`.
+        """
+        ...
+
+
+class ValueLossFn(Protocol):
+    def __call__(self, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+        """loss[B,T]"""
+        ...
+
+
+class ValueInitFn(Protocol):
+    def __call__(self, *, policy_path: str, reward_model_path: str | None) -> nn.Module:
+        """critic nn.Module: (input_ids, attention_mask) -> [B,S]
+
+        A factory called once per run; reward_model_path is None unless a part declares
+        needs_reward_model.
+        """
+        ...
+
+
+class KLControllerFn(Protocol):
+    def __call__(self, coef: float, measured_kl: float, n_steps: int) -> float:
+        """the KL coefficient for the next step"""
+        ...
+
+
+class RewardShapingFn(Protocol):
+    def __call__(self, scores: Tensor, mask: Tensor, *, truncated: Tensor) -> Tensor:
+        """scores[B]
+
+        truncated [B] bool: no EOS within the generation budget.
+        """
+        ...
+
+
+class FilterFn(Protocol):
+    def __call__(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
+        """keep[B] bool: which sequences enter the update"""
+        ...
+
+
+class TaskFn(Protocol):
+    def __call__(self) -> Any:
+        """Task (polgrad/tasks/base.py)
+
+        A factory the trainer calls with no arguments: every parameter is a hyperparameter that
+        gin binds (`task.add.digits = 3`), so each must be keyword-only or have a default.
+        """
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Kinds: Protocol + declared metadata keys
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetaKey:
+    """A metadata key a part may declare: what it means, who reads it, and its allowed values."""
+
+    meaning: str
+    choices: tuple[Any, ...] | None = None  # allowed values; None: any value of `type`
+    type: type = bool
+
+    def check(self, value: Any) -> str | None:
+        """Why `value` is not allowed, or None."""
+        if self.choices is not None:
+            return None if value in self.choices else f"must be one of {', '.join(map(repr, self.choices))}"
+        if not isinstance(value, self.type):
+            return f"must be a {self.type.__name__}"
+        return None
+
+
+_FORMULA = MetaKey(
+    "the term this part contributes to the Table-5 core loss (Algorithm.table_row); also listed", type=str
+)
+_FORMULA_LISTED = MetaKey("descriptive: the part's formula, shown by `python -m polgrad.registry`", type=str)
+_NEEDS_GROUPS = MetaKey(
+    "compares samples of the same prompt: Algorithm() requires group_size >= 2"
+)
+META_KEYS: dict[str, dict[str, MetaKey]] = {
+    "advantage": {
+        "needs_critic": MetaKey(
+            "uses `values`: a critic is built (Algorithm.value_init required) and trained"
+        ),
+        "needs_groups": _NEEDS_GROUPS,
+        "needs_baseline_rollout": MetaKey(
+            "uses `baseline_rewards`: the loop scores one extra greedy response per prompt"
+        ),
+        "level": MetaKey(
+            "descriptive: 'token' (per-token advantages) or 'sequence' (one per response, broadcast)",
+            choices=("token", "sequence"),
+        ),
+        "formula": _FORMULA,
+    },
+    "kl": {
+        "needs_logits": MetaKey(
+            "uses full-vocabulary logits: loaded when the KL is in the loss; refused in the reward"
+        ),
+        "unbiased": MetaKey("descriptive: the estimate's expectation under the policy is the true KL"),
+        "formula": _FORMULA,
+    },
+    "clip": {
+        "off_policy": MetaKey("uses `rollout_logp`, the sampler's own log-probs; marks the spec Off-policy"),
+        "ratio": MetaKey(
+            "descriptive: 'token' (per-token importance ratio) or 'sequence' (one per response)",
+            choices=("token", "sequence"),
+        ),
+        "formula": _FORMULA,
+    },
+    "aggregate": {
+        "denominator": MetaKey("descriptive: what the step loss is divided by, e.g. 'tokens'", type=str),
+        "formula": _FORMULA,
+    },
+    "value_loss": {"formula": _FORMULA_LISTED},
+    "value_init": {
+        "needs_reward_model": MetaKey("a reward model is trained (cached) and its path passed in"),
+    },
+    "kl_controller": {
+        "constant": MetaKey("never moves the coefficient: with kl_coef = 0 no reference model is loaded"),
+        "formula": _FORMULA_LISTED,
+    },
+    "reward_shaping": {"formula": _FORMULA_LISTED},
+    "filter": {"needs_groups": _NEEDS_GROUPS, "formula": _FORMULA_LISTED},
+    "task": {},
+}
+
+PROTOCOLS: dict[str, type] = {
+    "advantage": AdvantageFn,
+    "kl": KLFn,
+    "clip": ClipFn,
+    "aggregate": AggregateFn,
+    "value_loss": ValueLossFn,
+    "value_init": ValueInitFn,
+    "kl_controller": KLControllerFn,
+    "reward_shaping": RewardShapingFn,
+    "filter": FilterFn,
+    "task": TaskFn,
+}
+
+# Shapes of the glossary's tensor names, used to render the signatures.
+SHAPES = {
+    "rewards": "[B]",
+    "scores": "[B]",
+    "group_ids": "[B]",
+    "baseline_rewards": "[B]",
+    "truncated": "[B]",
+    "logits": "[B,T,V]",
+    "ref_logits": "[B,T,V]",
+}
+
+
+def call_parameters(kind: str) -> list[inspect.Parameter]:
+    """The parameters the loop passes to a part of `kind` (its Protocol's __call__ without self)."""
+    return list(inspect.signature(PROTOCOLS[kind].__call__).parameters.values())[1:]
+
+
+def returns(kind: str) -> str:
+    """What a part of `kind` returns: the first line of its Protocol's docstring."""
+    return (inspect.getdoc(PROTOCOLS[kind].__call__) or "").splitlines()[0]
+
+
+def _render(p: inspect.Parameter) -> str:
+    ann = str(p.annotation).replace(" ", "")
+    if ann in ("Tensor", "Tensor|None"):
+        text = p.name + SHAPES.get(p.name, "[B,T]") + ("|None" if ann.endswith("|None") else "")
+    else:
+        text = f"{p.name}: {ann}"
+    return text + ("=None" if p.default is None else "")
+
+
+def signature_text(kind: str) -> str:
+    """The kind's call signature on one line, e.g. '(logp[B,T], ...) -> kl[B,T]'.
+
+    Tensor parameters show their glossary shape, others their annotation; `=None` marks one the
+    loop may omit."""
+    parts, star = [], False
+    for p in call_parameters(kind):
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(_render(p))
+    params = ", ".join(parts) if parts else "**hparams"
+    return f"({params}) -> {returns(kind)}"
+
+
+def where(fn: Callable[..., Any]) -> str:
+    """'module:line' of a function's definition (decorators included), for messages and the listing."""
+    fn = inspect.unwrap(fn)
+    try:
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        line = getattr(getattr(fn, "__code__", None), "co_firstlineno", "?")
+    return f"{getattr(fn, '__module__', '?')}:{line}"
+
+
+# --------------------------------------------------------------------------------------------
+# Registration-time checks
+# --------------------------------------------------------------------------------------------
+
+
+def check_meta(kind: str, full_name: str, at: str, meta: dict[str, Any]) -> None:
+    """Every metadata key is declared for `kind` and has an allowed value."""
+    declared = META_KEYS[kind]
+    for key, value in meta.items():
+        if key not in declared:
+            close = difflib.get_close_matches(key, list(declared), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            valid = ", ".join(declared) or "(none)"
+            raise RegistryError(
+                f"{full_name} ({at}): unknown metadata key '{key}'; {hint}keys of {kind}: {valid}"
+            )
+        why = declared[key].check(value)
+        if why:
+            raise RegistryError(f"{full_name} ({at}): metadata {key}={value!r} {why}")
+
+
+def hyperparameters(kind: str, fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The part's own parameters that the loop does not pass: gin binds them."""
+    passed = call_parameters(kind)
+    n_pos = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in passed)
+    kw = {p.name for p in passed if p.kind is p.KEYWORD_ONLY}
+    params = list(inspect.signature(inspect.unwrap(fn)).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    taken = {p.name for p in positional[:n_pos]} | kw
+    return [p for p in params if p.name not in taken and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def check_signature(kind: str, full_name: str, at: str, fn: Callable[..., Any]) -> None:
+    """`fn` accepts the call its kind's Protocol describes; its other parameters are gin-bindable."""
+    head = f"{full_name} ({at})"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as e:
+        raise RegistryError(
+            f"{head}: cannot read the signature of {fn!r} ({e}); register a Python function"
+        ) from None
+    passed = call_parameters(kind)
+    want_pos = [p.name for p in passed if p.kind is p.POSITIONAL_OR_KEYWORD]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    if len(positional) < len(want_pos) and not var_pos:
+        got = ", ".join(p.name for p in positional) or "none"
+        raise RegistryError(
+            f"{head}: accepts {len(positional)} positional parameters ({got}) but the loop passes "
+            f"{len(want_pos)}: ({', '.join(want_pos)}); the signature of {kind} is {signature_text(kind)}"
+        )
+    consumed = {p.name for p in positional[: len(want_pos)]}
+    by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for want in (p for p in passed if p.kind is p.KEYWORD_ONLY):
+        own = by_name.get(want.name)
+        if own is None or own.name in consumed:
+            if var_kw and own is None:
+                continue
+            why = "takes it positionally" if own is not None else "does not accept it"
+            raise RegistryError(
+                f"{head}: the loop passes keyword '{want.name}' and the part {why}; add "
+                f"`*, {want.name}=None` (or **kwargs) after the {len(want_pos)} positional parameters"
+            )
+        if want.default is not inspect.Parameter.empty and own.default is inspect.Parameter.empty:
+            raise RegistryError(
+                f"{head}: the loop may omit keyword '{want.name}'; give it a default ({want.name}=None)"
+            )
+    for p in hyperparameters(kind, fn):
+        if p.kind is not p.KEYWORD_ONLY and p.default is inspect.Parameter.empty:
+            raise RegistryError(
+                f"{head}: parameter '{p.name}' is not passed by the loop and has no default; make it "
+                f"keyword-only (after `*`) so gin binds it ({full_name}.{p.name} = ...), or give it a default"
+            )
