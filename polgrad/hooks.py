@@ -11,8 +11,9 @@ patching polgrad's functions:
 Phases nest; a listener gets the nested path, e.g. "sample/decode" (the rollout's decode loop
 inside the trainer's sampling phase) or "eval/decode" (the same loop during evaluation).
 
-Phases the trainer emits, per step: sample, reward, ref, values, advantage, policy_fwd, loss,
-backward, optim, sync, eval, checkpoint. The HF rollout emits decode inside them.
+Phases the trainer emits, per step: sample, reward, old_logp, ref, values, advantage,
+policy_fwd, loss, backward, optim, sync, eval, checkpoint. The HF rollout emits decode inside
+them (the sampled rows' decode and, for ReMax, the greedy baseline's).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from (seed, s, rank), and checkpoints carry optimiser and RNG states, so on CPU 
 gives the same metrics file and an interrupted run resumed with `resume=True` ends where an
 uninterrupted run ends. Each data-parallel rank draws its own prompts.
 
-Phases are announced through `polgrad.hooks` (sample, reward, ref, values, advantage,
+Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.
 """
 
@@ -264,7 +264,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     # recompute old_logp with the trainer's forward. Otherwise the sampling-time log-probs are
     # pi_old's already (same weights, same temperature) and are reused.
     if algo.needs_rollout_logp:
-        with torch.no_grad():
+        with torch.no_grad(), hooks.phase("old_logp"):
             old_logp = hf_rollout.response_logprobs(m.engine.module, rollout, temperature=cfg.temperature)
             old_logp = old_logp.double() * mask
     # Reference log-probs (a frozen model: no_grad keeps autograd from even looking at its forward).

@@ -1,4 +1,4 @@
-"""polgrad.bench: the loss identity behind the composition benchmark, and a smoke run of the machinery.
+"""benchmarks/: the loss identity behind the composition benchmark, and a smoke run of the machinery.
 
 Timings are never asserted here (2 shared cores); only that the bench runs, writes its files, and that
 its workload is what it claims (exactly L tokens per completion, the same loss as TRL's).
@@ -14,10 +14,14 @@ import gin
 import pytest
 import torch
 
-from polgrad import bench
+from benchmarks import bench
+from benchmarks.numerics import fused_grpo_loss, grpo_algorithm, loss_inputs, loss_numerics
+from benchmarks.timing import PhaseClock, patched
+from benchmarks.trl_run import trl_available
+from benchmarks.workload import Workload, make_model
 from polgrad.registry import StepCounts
 
-HAS_TRL = bench.trl_available()
+HAS_TRL = trl_available()
 # CI's set-up installs the `bench` extra: there a missing TRL is an error, not a skip.
 if os.environ.get("CI") == "true" and not HAS_TRL:
     raise ImportError("CI=true but TRL is not installed: `bash .ci/setup --test` installs the bench extra")
@@ -31,7 +35,7 @@ def _composed(algo, x, leaf, counts):
 
 
 def _fused(x, leaf, counts):
-    return bench.fused_grpo_loss(
+    return fused_grpo_loss(
         leaf,
         x["old_logp"],
         x["ref_logp"],
@@ -46,8 +50,8 @@ def _fused(x, leaf, counts):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fused_loss_equals_composed_algorithm_loss_float64(seed):
     """The hand-fused GRPO loss is the composed registry/grpo.gin loss: value, gradient, metrics (1e-12)."""
-    algo = bench.grpo_algorithm()
-    x = bench.loss_inputs(16, 24, seed=seed)
+    algo = grpo_algorithm()
+    x = loss_inputs(16, 24, seed=seed)
     # garbage in the padding must not leak into either loss or gradient
     pad = x["mask"] == 0
     for k in ("logp", "old_logp", "ref_logp"):
@@ -83,11 +87,11 @@ def test_fused_loss_known_value():
     ref = torch.tensor([[-1.2, -2.0]], dtype=dt)
     adv = torch.ones(1, 2, dtype=dt)
     mask = torch.ones(1, 2, dtype=dt)
-    loss, metrics = bench.fused_grpo_loss(logp, old, ref, adv, mask, num_tokens=2.0, num_seqs=1.0)
+    loss, metrics = fused_grpo_loss(logp, old, ref, adv, mask, num_tokens=2.0, num_seqs=1.0)
     expected = ((-1.0 + 0.04 * (math.exp(-0.2) - 1.0 + 0.2)) + (-math.exp(-0.5))) / 2.0
     assert float(loss.detach()) == pytest.approx(expected, abs=1e-15)
     assert float(metrics["clip/clip_low"]) == 0.0 and float(metrics["clip/clip_high"]) == 0.0
-    algo = bench.grpo_algorithm()
+    algo = grpo_algorithm()
     composed, _, _ = algo.loss(
         {"logp": logp, "old_logp": old, "ref_logp": ref, "adv": adv, "mask": mask}, StepCounts.of_step([mask])
     )
@@ -96,12 +100,12 @@ def test_fused_loss_known_value():
 
 def test_workload_rejects_bad_settings():
     with pytest.raises(ValueError):
-        bench.Workload(warmup=0)
+        Workload(warmup=0)
     with pytest.raises(ValueError):
-        bench.Workload(group_size=1)
+        Workload(group_size=1)
     with pytest.raises(ValueError):
-        bench.Workload(eos="sometimes")
-    assert bench.Workload(prompts=3, group_size=4).batch == 12
+        Workload(eos="sometimes")
+    assert Workload(prompts=3, group_size=4).batch == 12
 
 
 def test_phase_clock_and_patches_restore():
@@ -110,9 +114,9 @@ def test_phase_clock_and_patches_restore():
             return x + 1
 
     o = Obj()
-    clock = bench.PhaseClock()
+    clock = PhaseClock()
     clock.add("before", 1.0)  # no step open yet: kept apart
-    with bench._patched([(o, "f", clock.timed("work", o.f))]):
+    with patched([(o, "f", clock.timed("work", o.f))]):
         clock.new_step()
         assert o.f(1) == 2 and o.f(2) == 3
     assert "f" not in vars(o) and o.f(1) == 2
@@ -124,8 +128,8 @@ def test_never_eos_model(tmp_path):
     """The bench tokenizer's EOS has no logit, so no sampler can stop a completion early."""
     from polgrad import models
 
-    w = bench.Workload(hidden=64, heads=2, kv_heads=1, layers=1, intermediate=64)
-    info = bench.make_model(str(tmp_path / "m"), w)
+    w = Workload(hidden=64, heads=2, kv_heads=1, layers=1, intermediate=64)
+    info = make_model(str(tmp_path / "m"), w)
     tok = models.load_tokenizer(info["model_dir"])
     model = models.load_policy(info["model_dir"])
     assert tok.eos_token_id == model.config.vocab_size == info["vocab"]
@@ -183,7 +187,7 @@ def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
 def test_polgrad_loss_equals_trl_grpo_loss(tmp_path):
     """On identical float64 inputs, polgrad's GRPO loss is TRL's loss_type='grpo' loss (beta 0.04, k3,
     use_bias_correction_kl=False), value and gradient; end to end (own fp32 forwards) they agree to fp32."""
-    w = bench.Workload(
+    w = Workload(
         prompts=2,
         group_size=4,
         max_new_tokens=8,
@@ -194,8 +198,8 @@ def test_polgrad_loss_equals_trl_grpo_loss(tmp_path):
         intermediate=64,
         threads=1,
     )
-    info = bench.make_model(str(tmp_path / "m"), w)
-    num = bench.loss_numerics(w, info["model_dir"], str(tmp_path))
+    info = make_model(str(tmp_path / "m"), w)
+    num = loss_numerics(w, info["model_dir"], str(tmp_path))
     assert num["frac_tokens_clipped"] > 0 and num["mean_kl_k3"] > 0
     assert num["fn_noguard_loss_abs_diff"] <= 1e-12
     assert num["fn_noguard_grad_max_abs_diff"] <= 1e-12
@@ -203,3 +207,87 @@ def test_polgrad_loss_equals_trl_grpo_loss(tmp_path):
     assert num["e2e_logp_max_abs_diff"] <= 1e-5
     assert num["e2e_grad_cosine"] >= 1 - 1e-6
     gin.clear_config()
+
+
+def _polgrad_callables() -> dict[tuple[str, ...], object]:
+    """Every function and class of every loaded polgrad module, and every attribute of those classes:
+    a patch of any of them (module function, method, class) shows as a different object."""
+    import inspect
+    import sys
+
+    found = {}
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or not (modname == "polgrad" or modname.startswith("polgrad.")):
+            continue
+        for name, value in list(vars(mod).items()):
+            if inspect.isfunction(value) or inspect.isclass(value):
+                found[(modname, name)] = value
+            if inspect.isclass(value) and value.__module__.startswith("polgrad"):
+                for attr, member in list(vars(value).items()):
+                    found[(modname, name, attr)] = member
+    return found
+
+
+def _replaced(before: dict, now: dict) -> set:
+    """Keys whose object changed, except torch's own profiler hook: the first instance of an
+    Optimizer subclass wraps its class's `step` (Optimizer._patch_step_function), bench or not."""
+    return {
+        k
+        for k, v in before.items()
+        if now.get(k, v) is not v and not (getattr(now[k], "hooked", False) and now[k].__wrapped__ is v)
+    }
+
+
+def test_polgrad_run_times_phases_through_hooks_without_patching(tmp_path):
+    """run_polgrad's per-step phases come from polgrad.hooks: every measured step has non-zero time in
+    each phase the GRPO step runs, while no function, class or method of polgrad is replaced
+    (checked from inside the run, at every step and at every phase the bench times)."""
+    import polgrad.distributed
+    import polgrad.trainer  # noqa: F401  (loads the modules the run uses before the baseline)
+    from benchmarks.polgrad_run import HOOK_PHASES, run_polgrad
+    from polgrad import hooks
+    from polgrad.algorithm import Algorithm
+    from polgrad.rollout import hf
+
+    w = Workload(
+        prompts=2, group_size=2, max_new_tokens=4, steps=2, warmup=1, threads=1,
+        hidden=64, heads=2, kv_heads=1, layers=1, intermediate=64,
+    )  # fmt: skip
+    info = make_model(str(tmp_path / "m"), w)
+    named = {
+        "hf.generate": (hf, "generate"),
+        "hf._decode": (hf, "_decode"),
+        "hf.response_logprobs": (hf, "response_logprobs"),
+        "Algorithm.loss": (Algorithm, "loss"),
+        "distributed.backward": (polgrad.distributed, "backward"),
+        "distributed.step": (polgrad.distributed, "step"),
+    }
+    before_named = {k: id(getattr(o, a)) for k, (o, a) in named.items()}
+    before = _polgrad_callables()
+    seen: list[str] = []
+    changed: set[tuple[str, ...]] = set()
+
+    def check(where: str) -> None:
+        seen.append(where)
+        now = _polgrad_callables()
+        changed.update(_replaced(before, now))
+        changed.update((k,) for k, (o, a) in named.items() if id(getattr(o, a)) != before_named[k])
+
+    threads = torch.get_num_threads()
+    try:
+        with hooks.listen(
+            on_phase=lambda path, _: check(path) if path in HOOK_PHASES else None, on_event=check
+        ):
+            res = run_polgrad(w, info["model_dir"], str(tmp_path / "work"))
+    finally:
+        torch.set_num_threads(threads)
+        gin.clear_config()
+    assert seen.count("step") == w.warmup + w.steps + 1 and "sample/decode" in seen
+    assert not changed, f"polgrad attributes replaced during the run: {sorted(changed)}"
+    assert {k: id(getattr(o, a)) for k, (o, a) in named.items()} == before_named
+    assert len(res["step_phases"]) == w.steps
+    for step in res["step_phases"]:
+        for phase in ("gen", "sample", "reward", "ref", "policy_fwd", "loss", "backward", "optim"):
+            assert step[phase] > 0, (phase, step)
+        assert step["gen"] >= step["sample"]  # the decode loop is inside the rollout call
+    assert res["tokens_per_completion"] == w.max_new_tokens

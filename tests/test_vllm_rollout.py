@@ -207,13 +207,16 @@ def test_close_keeps_a_trainers_process_group_and_benchmark_runs(tmp_path):
     script = textwrap.dedent("""
         import json, torch, torch.distributed as dist
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        from polgrad.rollout.vllm_bench import benchmark_backends
+        from benchmarks.vllm_bench import benchmark_backends
         rows = benchmark_backends([{"name": "tiny", "model": {}}], num_prompts=2, group_size=2,
                                   max_new_tokens=4, repeats=1, kv_cache_memory_bytes=16 << 20)
         dist.all_reduce(torch.ones(1))  # the trainer's group still works
         print("RESULT " + json.dumps({"initialized": dist.is_initialized(), "rows": rows}))
     """)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # benchmarks/ is a folder at the repository root, not an installed package
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                           timeout=600, cwd=tmp_path)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

@@ -351,19 +351,20 @@ def generate(
             baseline = None
             if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows
                 prompts = torch.arange(len(examples), device=device)
-                greedy = _decode(
-                    model,
-                    ids,
-                    pmask,
-                    prompts,
-                    temperature=0.0,
-                    top_p=1.0,
-                    max_new_tokens=max_new_tokens,
-                    eos_id=eos_id,
-                    pad_id=pad_id,
-                    gen=gen,
-                    lean=lean_decode,
-                )
+                with hooks.phase("decode"):
+                    greedy = _decode(
+                        model,
+                        ids,
+                        pmask,
+                        prompts,
+                        temperature=0.0,
+                        top_p=1.0,
+                        max_new_tokens=max_new_tokens,
+                        eos_id=eos_id,
+                        pad_id=pad_id,
+                        gen=gen,
+                        lean=lean_decode,
+                    )
                 baseline = assemble_rollout(
                     tokenizer, examples, ids, pmask, prompts, greedy, eos_id=eos_id, temperature=0.0
                 ).select(rows)

@@ -1,6 +1,6 @@
 """HF vs vLLM rollout throughput on the same workload: `benchmark_backends(...) -> list[dict]`.
 
-    python -m polgrad.rollout.vllm_bench          # the tiny preset and a 512-hidden / 8-layer model
+    python -m benchmarks.vllm_bench          # the tiny preset and a 512-hidden / 8-layer model
 
 Each model is a freshly initialised `build_tiny(task, **kwargs)` (random weights: responses end at a
 random EOS, so both backends generate roughly, not exactly, the same number of tokens; tokens/s counts
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         print(json.dumps(row))
     if args.out and rows:
-        from polgrad.bench import write_csv
+        from benchmarks.report import write_csv
 
         write_csv(args.out, rows)
         print(f"wrote {args.out}")

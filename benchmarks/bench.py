@@ -1,0 +1,306 @@
+"""`python -m benchmarks.bench`: a full polgrad GRPO step against TRL's GRPOTrainer on one CPU workload.
+
+One command runs, interleaved A B / B A so that machine drift cancels within each pair:
+
+    compare      polgrad (`polgrad.trainer.train`, registry/grpo.gin) vs TRL (`trl.GRPOTrainer`), >= 5 pairs
+    numerics     one identical batch through TRL's `_compute_loss` and polgrad's `Algorithm.loss`
+    composition  the composed `Algorithm.loss` vs one hand-fused GRPO loss function (same numbers)
+    scaling      seconds per step vs group size G and vs completion length L, both frameworks
+
+and writes results/bench/ (override with --out):
+
+    grpo_vs_trl.csv        one row per interleaved pair: seconds per step, tokens/s (end to end and
+                           sampling alone), peak RSS, phases, speedup = TRL s/step / polgrad s/step
+                           (higher is better), load average before and after the pair
+    grpo_vs_trl_runs.csv   one row per run (framework, pair, every step time, every phase median)
+    numerics.json          polgrad vs TRL on one batch: loss functions, advantages, end to end
+    composition.csv        composed vs fused loss timings (forward, forward+backward)
+    scaling.csv            one row per run of the G and L sweeps
+    summary.md             what the printout shows
+
+The workload (defaults; flags change G, L, prompts, model size, threads, pairs, steps):
+  model     one random-init Qwen2 from `polgrad.models.build_tiny` (hidden 128, 4 layers, 4 query / 2 kv
+            heads, SwiGLU 256, tied embeddings: 594k parameters) and its character tokenizer, saved
+            once with `save_pretrained`; both frameworks load policy and reference from it (fp32, sdpa).
+  data      prompts of polgrad's `add` task (digits=2); 8 prompts x G=8 samples per step = 64 rows.
+  sampling  temperature 1, top_p 1, no top_k, exactly L=32 new tokens per completion (EOS below).
+  loss      GRPO: group advantages (r - mean) / (std + 1e-4), Bessel's std (TRL's eps; polgrad's spec
+            is rebound to advantage.grpo.eps = 1e-4), PPO clip eps 0.2, KL beta 0.04 with k3 in the
+            loss, seq-mean-token-mean aggregation (TRL loss_type="grpo"), one gradient step per batch
+            (num_iterations=1, one minibatch, one micro-batch of all 64 rows). TRL runs with
+            use_bias_correction_kl=False: its default multiplies k3 by the (differentiable) ratio,
+            which changes the KL gradient even on-policy, so it is not GRPO's loss.
+  optimiser AdamW lr 1e-4, betas (0.9, 0.999), eps 1e-8, no weight decay, constant LR, grad-norm clip
+            1.0 (each framework's own AdamW: polgrad torch AdamW via DeepSpeed, TRL adamw_torch_fused).
+  reward    the task's verifiable reward with partial credit (task.add.partial=True), the same
+            function for both (so advantages are not all zero); its cost is negligible.
+  threads   torch.set_num_threads(2) and OMP/MKL_NUM_THREADS=2 in each run's process, and
+            OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`): with libgomp's default spinning, a
+            2-thread run stalls 5-20x whenever another process competes for the 2 cores (measured
+            here), which swamps any comparison; passive waiting costs both frameworks alike on a
+            quiet machine (~1.9x on every step) and keeps the ratio stable under load.
+
+EOS: a random-init model emits its EOS token now and then, and the two frameworks would then stop
+different rows at different times. To give both exactly L tokens per completion without touching
+either framework's code, the saved tokenizer gets one extra special token `<|never|>` as its EOS,
+with an id equal to the model's vocabulary size: no logit exists for it, so neither sampler can
+ever draw it, and both decode exactly L tokens (the old `<|eos|>` id stays an ordinary token).
+The bench checks that every completion has exactly L tokens on both sides. `--eos natural` keeps
+the model's real EOS instead (same model and sampling distribution, so the same length
+distribution in expectation; compare tokens/s then).
+
+Timing: each run is a fresh subprocess (`python -m benchmarks.bench --worker ...`, started from the
+repository root; its peak RSS is its own, and neither framework's global state leaks into the other).
+Seconds per step is the wall time between the ends of consecutive optimizer steps, the first
+`--warmup` steps discarded, median over the rest. Phases: `sample` is the sampling loop alone, `gen`
+the whole rollout call around it (tokenise, sample, decode text), then `reward`, `ref` (reference
+log-probs), `policy_fwd` (policy forward with entropy), `loss` (the loss from log-probs), `backward`,
+`optim` (grad clip + AdamW), and `other` = step - everything else. polgrad is timed through its
+public phase hooks (`polgrad.hooks.listen`; its phases sample, sample/decode, reward, ref, policy_fwd,
+loss, backward, optim map onto the ones above, see benchmarks/polgrad_run.py), never by patching it;
+TRL, which has no hooks, by wrapping its own functions inside the worker (`_generate`,
+`model.generate`, ...; no source change). polgrad's own metrics.jsonl phases (time_gen, time_ref,
+time_update, ...) are reported too.
+
+The numbers are the machine's: 2 shared cores, so the bench never asserts a timing;
+tests/test_bench.py checks the machinery and the loss identities only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.composition import composition_worker
+from benchmarks.numerics import loss_numerics
+from benchmarks.polgrad_run import run_polgrad
+from benchmarks.report import (
+    compare_report,
+    composition_report,
+    numerics_report,
+    pair_rows,
+    run_rows,
+    scaling,
+    scaling_report,
+    write_csv,
+)
+from benchmarks.trl_run import run_trl, trl_available
+from benchmarks.workers import interleaved, loadavg, run_worker
+from benchmarks.workload import OMP_WAIT_POLICIES, TRL_PIN, Workload, make_model
+from polgrad.io import atomic_write_text
+
+
+def _worker_main(spec_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    w = Workload(**spec["workload"])
+    import torch
+
+    torch.set_num_threads(w.threads)
+    work = tempfile.mkdtemp(prefix=f"bench-{spec['kind']}-")
+    try:
+        result = WORKERS[spec["kind"]](w, spec["model_dir"], work, **spec.get("extra", {}))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    with open(spec["out"], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+# `--worker SPEC` runs WORKERS[SPEC's kind](workload, model_dir, work_dir, **SPEC's extra)
+WORKERS: dict[str, Callable[..., Any]] = {
+    "polgrad": run_polgrad,
+    "trl": run_trl,
+    "numerics": loss_numerics,
+    "composition": composition_worker,
+}
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--pairs", type=int, default=5, help="interleaved polgrad/TRL pairs (>= 5 for the report)"
+    )
+    ap.add_argument("--steps", type=int, default=8, help="measured steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="discarded steps at the start of each run")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group-size", "-G", type=int, default=8)
+    ap.add_argument("--max-new-tokens", "-L", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=256)
+    ap.add_argument("--eos", choices=("never", "natural"), default="never")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--omp-wait-policy",
+        choices=OMP_WAIT_POLICIES,
+        default="passive",
+        help="OMP_WAIT_POLICY for every run (passive: idle OpenMP threads sleep instead of spinning, which "
+        "keeps a shared, oversubscribed CPU from stalling both frameworks; 'default': leave it unset)",
+    )
+    ap.add_argument(
+        "--only",
+        default="compare,numerics,composition,scaling",
+        help="comma list of parts to run: compare, numerics, composition, scaling",
+    )
+    ap.add_argument("--frameworks", default="polgrad,trl", help="'polgrad' alone skips TRL")
+    ap.add_argument("--scaling-group-sizes", default="2,4,8,16")
+    ap.add_argument("--scaling-lengths", default="16,32,64,128")
+    ap.add_argument("--scaling-pairs", type=int, default=1)
+    ap.add_argument("--composition-shape", default="64x512", help="BxT of the loss micro-benchmark")
+    ap.add_argument("--composition-blocks", type=int, default=150, help="interleaved rounds of 5 calls each")
+    ap.add_argument("--out", default=os.path.join("results", "bench"))
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return _worker_main(args.worker)
+
+    parts = set(_ints_or_names(args.only))
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    if "trl" in frameworks and not trl_available():
+        print(f"TRL is not importable: polgrad side only (pip install '{TRL_PIN}' or the `bench` extra)")
+        frameworks = [f for f in frameworks if f != "trl"]
+    w = Workload(
+        prompts=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        threads=args.threads,
+        steps=args.steps,
+        warmup=args.warmup,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        eos=args.eos,
+        seed=args.seed,
+        omp_wait_policy=args.omp_wait_policy,
+    )
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    report: list[str] = [
+        "# polgrad bench",
+        "",
+        f"`python -m benchmarks.bench {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(
+            "  ", " "
+        ),
+        "",
+        f"versions: {_versions()}; torch threads {w.threads}; OMP_WAIT_POLICY {w.omp_wait_policy}; "
+        f"load average at start {loadavg():.2f}",
+    ]
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+
+    longest = max(w.max_new_tokens, *(_ints(args.scaling_lengths) if "scaling" in parts else [0]))
+    with tempfile.TemporaryDirectory(prefix="polgrad-bench-") as tmp:
+        info = make_model(os.path.join(tmp, "model"), w.replace(max_new_tokens=longest))
+        model_dir = info["model_dir"]
+        log_dir = os.path.join(tmp, "logs")
+        report += [
+            f"model: random-init Qwen2 from build_tiny({w.model_kwargs}), {info['n_params']} parameters, "
+            f"vocab {info['vocab']}, EOS id {info['eos_id']} ({w.eos})",
+        ]
+        say("\n".join(report))
+
+        if "compare" in parts:
+            say(f"\n[compare] {args.pairs} interleaved pairs of {w.warmup}+{w.steps} steps ...")
+            pairs = interleaved(w, model_dir, log_dir, args.pairs, frameworks, progress=say)
+            rows = pair_rows(w, pairs, info["n_params"])
+            write_csv(os.path.join(out, "grpo_vs_trl.csv"), rows)
+            write_csv(os.path.join(out, "grpo_vs_trl_runs.csv"), run_rows(pairs, frameworks))
+            lines = compare_report(w, rows, frameworks)
+            report += ["", *lines]
+            say("\n" + "\n".join(lines))
+
+        if "numerics" in parts and "trl" in frameworks:
+            say("\n[numerics] one batch through both losses ...")
+            num = run_worker("numerics", w, model_dir, log_dir)
+            atomic_write_text(os.path.join(out, "numerics.json"), json.dumps(num, indent=2, sort_keys=True))
+            lines = numerics_report(num)
+            report += ["", *lines]
+            say("\n".join(lines))
+
+        if "composition" in parts:
+            b, t = (int(x) for x in args.composition_shape.lower().split("x"))
+            say(f"\n[composition] Algorithm.loss vs fused_grpo_loss at B={b}, T={t} ...")
+            comp = run_worker("composition", w, model_dir, log_dir, b=b, t=t, blocks=args.composition_blocks)
+            write_csv(os.path.join(out, "composition.csv"), comp)
+            lines = composition_report(comp)
+            report += ["", *lines]
+            say("\n".join(lines))
+
+        if "scaling" in parts:
+            gs, ls = _ints(args.scaling_group_sizes), _ints(args.scaling_lengths)
+            say(
+                f"\n[scaling] G in {gs} (L={w.max_new_tokens}), L in {ls} (G={w.group_size}), "
+                f"{args.scaling_pairs} pair(s) per point ..."
+            )
+            sw = w.replace(steps=max(3, w.steps // 2))
+            rows = scaling(sw, model_dir, log_dir, gs, ls, args.scaling_pairs, frameworks, progress=say)
+            write_csv(os.path.join(out, "scaling.csv"), rows)
+            lines = [
+                "## Scaling (seconds per step; 'per G' / 'per L' = s/step divided by the swept value, "
+                "relative to the smallest value: 1.00 everywhere = linear)",
+                *scaling_report(rows, frameworks),
+            ]
+            report += ["", *lines]
+            say("\n".join(lines))
+
+    atomic_write_text(os.path.join(out, "summary.md"), "\n".join(report) + "\n")
+    say(f"\nwrote {out}/")
+    return 0
+
+
+def _ints_or_names(s: str) -> list[str]:
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in ("compare", "numerics", "composition", "scaling")]
+    if bad:
+        raise SystemExit(f"error: unknown --only parts {bad}; valid: compare, numerics, composition, scaling")
+    return names
+
+
+def _versions() -> str:
+    import importlib.metadata as md
+
+    out = []
+    for pkg in ("torch", "transformers", "deepspeed", "trl", "accelerate"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            out.append(f"{pkg} {md.version(pkg)}")
+    return ", ".join(out)
+
+
+def _ints_or_names(s: str) -> list[str]:
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in ("compare", "numerics", "composition", "scaling")]
+    if bad:
+        raise SystemExit(f"error: unknown --only parts {bad}; valid: compare, numerics, composition, scaling")
+    return names
+
+
+def _versions() -> str:
+    import importlib.metadata as md
+
+    out = []
+    for pkg in ("torch", "transformers", "deepspeed", "trl", "accelerate"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            out.append(f"{pkg} {md.version(pkg)}")
+    return ", ".join(out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

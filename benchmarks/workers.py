@@ -1,0 +1,104 @@
+"""Fresh-process runs: each framework's run (and each numerics/composition job) in its own worker.
+
+`run_worker(kind, ...)` starts `python -m benchmarks.bench --worker SPEC` from the repository root
+with the workload's threads and OMP_WAIT_POLICY; `interleaved` runs the frameworks A B / B A so that
+machine drift cancels within each pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from benchmarks.workload import REPO_ROOT, Workload
+
+
+def worker_env(w: Workload) -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLGRAD_NUM_THREADS"):
+        env[var] = str(w.threads)
+    env.pop("OMP_WAIT_POLICY", None)
+    if w.omp_wait_policy != "default":
+        env["OMP_WAIT_POLICY"] = w.omp_wait_policy.upper()
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run_worker(
+    kind: str, w: Workload, model_dir: str, log_dir: str, timeout: float = 1800.0, **extra: Any
+) -> Any:
+    """Run `kind` (a key of WORKERS) in a fresh `python -m benchmarks.bench --worker` process; its result.
+
+    The process gets the workload's thread count and OMP_WAIT_POLICY in its environment; `extra` goes
+    to the worker function as keyword arguments.
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    fd, spec_path = tempfile.mkstemp(suffix=".json", dir=log_dir)
+    os.close(fd)
+    out_path = spec_path[:-5] + ".out.json"
+    log_path = spec_path[:-5] + ".log"
+    with open(spec_path, "w") as f:
+        json.dump(
+            {"kind": kind, "workload": asdict(w), "model_dir": model_dir, "out": out_path, "extra": extra}, f
+        )
+    cmd = [sys.executable, "-m", "benchmarks.bench", "--worker", spec_path]
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.run(
+                cmd, cwd=REPO_ROOT, env=worker_env(w), stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+            )
+        if proc.returncode != 0 or not os.path.exists(out_path):
+            tail = "".join(open(log_path).readlines()[-25:])
+            raise RuntimeError(f"bench worker {kind} failed (exit {proc.returncode}):\n{tail}")
+        with open(out_path) as f:
+            return json.load(f)
+    finally:
+        for p in (spec_path, out_path, log_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+
+
+def loadavg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover - platforms without it
+        return float("nan")
+
+
+def interleaved(
+    w: Workload, model_dir: str, log_dir: str, pairs: int, frameworks: Sequence[str], progress=print
+) -> list[dict[str, Any]]:
+    """`pairs` pairs of runs, order A B then B A alternately; one dict per pair with both results."""
+    out = []
+    for i in range(pairs):
+        order = list(frameworks) if i % 2 == 0 else list(reversed(frameworks))
+        load_before = loadavg()
+        res = {}
+        for fw in order:
+            res[fw] = run_worker(fw, w.replace(seed=w.seed + i), model_dir, log_dir)
+        pair = {
+            "pair": i + 1,
+            "order": ",".join(order),
+            "load_before": load_before,
+            "load_after": loadavg(),
+            **res,
+        }
+        if "trl" in res and "polgrad" in res:
+            pair["speedup"] = res["trl"]["s_per_step"] / res["polgrad"]["s_per_step"]
+        out.append(pair)
+        msg = (
+            f"  pair {i + 1}/{pairs} ({pair['order']}, load {load_before:.2f}->{pair['load_after']:.2f}): "
+            + ", ".join(f"{fw} {res[fw]['s_per_step']:.3f} s/step" for fw in order)
+        )
+        if "speedup" in pair:
+            msg += f", speedup {pair['speedup']:.2f}x"
+        progress(msg)
+    return out

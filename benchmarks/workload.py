@@ -1,0 +1,119 @@
+"""The bench workload: one configuration for both frameworks, the model both load, GRPO's bindings."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FRAMEWORKS = ("polgrad", "trl")
+TRL_PIN = "trl==1.16.0"  # the `bench` extra; tested with torch 2.13.0, transformers 5.19.0
+NEVER_EOS = "<|never|>"
+OMP_WAIT_POLICIES = ("passive", "active", "default")
+# Phases timed in both frameworks (see benchmarks/bench.py's docstring); `sample` is inside `gen`.
+PHASES = ("gen", "sample", "reward", "ref", "policy_fwd", "loss", "backward", "optim", "other")
+# polgrad's own per-step timings in metrics.jsonl.
+POLGRAD_METRIC_PHASES = ("time_gen", "time_ref", "time_values", "time_adv", "time_update")
+
+
+@dataclass
+class Workload:
+    """One benchmark configuration; the same for both frameworks."""
+
+    prompts: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 32
+    threads: int = 2
+    steps: int = 8  # measured optimizer steps per run
+    warmup: int = 2  # steps discarded at the start of each run (>= 1)
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 256
+    lr: float = 1e-4
+    beta: float = 0.04
+    clip_eps: float = 0.2
+    adv_eps: float = 1e-4  # TRL's constant in (r - mean) / (std + eps)
+    grad_clip: float = 1.0
+    seed: int = 0
+    eos: str = "never"  # 'never': exactly max_new_tokens per completion; 'natural': the model's EOS
+    omp_wait_policy: str = "passive"  # OMP_WAIT_POLICY of each run's process ('default': leave unset)
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1 or self.steps < 1:
+            raise ValueError(f"need warmup >= 1 and steps >= 1, got {self.warmup}, {self.steps}")
+        if self.group_size < 2 or self.prompts < 1 or self.max_new_tokens < 1 or self.threads < 1:
+            raise ValueError("need group_size >= 2, prompts >= 1, max_new_tokens >= 1, threads >= 1")
+        if self.eos not in ("never", "natural"):
+            raise ValueError(f"eos must be 'never' or 'natural', got {self.eos!r}")
+        if self.omp_wait_policy not in OMP_WAIT_POLICIES:
+            raise ValueError(
+                f"omp_wait_policy must be one of {OMP_WAIT_POLICIES}, got {self.omp_wait_policy!r}"
+            )
+
+    @property
+    def batch(self) -> int:
+        return self.prompts * self.group_size
+
+    @property
+    def model_kwargs(self) -> dict[str, int]:
+        return dict(
+            hidden=self.hidden,
+            layers=self.layers,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            intermediate=self.intermediate,
+        )
+
+    def replace(self, **changes: Any) -> Workload:
+        return Workload(**{**asdict(self), **changes})
+
+
+def bench_task(partial: bool = True):
+    """polgrad's `add` task (digits=2) as the bench uses it (partial credit: advantages are not all 0)."""
+    import polgrad  # noqa: F401  (registers the built-in tasks)
+    from polgrad.registry import get
+
+    return get("task", "add")(digits=2, partial=partial)
+
+
+def make_model(out_dir: str, w: Workload) -> dict[str, Any]:
+    """Build the random-init tiny Qwen2 + char tokenizer once and save it to `out_dir`.
+
+    With w.eos == 'never' the tokenizer's EOS becomes an id no logit exists for (see bench.py).
+    The context window is widened to hold the longest prompt plus max_new_tokens.
+    """
+    from polgrad import models
+
+    task = bench_task()
+    model, tok = models.build_tiny(task, seed=w.seed, **w.model_kwargs)
+    need = 2 + int(task.max_prompt_chars) + w.max_new_tokens + 1
+    model.config.max_position_embeddings = max(
+        model.config.max_position_embeddings, 2 ** math.ceil(math.log2(need))
+    )
+    vocab = model.config.vocab_size
+    if w.eos == "never":
+        tok.add_special_tokens({"eos_token": NEVER_EOS})
+        if tok.eos_token_id != vocab:
+            raise RuntimeError(f"expected the new EOS id to be {vocab}, got {tok.eos_token_id}")
+        # No EOS id in the model's configs: TRL stops on tokenizer EOS + generation_config EOS ids.
+        model.config.eos_token_id = None
+        model.generation_config.eos_token_id = None
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"model_dir": out_dir, "n_params": n_params, "vocab": vocab, "eos_id": tok.eos_token_id}
+
+
+def grpo_bindings(w: Workload) -> list[str]:
+    """The bench's GRPO hyperparameters on top of registry/grpo.gin (shared by every bench part)."""
+    return [
+        f"Algorithm.group_size = {w.group_size}",
+        f"Algorithm.kl_coef = {w.beta!r}",
+        f"clip.ppo.eps_low = {w.clip_eps!r}",
+        f"clip.ppo.eps_high = {w.clip_eps!r}",
+        f"advantage.grpo.eps = {w.adv_eps!r}",
+    ]
