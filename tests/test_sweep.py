@@ -157,11 +157,12 @@ OK_GRID = "Sweep.grid = {'fake_train.kl': [@fakekl.k1, @fakekl.k2]}\nSweep.seeds
 BAD_FILES = {
     "unknown registered component": (
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.kl': [@fakekl.k1, @kl.k9]}\nSweep.seeds = [0]\n",
-        ["Sweep.grid['fake_train.kl'] = @kl.k9", "unknown kl 'k9'", "valid kl names:"],
+        ["Sweep.grid binding 'fake_train.kl = @kl.k9'", "unknown kl 'k9'", "valid kl names:", "did you mean"],
     ),
     "unknown configurable in a grid value": (
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.kl': [@fakekl.k1, @fakekl.k9]}\nSweep.seeds = [0]\n",
-        ["@fakekl.k9", "unknown configurable '@fakekl.k9'", "did you mean 'fakekl.k"],
+        # not a polgrad part: gin's public API lists no names to suggest from
+        ["Sweep.grid binding 'fake_train.kl = @fakekl.k9'", "unknown configurable 'fakekl.k9'"],
     ),
     "unknown parameter in a fixed binding": (
         "fake_train.stepz = 3\n" + specs("spec_a.gin") + OK_GRID,
@@ -177,7 +178,7 @@ BAD_FILES = {
     ),
     "unknown configurable in a binding key": (
         "fake_trian.steps = 3\n" + specs("spec_a.gin") + OK_GRID,
-        ["binding 'fake_trian.steps = 3'", "unknown configurable 'fake_trian'", "did you mean"],
+        ["line 2: binding 'fake_trian.steps = 3'", "unknown configurable 'fake_trian'"],
     ),
     "mixed types on an axis": (
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.lr': [0.1, 'big']}\nSweep.seeds = [0]\n",
