@@ -72,7 +72,7 @@ def _left_to_later_config(e: Exception, entry: registry.Entry) -> bool:
 
 @gin.configurable
 class Algorithm:
-    """A policy-gradient algorithm as a composition of registered parts (DESIGN.md §1).
+    """A policy-gradient algorithm as a composition of registered parts, one per axis.
 
     Args (all bound in gin; the parts by reference, e.g. `@advantage.rloo`):
       name: the spec's name, as it appears in CSVs and in Table 5.
