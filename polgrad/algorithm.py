@@ -18,7 +18,7 @@ name: every decision is a part's call or a part's declared metadata (`needs_crit
 
 from __future__ import annotations
 
-import re
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,18 +56,32 @@ def _entry(binding: str, fn: Any, kind: str) -> registry.Entry:
     return entry
 
 
-def _left_to_later_config(e: Exception, entry: registry.Entry) -> bool:
-    """The probe failed only because a hyperparameter is not bound yet: an unbound %MACRO, or a
-    keyword-only hyperparameter without default (or = gin.REQUIRED) that no parsed file sets.
-    The base config parsed before training binds it; the real call reports it if it does not."""
-    msg = str(e)
-    if "In call to configurable 'macro'" in msg:  # gin's wording for a %MACRO with no value
-        return True
-    if isinstance(e, RuntimeError) and msg.startswith("Required bindings for"):  # gin.REQUIRED
-        return True
-    missing = re.match(r"\S+\(\) missing \d+ required keyword-only arguments?: (.*)", msg.splitlines()[0])
-    hparams = {p.name for p in registry.kinds.hyperparameters(entry.kind, entry.fn)}
-    return bool(missing) and set(re.findall(r"'(\w+)'", missing.group(1))) <= hparams
+def _unbound_hyperparameters(entry: registry.Entry) -> list[str]:
+    """The part's hyperparameters that no parsed binding gives a value yet, by gin's public queries.
+
+    Unbound means: a parameter without a default (or defaulting to gin.REQUIRED) that no binding
+    sets, or one bound to %gin.REQUIRED or to a %MACRO that has no value yet. A spec leaves such a
+    value to a config parsed later (the base config), so the probe does not call that part; the
+    real call reports it if it is still unbound then.
+    """
+    unbound = []
+    for p in registry.kinds.hyperparameters(entry.kind, entry.fn):
+        required = p.default is inspect.Parameter.empty or p.default is gin.REQUIRED
+        try:
+            value = gin.query_parameter(f"{entry.full_name}.{p.name}")
+        except ValueError:  # no binding
+            if required:
+                unbound.append(p.name)
+            continue
+        if isinstance(value, gin.config.ConfigurableReference) and str(value).startswith("%"):
+            macro = str(value)
+            try:
+                if macro == "%gin.REQUIRED":
+                    raise ValueError(macro)
+                gin.query_parameter(macro)
+            except ValueError:  # a macro with no value yet
+                unbound.append(p.name)
+    return unbound
 
 
 @gin.configurable
@@ -223,7 +237,7 @@ class Algorithm:
         """Call each tensor part once on a tiny batch, as the loop will, so that a bad part or
         hyperparameter fails now, naming its binding: `Algorithm.clip = @clip.x: TypeError: ...`.
 
-        One case is deferred to the real call (`_left_to_later_config`): a hyperparameter the
+        One case is deferred to the real call (`_unbound_hyperparameters`): a hyperparameter the
         spec leaves to a config file parsed later (an unbound %MACRO, or a required keyword-only
         hyperparameter no binding sets yet), since a spec is also built on its own (Table 5).
         """
@@ -250,11 +264,11 @@ class Algorithm:
             adv_kwargs = dict(group_ids=group_ids, values=None, token_rewards=tok, baseline_rewards=None)
             probes.append(("Algorithm.advantage", lambda: self.advantage(rewards, mask, **adv_kwargs)))
         for binding, call in probes:
+            if _unbound_hyperparameters(self.parts[binding]):
+                continue
             try:
                 call()
             except Exception as e:  # noqa: BLE001 - every failure is reported, naming the binding
-                if _left_to_later_config(e, self.parts[binding]):
-                    continue
                 first = (str(e).strip().splitlines() or [""])[0]  # gin appends "In call to ..." lines
                 # polgrad's own errors already say what is wrong; any other gets its type named
                 what = first if isinstance(e, PolgradError) else f"{type(e).__name__}: {first}"
