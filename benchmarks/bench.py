@@ -284,23 +284,5 @@ def _versions() -> str:
     return ", ".join(out)
 
 
-def _ints_or_names(s: str) -> list[str]:
-    names = [x.strip() for x in s.split(",") if x.strip()]
-    bad = [n for n in names if n not in ("compare", "numerics", "composition", "scaling")]
-    if bad:
-        raise SystemExit(f"error: unknown --only parts {bad}; valid: compare, numerics, composition, scaling")
-    return names
-
-
-def _versions() -> str:
-    import importlib.metadata as md
-
-    out = []
-    for pkg in ("torch", "transformers", "deepspeed", "trl", "accelerate"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            out.append(f"{pkg} {md.version(pkg)}")
-    return ", ".join(out)
-
-
 if __name__ == "__main__":
     raise SystemExit(main())

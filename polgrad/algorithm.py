@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import gin
@@ -142,10 +143,10 @@ class Algorithm:
         self.ppo_epochs = int(ppo_epochs)
         self.minibatches = int(minibatches)
         self.group_size = int(group_size)
-        self.reward_shaping = reward_shaping or ()
         self.filters = tuple(filters or ())
-        self.reward_shaping = tuple(self.reward_shaping)
+        self.reward_shaping = tuple(reward_shaping or ())
         self._validate()
+        self.parts = MappingProxyType(self.parts)  # read-only, like every other attribute
         self._frozen = True
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -19,7 +19,6 @@ error text.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import glob
 import importlib
 import inspect
@@ -33,7 +32,7 @@ from gin import config_parser
 
 from polgrad import registry
 from polgrad.algorithm import Algorithm
-from polgrad.errors import ConfigError, PolgradError
+from polgrad.errors import ConfigError, PolgradError, did_you_mean
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASE = os.path.join("experiments", "base_tiny.gin")
@@ -143,23 +142,36 @@ def _positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"train.{name} must be a positive integer, got {value!r}")
 
 
-def build() -> tuple[TrainConfig, Algorithm]:
-    """The run's `TrainConfig` and `Algorithm` from the parsed gin config, every check applied.
+def build() -> tuple[TrainConfig, Algorithm, Any]:
+    """The run's `TrainConfig`, `Algorithm` and task from the parsed gin config, every check applied.
 
     The trainer runs exactly this, and the sweep's dry run calls it for every cell, so a bad cell
     fails before anything trains with the message the trainer would give.
     """
+    for selector, cls in (("Algorithm", Algorithm), ("train", TrainConfig)):
+        for name in _unbound_required(selector, cls):
+            raise ConfigError(f"{selector}.{name} is required: bind it in a gin file or with --bind")
     try:
         algo = Algorithm()
         cfg = TrainConfig()
-        cfg.task()  # a task's own checks (e.g. task.file's path and columns)
+        task = cfg.task()  # a task's own checks (e.g. task.file's path and columns)
     except PolgradError as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    except RuntimeError as e:  # gin: a %gin.REQUIRED parameter nobody bound
-        raise ConfigError(_first_line(e) + "; bind it in a gin file or with --bind") from None
-    except (TypeError, ValueError) as e:
         raise ConfigError(_first_line(e)) from None
-    return cfg, algo
+    except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
+        raise ConfigError(_first_line(e)) from None
+    return cfg, algo, task
+
+
+def _unbound_required(selector: str, cls: Any) -> list[str]:
+    """The %gin.REQUIRED parameters of `cls` that no binding sets (gin's public query)."""
+    out = []
+    for p in inspect.signature(cls).parameters.values():
+        if p.default is gin.REQUIRED:
+            try:
+                gin.query_parameter(f"{selector}.{p.name}")
+            except ValueError:
+                out.append(p.name)
+    return out
 
 
 def _first_line(e: BaseException) -> str:
@@ -176,6 +188,9 @@ def resolve(path: str) -> str:
     return alt if os.path.exists(alt) else path
 
 
+_SEARCH_PATHS: set[str] = set()
+
+
 def _import_builtins() -> None:
     import polgrad.components  # noqa: F401  (registers the built-in parts)
     import polgrad.tasks  # noqa: F401  (registers the built-in tasks)
@@ -187,7 +202,9 @@ def parse_config(files: Sequence[str], bindings: Sequence[str] = (), base: str |
     Raises a one-line ConfigError naming the file and line (or the binding) on any problem.
     """
     _import_builtins()
-    gin.add_config_file_search_path(REPO_ROOT)
+    if REPO_ROOT not in _SEARCH_PATHS:  # gin appends without checking: add it once
+        _SEARCH_PATHS.add(REPO_ROOT)
+        gin.add_config_file_search_path(REPO_ROOT)
     paths = [resolve(f) for f in files]
     for p in paths:
         if not os.path.isfile(p):
@@ -222,21 +239,23 @@ class _Recorder(config_parser.ParserDelegate):
         return macro_name
 
 
-def _closest(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
 def _known_selectors() -> list[str]:
     names = [e.full_name for e in registry.entries()]
     return sorted({*names, "Algorithm", "train", "Sweep"})
 
 
+class _Ambiguous(str):
+    """gin's own one-line message for a selector that matches several configurables."""
+
+
 def _configurable(selector: str) -> Any:
+    """The configurable `selector` names; None if unknown; an _Ambiguous message if it names several."""
     try:
         return gin.get_configurable(selector)
-    except (ValueError, KeyError):
+    except ValueError:
         return None
+    except KeyError as e:  # several configurables end with this name
+        return _Ambiguous(f"{_first_line(e).strip(chr(34) + chr(39))}: write the full name")
 
 
 def unknown_selector(selector: str) -> str:
@@ -248,11 +267,17 @@ def unknown_selector(selector: str) -> str:
             registry.lookup(kind, part)
         except PolgradError as e:
             return str(e)
-    return f"unknown configurable '{name}'{_closest(name, _known_selectors())}"
+    return f"unknown configurable '{name}'{did_you_mean(name, _known_selectors())}"
 
 
 def _parameters(fn: Any) -> tuple[list[str], bool]:
-    params = inspect.signature(fn).parameters.values()
+    """The parameters a binding may set: for a registered part only its hyperparameters (the loop
+    passes the others), for any other configurable every named parameter."""
+    entry = registry.entry_of(fn)
+    if entry is not None:
+        params = registry.kinds.hyperparameters(entry.kind, entry.fn)
+    else:
+        params = list(inspect.signature(fn).parameters.values())
     names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
     return names, any(p.kind == p.VAR_KEYWORD for p in params)
 
@@ -271,17 +296,18 @@ def check_statement(stmt: Any, recorder: _Recorder) -> str | None:
         return None
     if isinstance(stmt, config_parser.BindingStatement) and stmt.selector and stmt.arg_name:
         fn = _configurable(stmt.selector)
-        if fn is None:
-            return unknown_selector(stmt.selector)
+        if fn is None or isinstance(fn, _Ambiguous):
+            return fn or unknown_selector(stmt.selector)
         params, var_kw = _parameters(fn)
         if stmt.arg_name not in params and not var_kw:
             return (
                 f"'{stmt.selector}' has no parameter '{stmt.arg_name}'; valid parameters: "
-                f"{', '.join(params)}{_closest(stmt.arg_name, params)}"
+                f"{', '.join(params) or '(none)'}{did_you_mean(stmt.arg_name, params)}"
             )
     for ref in recorder.refs:
-        if _configurable(ref.rsplit("/", 1)[-1]) is None:
-            return unknown_selector(ref)
+        fn = _configurable(ref.rsplit("/", 1)[-1])
+        if fn is None or isinstance(fn, _Ambiguous):
+            return fn or unknown_selector(ref)
     return None
 
 

@@ -161,6 +161,17 @@ def setup(seed: int | None = None) -> DistInfo:
     return DistInfo(tdist.get_rank(), tdist.get_world_size(), local_rank, device)
 
 
+def all_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the data-parallel ranks (collective: every rank calls it); `t` at world size 1."""
+    if _world_size() == 1:
+        return t
+    import torch.distributed as tdist
+
+    t = t.detach().clone()
+    tdist.all_reduce(t)
+    return t
+
+
 def _world_size() -> int:
     import torch.distributed as tdist
 

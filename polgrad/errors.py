@@ -6,6 +6,15 @@ traceback; library callers get an ordinary exception they can catch.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """"; did you mean 'x'?" for the closest of `choices` to `word` (difflib), or "" if none is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
 
 class PolgradError(Exception):
     """Base class: the message is one line, names the offending thing and the valid choices."""

@@ -40,6 +40,7 @@ from polgrad import config, hooks, models, pretrain
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
+from polgrad.errors import ConfigError
 from polgrad.io import atomic_write_text
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
@@ -53,14 +54,13 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     resume / progress override `train.resume` / `train.progress` when given.
     """
     t_start = time.time()
-    cfg, algo = config.build()  # every check the sweep's dry run makes too
+    cfg, algo, task = config.build()  # every check the sweep's dry run makes too
     overrides = {"resume": resume, "progress": progress}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     os.makedirs(out_dir, exist_ok=True)
-    rank = dist_lib.setup(seed=cfg.seed).rank
-    task = cfg.task()
+    rank = _setup_ranks(cfg, algo)
 
     # 1. Build the models: the warm-started policy, and the reference, critic and reward model the parts need.
     m = build_models(cfg, algo, task)
@@ -122,6 +122,17 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         )
         atomic_write_text(os.path.join(out_dir, "operative_config.gin"), gin.operative_config_str())
     return summary
+
+
+def _setup_ranks(cfg: config.TrainConfig, algo: Algorithm) -> int:
+    """Join the process group (seeding every rank alike for model building); this process's rank."""
+    info = dist_lib.setup(seed=cfg.seed)
+    if info.world_size > 1 and algo.filters:
+        raise ConfigError(
+            "Algorithm.filters drop rows on each rank separately, so at world size > 1 the ranks would "
+            "disagree on the number of optimizer steps and block: run filtered algorithms on one process"
+        )
+    return info.rank
 
 
 # --------------------------------------------------------------------------- 1. models
@@ -393,7 +404,11 @@ def step_row(m: Models, collected: Batch, batch: Batch, state: LoopState, prep: 
     )
     row.update(update)
     if batch.ref_logp is not None and batch.size:
-        row["kl"] = float(((batch.old_logp - batch.ref_logp) * mask).sum() / mask.sum().clamp_min(1))
+        # over every rank's tokens, so that a KL controller moves the coefficient alike on all ranks
+        kl_sum, tokens = dist_lib.all_sum(
+            torch.stack([((batch.old_logp - batch.ref_logp) * mask).sum(), mask.sum()])
+        )
+        row["kl"] = float(kl_sum / tokens.clamp_min(1))
     if m.critic is not None and batch.size and batch.returns is not None:
         row["explained_variance"] = _explained_variance(batch.values, batch.returns, mask)
     return row

@@ -20,7 +20,7 @@ gin.parse_config('import my_estimators')
 entry = registry.lookup('advantage', 'median_baseline')
 assert entry.meta['needs_groups'] and entry.meta['level'] == 'sequence', entry.meta
 config.parse_config(['registry/grpo.gin'], ['Algorithm.advantage = @advantage.median_baseline'])
-_, algo = config.build()
+_, algo, _ = config.build()
 mask = torch.ones(4, 3, dtype=torch.float64)
 batch = dict(mask=mask, group_ids=torch.tensor([0, 0, 0, 1]), old_logp=torch.zeros(4, 3, dtype=torch.float64),
              scores=torch.tensor([1.0, 0.0, 0.5, 1.0], dtype=torch.float64),

@@ -98,3 +98,14 @@ def test_the_train_cli_prints_the_same_line(tmp_path, capsys):
     rc = train_main([f"registry/{spec}.gin", "--bind", f"{key} = {bad}", "--out", str(tmp_path / "x")])
     assert rc == 2
     assert expected in capsys.readouterr().err
+
+
+def test_the_dry_run_reads_the_base_config_the_launched_trainer_reads(tmp_path, capsys):
+    """A cell is launched as `python -m polgrad.train ...`, which parses experiments/base_tiny.gin
+    first: an experiment that includes nothing must validate the same way (it trains fine)."""
+    path = tmp_path / "no_include.gin"
+    path.write_text(
+        "Sweep.specs = ['registry/grpo.gin']\nSweep.grid = {'Algorithm.kl_coef': [0.01]}\nSweep.seeds = [0]\n"
+    )
+    rc = sweep_main([str(path), "--dry-run", "--results", str(tmp_path / "r")])
+    assert rc == 0, capsys.readouterr().err

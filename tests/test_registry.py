@@ -172,7 +172,8 @@ def _refused(kind: str, name: str, fn, **meta) -> str:
         f"{kind}.{name} (test_registry:"
     ), msg
     assert name not in registry.names(kind)
-    assert not gin.config._REGISTRY.matching_selectors(f"{kind}.{name}")
+    with pytest.raises(ValueError):  # not a gin configurable either
+        gin.get_configurable(f"{kind}.{name}")
     return msg
 
 

@@ -69,6 +69,16 @@ def test_every_spec_trains_a_few_steps_with_finite_losses(tmp_path, spec):
     assert "eval_accuracy" in rows[-1]
     summary = json.load(open(tmp_path / "run" / "summary.json"))
     assert summary["status"] == "ok" and summary["steps"] == 3
+    # the run records the Table-5 row of the Algorithm it built (the leaderboard reads it from there)
+    assert summary["table5"]["method"] == os.path.splitext(os.path.basename(spec))[0]
+    assert set(summary["table5"]) == {
+        "method",
+        "type",
+        "reward_model",
+        "value_function",
+        "reference_policy",
+        "core_loss",
+    }
     assert (tmp_path / "run" / "config.gin").read_text().strip()
 
 

@@ -17,7 +17,6 @@ Table 5 for every spec in registry/.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 
 import gin
 
-from polgrad.errors import RegistryError
+from polgrad.errors import RegistryError, did_you_mean
 from polgrad.registry.kinds import (
     META_KEYS,
     PROTOCOLS,
@@ -78,15 +77,11 @@ class Entry:
 _TABLE: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
 
 
-def _closest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise RegistryError(
-            f"unknown kind '{kind}'; valid kinds: {', '.join(sorted(KINDS))}{_closest(kind, KINDS)}"
+            f"unknown kind '{kind}'; valid kinds: {', '.join(sorted(KINDS))}"
+            + did_you_mean(kind, KINDS, cutoff=0.5)
         )
 
 
@@ -128,7 +123,8 @@ def lookup(kind: str, name: str) -> Entry:
     table = _TABLE[kind]
     if name not in table:
         valid = ", ".join(sorted(table)) or "(none registered)"
-        raise RegistryError(f"unknown {kind} '{name}'; valid {kind} names: {valid}{_closest(name, table)}")
+        hint = did_you_mean(name, table, cutoff=0.5)
+        raise RegistryError(f"unknown {kind} '{name}'; valid {kind} names: {valid}{hint}")
     return table[name]
 
 

@@ -23,7 +23,6 @@ Tensor names are the glossary's (CONTRIBUTING.md): B sequences, T response token
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from polgrad.errors import RegistryError, ShapeError
+from polgrad.errors import RegistryError, ShapeError, did_you_mean
 
 # --------------------------------------------------------------------------------------------
 # StepCounts: the aggregators' only source of denominators
@@ -362,11 +361,10 @@ def check_meta(kind: str, full_name: str, at: str, meta: dict[str, Any]) -> None
     declared = META_KEYS[kind]
     for key, value in meta.items():
         if key not in declared:
-            close = difflib.get_close_matches(key, list(declared), n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'? " if close else ""
             valid = ", ".join(declared) or "(none)"
             raise RegistryError(
-                f"{full_name} ({at}): unknown metadata key '{key}'; {hint}keys of {kind}: {valid}"
+                f"{full_name} ({at}): unknown metadata key '{key}'{did_you_mean(key, declared)}; "
+                f"keys of {kind}: {valid}"
             )
         why = declared[key].check(value)
         if why:

@@ -12,7 +12,7 @@ results folder (default `results/`):
 CSV columns: experiment, cell_id, spec, spec_file, one column per swept binding (named by the
 binding, value = its gin text, e.g. `Algorithm.kl` = `@kl.k3`), seed, the summary metrics
 (final_train_reward, eval_accuracy, kl, entropy, tokens_per_s, wall_time_s, peak_mem_mb, steps),
-the run's Table-5 row (table5_type, table5_reward_model, table5_value_function,
+the run's Table-5 row (table5_method, table5_type, table5_reward_model, table5_value_function,
 table5_reference_policy, table5_core_loss), status (ok | failed), error, run_dir, and where it ran:
 git_commit, python, torch, transformers, deepspeed, hostname, cpu_count, finished_at.
 

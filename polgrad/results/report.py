@@ -18,14 +18,7 @@ from polgrad.results.store import METRICS, TABLE5_COLUMNS, csv_path, read_metric
 
 # The md's Table-5 columns: (CSV column, header). The method is the group's spec (a row may name it
 # otherwise in an optional `table5_method` column); the others come from the CSV's table5_* columns.
-TABLE5 = (
-    ("table5_method", "method"),
-    ("table5_type", "type"),
-    ("table5_reward_model", "reward model"),
-    ("table5_value_function", "value function"),
-    ("table5_reference_policy", "reference policy"),
-    ("table5_core_loss", "core loss"),
-)
+TABLE5 = tuple((col, col.removeprefix("table5_").replace("_", " ")) for col in TABLE5_COLUMNS)
 
 
 def _float(text: Any) -> float:

@@ -52,12 +52,15 @@ cell (includes, spec, bindings, seed): e.g. `grpo-k3-loss-s0-1a2b3c4d`. It does 
 between runs or machines; editing an included file's *content* does not change it (start a new
 experiment name, or delete the run folders, to redo such cells).
 
-Before anything trains, the runner imports polgrad and the trainer module (so every
-configurable is registered), then parses includes + spec + fixed + grid + seed bindings of each
-cell with gin (and `gin.finalize()`, which also catches a `%gin.REQUIRED` left unset). A bad file
-stops the sweep with one line naming the file and the binding: an unknown component (with the
-valid names and the closest match), a binding to a parameter that does not exist, an axis
-whose values mix types, a missing include or spec, no seeds, an empty axis or grid.
+Before anything trains, the runner checks every cell the way its trainer will read it
+(polgrad/sweep/validation.py): polgrad.config parses the trainer's base config, the includes, the
+spec and then each binding (imports, fixed, grid, seed), `gin.finalize()` catches a
+`%gin.REQUIRED` left unset, and for polgrad's own trainer `polgrad.config.build()` builds the
+cell's Algorithm, TrainConfig and task with every check the trainer makes at its start (a
+stand-in `--train-module` gets the parse only). A bad file stops the sweep with one line naming
+the file and the binding: an unknown component (with the valid names and the closest match), a
+binding to a parameter that does not exist, a bad value, an axis whose values mix types, a
+missing include or spec, no seeds, an empty axis or grid.
 
 ## Running
 
@@ -80,7 +83,7 @@ each cell ends), results/<name>.md (leaderboard), results/<name>.png (learning c
 results/<name>/runs/<cell-id>/ with config.gin, metrics.jsonl, summary.json, stdout.log (the
 trainer's stdout and stderr), cell.json (the cell and its exact command) and checkpoints/.
 When a trainer's summary.json carries a Table-5 row (`summary["table5"]`, a dict), its fields go
-into the CSV row as table5_type, table5_reward_model, table5_value_function,
+into the CSV row as table5_method, table5_type, table5_reward_model, table5_value_function,
 table5_reference_policy and table5_core_loss.
 
 ## The package

@@ -97,7 +97,7 @@ def _sweep_lock(exp_dir: Path):
 
 # The Table-5 fields a trainer's summary["table5"] carries, copied into the CSV as table5_<field>
 # ("method" is the Algorithm's name, which may differ from the spec file's stem in `spec`).
-TABLE5_FIELDS = ("method", "type", "reward_model", "value_function", "reference_policy", "core_loss")
+TABLE5_FIELDS = tuple(c.removeprefix("table5_") for c in _results.TABLE5_COLUMNS)
 
 
 def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:

@@ -9,14 +9,12 @@ later, with gin, by `polgrad.sweep.validation`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
-from polgrad.errors import ConfigError
+from polgrad.errors import ConfigError, did_you_mean
 from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
 
 # The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
@@ -70,11 +68,6 @@ class Experiment:
 
 def _fail(file: str, where: str, msg: str) -> ConfigError:
     return ConfigError(f"{file}: {where}: {msg}" if where else f"{file}: {msg}")
-
-
-def _closest(word: str, choices: Sequence[str], cutoff: float = 0.6) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def resolve_path(path: str, experiment_file: str) -> str | None:
@@ -133,7 +126,7 @@ def _read_statements(
                             file,
                             f"line {line}: Sweep.{st.arg_name}",
                             f"unknown Sweep parameter '{st.arg_name}'; valid: {', '.join(SWEEP_DEFAULTS)}"
-                            + _closest(st.arg_name, list(SWEEP_DEFAULTS)),
+                            + did_you_mean(st.arg_name, list(SWEEP_DEFAULTS)),
                         )
                     params[st.arg_name], lines[st.arg_name] = st.value, line
                 else:
@@ -307,7 +300,7 @@ def load_experiment(path: str) -> Experiment:
             file,
             where("primary_metric"),
             f"unknown metric {gin_text(primary)}; valid: "
-            f"{', '.join(_results.METRICS)}{_closest(str(primary), _results.METRICS)}",
+            f"{', '.join(_results.METRICS)}{did_you_mean(str(primary), _results.METRICS)}",
         )
     higher = param("higher_is_better")
     if not isinstance(higher, bool):

@@ -57,7 +57,9 @@ def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> None:
             gin.clear_config()
             try:
                 # The trainer's parse, one binding at a time so that the message names the culprit.
-                config.parse_config(list(cell.config_files), [], base=None)
+                # polgrad.train parses its default base config first (the launch passes no --base)
+                base = config.DEFAULT_BASE if build else None
+                config.parse_config(list(cell.config_files), [], base=base)
                 for text in cell.bindings:
                     try:
                         config.parse_config([], [text], base=None)
