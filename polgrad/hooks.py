@@ -55,9 +55,7 @@ def event(name: str) -> None:
 
 
 @contextlib.contextmanager
-def listen(
-    on_phase: PhaseListener | None = None, on_event: EventListener | None = None
-) -> Iterator[None]:
+def listen(on_phase: PhaseListener | None = None, on_event: EventListener | None = None) -> Iterator[None]:
     """Register the listeners for the duration of the block."""
     if on_phase is not None:
         _phase_listeners.append(on_phase)

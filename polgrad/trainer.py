@@ -7,6 +7,8 @@ out_dir:
 
     config.gin            every binding of the run (written first, so a crash still has it)
     metrics.jsonl         one JSON object per step, flushed every step
+    eval.jsonl            one record per evaluation (step 0 = the starting policy): accuracy and
+                          the per-prompt results on the same held-out prompts every time
     summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row
     operative_config.gin  the bindings gin actually used
     checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below)
@@ -14,10 +16,12 @@ out_dir:
 Loop state: the step, the KL coefficient (a controller may move it; the spec never changes) and
 the count of skipped optimizer steps. It is saved in every checkpoint and restored on resume.
 
-Reproducibility: every random draw of step s (prompts, sampling, minibatch shuffles) is seeded
-from (seed, s, rank), and checkpoints carry optimiser and RNG states, so on CPU the same seed
-gives the same metrics file and an interrupted run resumed with `resume=True` ends where an
-uninterrupted run ends. Each data-parallel rank draws its own prompts.
+Reproducibility: the warm start and reward model are seeded by `train.init_seed`, apart from the
+RL seed, so runs that differ only in `train.seed` start from the same policy (a paired design).
+Every random draw of step s (prompts, sampling, minibatch shuffles) is seeded from (seed, s,
+rank), and checkpoints carry optimiser and RNG states, so on CPU the same seed gives the same
+metrics file and an interrupted run resumed with `resume=True` ends where an uninterrupted run
+ends. Each data-parallel rank draws its own prompts.
 
 Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.
@@ -41,6 +45,7 @@ from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
 from polgrad.errors import ConfigError
+from polgrad.evaluation import Evaluator, exact_kl, read_evals
 from polgrad.io import atomic_write_text
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
@@ -64,8 +69,9 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
 
     # 1. Build the models: the warm-started policy, and the reference, critic and reward model the parts need.
     m = build_models(cfg, algo, task)
-    # 2. Start, or resume the loop state from the last checkpoint.
-    state = start_or_resume(cfg, algo, m, out_dir)
+    evaluate = Evaluator(task, task.eval_examples(cfg.eval_size), cfg.max_new_tokens, out_dir, rank == 0)
+    # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
+    state = start_or_resume(cfg, algo, m, out_dir, evaluate)
 
     bar = _progress(range(state.step, cfg.steps), enabled=cfg.progress and rank == 0, desc=algo.name)
     for step in bar:
@@ -93,9 +99,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
             )
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             with hooks.phase("eval"):
-                row["eval_accuracy"] = evaluate(
-                    m.engine.module, m.tokenizer, task, cfg.eval_size, cfg.max_new_tokens
-                )
+                row["eval_accuracy"] = evaluate(m.engine.module, m.tokenizer, step + 1)
         row.update(times)
         row.update(
             tokens_per_s=float(collected.rollout.mask.sum()) / max(sum(times.values()), 1e-9),
@@ -114,7 +118,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
     if m.vllm is not None:
         m.vllm.close()
-    summary = summarize(os.path.join(out_dir, "metrics.jsonl"), wall_time_s=time.time() - t_start)
+    summary = summarize(out_dir, wall_time_s=time.time() - t_start)
     summary["table5"] = algo.table_row()
     if rank == 0:
         atomic_write_text(
@@ -169,7 +173,12 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     if policy_path is None:
         sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
         policy_path = pretrain.warm_start(
-            cfg.task_name, cfg.task_kwargs(), cfg.model_kwargs, seed=cfg.seed, progress=cfg.progress, **sft
+            cfg.task_name,
+            cfg.task_kwargs(),
+            cfg.model_kwargs,
+            seed=cfg.init_seed,
+            progress=cfg.progress,
+            **sft,
         )
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
     # A reward model is trained (cached) when it scores the responses or initialises the critic.
@@ -177,7 +186,7 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     if cfg.reward_source == "reward_model" or algo.needs_reward_model:
         rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
         rm_path, rm_accuracy = pretrain.train_reward_model(
-            policy_path, task, seed=cfg.seed, progress=cfg.progress, **rm
+            policy_path, task, seed=cfg.init_seed, progress=cfg.progress, **rm
         )
     if cfg.reward_source == "reward_model":
         reward_model = models.load_reward_model(rm_path)
@@ -213,8 +222,13 @@ class LoopState:
     skipped_steps: int = 0  # optimizer steps skipped for a non-finite loss or gradient
 
 
-def start_or_resume(cfg: config.TrainConfig, algo: Algorithm, m: Models, out_dir: str) -> LoopState:
-    """The loop state at the spec's initial KL coefficient, or the last checkpoint's with `resume`."""
+def start_or_resume(
+    cfg: config.TrainConfig, algo: Algorithm, m: Models, out_dir: str, evaluate: Evaluator
+) -> LoopState:
+    """The loop state at the spec's initial KL coefficient, or the last checkpoint's with `resume`.
+
+    A fresh run evaluates its starting policy (step 0) first; a resumed one keeps the evaluations
+    its checkpoint covers."""
     state = LoopState(kl_coef=algo.kl_coef)
     ckpt = os.path.join(out_dir, "checkpoints")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
@@ -225,6 +239,7 @@ def start_or_resume(cfg: config.TrainConfig, algo: Algorithm, m: Models, out_dir
             dist_lib.load_checkpoint(m.critic, os.path.join(ckpt, "critic"))
         state = LoopState(step=saved["step"], kl_coef=saved["kl_coef"], skipped_steps=saved["skipped_steps"])
         _truncate_metrics(metrics_path, state.step)
+        evaluate.keep_until(state.step)
         if m.vllm is not None:
             m.vllm.sync_weights(m.engine.module)
     elif os.path.exists(metrics_path):
@@ -232,6 +247,9 @@ def start_or_resume(cfg: config.TrainConfig, algo: Algorithm, m: Models, out_dir
     if state.step == 0:
         with open(os.path.join(out_dir, "config.gin"), "w") as f:
             f.write(gin.config_str())
+        evaluate.start()
+        with hooks.phase("eval"):
+            evaluate(m.engine.module, m.tokenizer, 0)
     return state
 
 
@@ -279,12 +297,14 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
             old_logp = hf_rollout.response_logprobs(m.engine.module, rollout, temperature=cfg.temperature)
             old_logp = old_logp.double() * mask
     # Reference log-probs (a frozen model: no_grad keeps autograd from even looking at its forward).
-    ref_logp = None
+    ref_logp, kl_exact = None, None
     if m.reference is not None:
         with torch.no_grad(), hooks.phase("ref"):
             ref_logp = hf_rollout.response_logprobs(
                 m.reference, rollout, temperature=cfg.temperature
             ).double()
+        with hooks.phase("kl_exact"):  # a metric: the exact KL the estimators approximate
+            kl_exact = exact_kl(m.engine.module, m.reference, rollout, temperature=cfg.temperature)
     t_ref = time.perf_counter()
     # The critic's values before the update (old_values).
     values = None
@@ -301,6 +321,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         rollout_logp=rollout.rollout_logp.double(),
         baseline_scores=baseline_scores,
         ref_logp=ref_logp,
+        kl_exact=kl_exact,
         values=values,
         old_values=values,
         rollout=rollout,
@@ -405,35 +426,20 @@ def step_row(m: Models, collected: Batch, batch: Batch, state: LoopState, prep: 
     row.update(update)
     if batch.ref_logp is not None and batch.size:
         # over every rank's tokens, so that a KL controller moves the coefficient alike on all ranks
-        kl_sum, tokens = dist_lib.all_sum(
-            torch.stack([((batch.old_logp - batch.ref_logp) * mask).sum(), mask.sum()])
-        )
+        sums = [(batch.old_logp - batch.ref_logp) * mask, batch.kl_exact * mask, mask]
+        kl_sum, kl_exact_sum, tokens = dist_lib.all_sum(torch.stack([x.sum() for x in sums]))
         row["kl"] = float(kl_sum / tokens.clamp_min(1))
+        row["kl_exact"] = float(kl_exact_sum / tokens.clamp_min(1))
     if m.critic is not None and batch.size and batch.returns is not None:
         row["explained_variance"] = _explained_variance(batch.values, batch.returns, mask)
     return row
 
 
-@torch.no_grad()
-def evaluate(model, tokenizer, task, n: int, max_new_tokens: int) -> float:
-    """Greedy accuracy (reward == 1) on the first `n` held-out examples (seed 0: the same set every eval)."""
-    examples = task.examples("eval", n, seed=0)
-    model.eval()
-    rollout = hf_rollout.generate(
-        model,
-        tokenizer,
-        examples,
-        group_size=1,
-        temperature=0.0,
-        max_new_tokens=max_new_tokens,
-        generator_seed=0,
-    )
-    hits = sum(task.reward(ex, t) >= 1.0 for ex, t in zip(rollout.examples, rollout.texts, strict=True))
-    return float(hits / len(examples))
-
-
-def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
+def summarize(out_dir: str, wall_time_s: float) -> dict[str, Any]:
+    """The run's summary: means over the last steps, the last and the starting eval accuracy."""
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
     rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
+    init = [e["accuracy"] for e in read_evals(out_dir) if e["step"] == 0]
     last = rows[-SUMMARY_LAST_K:]
 
     def mean(key: str) -> float | None:
@@ -446,7 +452,9 @@ def summarize(metrics_path: str, wall_time_s: float) -> dict[str, Any]:
         "steps": len(rows),
         "final_train_reward": mean("reward_mean"),
         "eval_accuracy": evals[-1] if evals else None,
+        "eval_accuracy_init": init[0] if init else None,
         "kl": mean("kl"),
+        "kl_exact": mean("kl_exact"),
         "entropy": mean("entropy"),
         "tokens_per_s": mean("tokens_per_s"),
         "wall_time_s": wall_time_s,

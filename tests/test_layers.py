@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     ["polgrad.errors", "polgrad.registry", "polgrad.hooks", "polgrad.io"],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks", "polgrad.checks"],
-    ["polgrad.rollout", "polgrad.batch"],
+    ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation"],
     ["polgrad.algorithm", "polgrad.distributed", "polgrad.pretrain"],
     ["polgrad.config"],
     ["polgrad.trainer", "polgrad.train"],

@@ -232,9 +232,7 @@ _FORMULA = MetaKey(
     "the term this part contributes to the Table-5 core loss (Algorithm.table_row); also listed", type=str
 )
 _FORMULA_LISTED = MetaKey("descriptive: the part's formula, shown by `python -m polgrad.registry`", type=str)
-_NEEDS_GROUPS = MetaKey(
-    "compares samples of the same prompt: Algorithm() requires group_size >= 2"
-)
+_NEEDS_GROUPS = MetaKey("compares samples of the same prompt: Algorithm() requires group_size >= 2")
 META_KEYS: dict[str, dict[str, MetaKey]] = {
     "advantage": {
         "needs_critic": MetaKey(

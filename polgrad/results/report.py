@@ -13,6 +13,7 @@ from typing import Any
 
 from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
+from polgrad.results.findings import sections
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, TABLE5_COLUMNS, csv_path, read_metrics, read_rows
 
@@ -95,12 +96,42 @@ def markdown(
     higher_is_better: bool = True,
     command: str = "",
     stale_rows: int = 0,
+    baseline: dict[str, str] | None = None,
+    question: str = "",
+    predictions: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     group (spec + swept bindings) with mean ± 95% CI per metric and the group's Table-5 columns (read
-    from the rows' table5_* columns, "n/a" where they have none), and the failed cells."""
+    from the rows' table5_* columns, "n/a" where they have none), the paired comparisons with the
+    leader and with the `baseline` (column -> value text) and the findings they support
+    (polgrad.results.findings), and the failed cells."""
     group_columns = ["spec", *swept_columns]
     board = leaderboard(rows, group_columns, primary_metric, higher_is_better)
+
+    def label(key) -> str:
+        return _group_label(dict(zip(group_columns, key, strict=True)), swept_columns)
+
+    def key_of(config: dict[str, str] | None):
+        return next(
+            (
+                tuple(e["group"][c] for c in group_columns)
+                for e in board
+                if config and all(e["group"].get(c) == str(v) for c, v in config.items())
+            ),
+            None,
+        )
+
+    base_key = key_of(baseline)
+    preds = [(p["claim"], key_of(p["config"]), p["metric"], p["expected"]) for p in predictions]
+    stats_lines, best_key, starred = sections(
+        rows,
+        group_columns,
+        label,
+        primary=primary_metric,
+        higher_is_better=higher_is_better,
+        baseline=base_key,
+        predictions=preds,
+    )
     envs = {
         k: sorted({str(r.get(k, "")) for r in rows if r.get(k)})
         for k in ("hostname", "cpu_count", "python", "torch", "transformers", "deepspeed", "git_commit")
@@ -112,15 +143,18 @@ def markdown(
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     direction = "higher is better" if higher_is_better else "lower is better"
     n_ok = sum(r.get("status") == "ok" for r in rows)
-    lines = [
-        f"# {experiment}",
-        "",
+    lines = [f"# {experiment}", ""]
+    if question:
+        lines += [f"**Question.** {question}", ""]
+    lines += [
         f"Machine: {one('hostname')} ({one('cpu_count')} CPUs) · python {one('python')} · torch "
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
         f"commit {one('git_commit')} · {date} · command: `{command}`",
         "",
         f"{len(rows)} cells ({n_ok} ok, {len(rows) - n_ok} failed) in {len(board)} groups (spec + swept "
-        f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks the best group. Each value is "
+        f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly better than "
+        "every other one (paired by seed, Holm-corrected: see below), so no group has ★ when the leaders are "
+        "tied. Each value is "
         "the mean over seeds ± the half-width of its 95% confidence interval (Student t, n−1 degrees of "
         "freedom); `(n=1)` means a single seed, so no interval.",
     ]
@@ -136,7 +170,7 @@ def markdown(
     lines += ["", "| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "---|" * len(header)]
     missing: list[str] = []
     for i, e in enumerate(board):
-        best = i == 0 and e["n"] > 0
+        best = starred and tuple(e["group"][c] for c in group_columns) == best_key
         rank = f"**{i + 1} ★**" if best else str(i + 1)
         seeds = f"{e['n']}" + (f" ({e['n_failed']} failed)" if e["n_failed"] else "")
         g = e["group"]
@@ -169,6 +203,9 @@ def markdown(
             "them from summary.json's `table5`)"
             + ("" if len(missing) == len(board) else ": " + "; ".join(missing)),
         ]
+    if baseline and base_key is None:
+        lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
+    lines += stats_lines
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         lines += ["", "## Failed cells", ""]
@@ -292,6 +329,9 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         higher_is_better=meta.get("higher_is_better", True),
         command=meta.get("command", ""),
         stale_rows=len(all_rows) - len(rows),
+        baseline=meta.get("baseline"),
+        question=meta.get("question", ""),
+        predictions=meta.get("predictions", ()),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

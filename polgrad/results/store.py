@@ -20,7 +20,9 @@ from polgrad.io import atomic_write_text
 METRICS = (
     "final_train_reward",
     "eval_accuracy",
+    "eval_accuracy_init",
     "kl",
+    "kl_exact",
     "entropy",
     "tokens_per_s",
     "wall_time_s",

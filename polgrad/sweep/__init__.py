@@ -38,6 +38,14 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                    |                   | k cells on one GPU)                                    |
 | `launcher`         | `'deepspeed'`     | multi-GPU cells: 'deepspeed' or 'torchrun'             |
 | `timeout_s`        | `None`            | wall-clock limit per cell; over it: killed, failed     |
+| `question`         | `''`              | the question the experiment answers (heads its md)     |
+| `baseline`         | first values      | {column: value} naming the configuration every other   |
+|                    |                   | one is compared with, paired by seed ('spec' or a      |
+|                    |                   | swept binding as column)                               |
+| `predictions`      | `[]`              | [(claim, {column: value}, metric, 'lower' | 'higher' | |
+|                    |                   | 'no difference')]: statements about a configuration −  |
+|                    |                   | the baseline, each marked confirmed / refuted / not    |
+|                    |                   | confirmed / consistent by the paired statistics        |
 
 Every cell runs in a fresh process as
 

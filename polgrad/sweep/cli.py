@@ -148,6 +148,9 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         "primary_metric": exp.primary_metric,
         "higher_is_better": exp.higher_is_better,
         "swept_columns": exp.swept_columns,
+        "baseline": exp.baseline,
+        "question": exp.question,
+        "predictions": exp.predictions,
         "cells": [
             {
                 "id": c.id,

@@ -34,7 +34,11 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "num_gpus": 0,
     "launcher": "deepspeed",
     "timeout_s": None,
+    "baseline": None,
+    "question": "",
+    "predictions": [],
 }
+EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
 
 
@@ -60,6 +64,9 @@ class Experiment:
     launcher: str
     timeout_s: float | None
     lines: dict[str, int] = dataclasses.field(default_factory=dict)  # Sweep param -> line
+    baseline: dict[str, str] = dataclasses.field(default_factory=dict)  # column -> value text
+    question: str = ""
+    predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def swept_columns(self) -> list[str]:
@@ -272,6 +279,76 @@ def _read_grid(
     return axes
 
 
+def _read_baseline(file: str, value: Any, specs, axes, where) -> dict[str, str]:
+    """The baseline configuration as {column: value text}; default: the first spec and first values."""
+    default = {
+        "spec": Path(specs[0]).stem,
+        **{k: gin_text(v) for keys, vals in axes for k, v in _firsts(keys, vals)},
+    }
+    if value is None:
+        return default
+    columns = {"spec": [Path(s).stem for s in specs]}
+    for keys, vals in axes:
+        for i, k in enumerate(keys):
+            columns[k] = [gin_text(v[i] if len(keys) > 1 else v) for v in vals]
+    if not isinstance(value, dict) or not value:
+        raise _fail(
+            file, where("baseline"), "must be a dict naming the baseline, e.g. {'Algorithm.kl_coef': 0.0}"
+        )
+    out = dict(default)
+    for k, v in value.items():
+        text = Path(v).stem if k == "spec" and isinstance(v, str) else gin_text(v)
+        if k not in columns:
+            raise _fail(
+                file,
+                where("baseline"),
+                f"unknown column {k!r}; valid: {', '.join(columns)}" + did_you_mean(str(k), columns),
+            )
+        if text not in columns[k]:
+            raise _fail(
+                file, where("baseline"), f"{k} = {text} is not one of its values: {', '.join(columns[k])}"
+            )
+        out[k] = text
+    return out
+
+
+def _read_predictions(file: str, value: Any, specs, axes, where) -> list[dict[str, Any]]:
+    """Sweep.predictions: [(claim, configuration dict, metric, 'lower' | 'higher' | 'no difference'), ...],
+    each a statement about that configuration minus the baseline, judged by the paired statistics."""
+    if not isinstance(value, (list, tuple)):
+        raise _fail(
+            file, where("predictions"), "must be a list of (claim, configuration, metric, expectation)"
+        )
+    out = []
+    for i, item in enumerate(value):
+        here = f"{where('predictions')}[{i}]"
+        if not (isinstance(item, (list, tuple)) and len(item) == 4 and isinstance(item[0], str)):
+            raise _fail(file, here, "must be (claim, {column: value}, metric, expectation)")
+        claim, config, metric, expected = item
+        if metric not in _results.METRICS:
+            raise _fail(
+                file, here, f"unknown metric {gin_text(metric)}" + did_you_mean(str(metric), _results.METRICS)
+            )
+        if expected not in EXPECTATIONS:
+            raise _fail(
+                file, here, f"expectation must be one of {', '.join(EXPECTATIONS)}, got {gin_text(expected)}"
+            )
+        out.append(
+            {
+                "claim": claim,
+                "config": _read_baseline(file, config, specs, axes, lambda _, h=here: h),
+                "metric": metric,
+                "expected": expected,
+            }
+        )
+    return out
+
+
+def _firsts(keys, vals):
+    first = vals[0]
+    return zip(keys, first if len(keys) > 1 else (first,), strict=True)
+
+
 def load_experiment(path: str) -> Experiment:
     """Read and check an experiment file (syntax and Sweep parameters; bindings are checked later)."""
     file = str(path)
@@ -324,8 +401,17 @@ def load_experiment(path: str) -> Experiment:
     ):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
 
+    baseline = _read_baseline(file, param("baseline"), specs, axes, where)
+    predictions = _read_predictions(file, param("predictions"), specs, axes, where)
+    question = param("question")
+    if not isinstance(question, str):
+        raise _fail(file, where("question"), "must be a string: the question the experiment answers")
+
     return Experiment(
         file=file,
+        baseline=baseline,
+        question=question,
+        predictions=predictions,
         name=name,
         includes=[i for i, _ in includes],
         include_paths=include_paths,

@@ -22,12 +22,17 @@ class Example:
 
 class Task(Protocol):
     name: str
-    alphabet: str          # every character a prompt or response may contain (for the char tokenizer)
+    alphabet: str  # every character a prompt or response may contain (for the char tokenizer)
     max_prompt_chars: int  # longest prompt, in characters
     max_response_chars: int  # longest correct response, in characters (max_new_tokens = this + 1 for EOS)
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """`n` examples of `split` ('train' or 'eval'); the eval split never overlaps train."""
+        ...
+
+    def eval_examples(self, n: int | None) -> list[Example]:
+        """Distinct held-out examples in a fixed order (no prompt twice): the whole eval split when
+        `n` is None, else its first `n`. Every run of the task evaluates on the same list."""
         ...
 
     def reward(self, example: Example, response: str) -> float:

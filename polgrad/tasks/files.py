@@ -221,6 +221,17 @@ class FileTask:
         rows = self._draw(split, n, random.Random(f"file|{split}|{seed}"))
         return [Example(prompt=r.prompt, answer=r.answer) for r in rows]
 
+    def eval_examples(self, n: int | None) -> list[Example]:
+        rows: dict[str, _Row] = {}
+        for r in sorted(self._rows("eval"), key=lambda r: prompt_hash(r.prompt)):  # distinct prompts
+            rows.setdefault(r.prompt, r)
+        if n is not None and n > len(rows):
+            raise DataError(
+                f"{self.path}: the eval split has {len(rows)} distinct prompts, fewer than "
+                f"train.eval_size = {n}"
+            )
+        return [Example(prompt=r.prompt, answer=r.answer) for r in list(rows.values())[:n]]
+
     def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]:
         return [(r.prompt, r.demo) for r in self._draw("train", n, random.Random(f"file|demo|{seed}"))]
 

@@ -27,7 +27,9 @@ symbols is easier).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -37,6 +39,7 @@ from polgrad.tasks.base import Example
 
 DIGITS = "0123456789"
 SPLITS = ("train", "eval")
+MAX_ENUMERATED = 200_000  # a task with more problems evaluates on a drawn subset (train.eval_size)
 
 
 def prompt_hash(prompt: str) -> int:
@@ -91,6 +94,14 @@ class _Generated:
     def _sample(self, rng: random.Random) -> Example:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _count(self) -> int:  # pragma: no cover - abstract
+        """How many distinct problems the task has."""
+        raise NotImplementedError
+
+    def _all(self) -> Iterator[Example]:  # pragma: no cover - abstract
+        """Every distinct problem once."""
+        raise NotImplementedError
+
     def _corrupt(self, ex: Example, rng: random.Random) -> str:  # pragma: no cover - abstract
         """A plausible wrong answer (never equal to `ex.answer`)."""
         raise NotImplementedError
@@ -117,6 +128,26 @@ class _Generated:
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         return self._draw(split, n, random.Random(f"{self.name}|{split}|{seed}"))
+
+    def eval_examples(self, n: int | None) -> list[Example]:
+        if self.eval_fraction == 0.0:
+            raise ConfigError(f"task.{self.name}.eval_fraction is 0, so the eval split is empty; set it > 0")
+        if n is None:  # the whole split: every problem, held-out ones kept, ordered by prompt hash
+            if self._count() > MAX_ENUMERATED:
+                raise ConfigError(
+                    f"task.{self.name} has {self._count():,} problems, too many to evaluate on all of its "
+                    f"held-out ones: set train.eval_size to a number"
+                )
+            held = [ex for ex in self._all() if in_eval_split(ex.prompt, self.eval_fraction)]
+            return sorted(held, key=lambda ex: prompt_hash(ex.prompt))
+        out: dict[str, Example] = {}  # distinct prompts, drawn in a fixed order
+        for ex in self._draw("eval", 50 * n + 100, random.Random(f"{self.name}|eval_set")):
+            out.setdefault(ex.prompt, ex)
+            if len(out) == n:
+                return list(out.values())
+        raise ConfigError(
+            f"task.{self.name}: its eval split has fewer than {n} distinct prompts; lower train.eval_size"
+        )
 
     def reward(self, example: Example, response: str) -> float:
         return exact_or_partial(example.answer, response, self.partial)
@@ -176,9 +207,18 @@ class Add(_Generated):
         return str(total)[::-1] if self.reverse else str(total)
 
     def _sample(self, rng: random.Random) -> Example:
-        a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
+        return self._problem(rng.randrange(10**self.digits), rng.randrange(10**self.digits))
+
+    def _problem(self, a: int, b: int) -> Example:
         fa, fb = (str(a).zfill(self.digits), str(b).zfill(self.digits)) if self.pad else (str(a), str(b))
         return Example(prompt=f"{fa}+{fb}=", answer=self._write(a + b))
+
+    def _count(self) -> int:
+        return 10 ** (2 * self.digits)
+
+    def _all(self) -> Iterator[Example]:
+        n = 10**self.digits
+        return (self._problem(a, b) for a in range(n) for b in range(n))
 
     def _corrupt(self, ex: Example, rng: random.Random) -> str:
         total = int(ex.answer[::-1] if self.reverse else ex.answer)
@@ -231,6 +271,14 @@ class _DigitString(_Generated):
     def _sample(self, rng: random.Random) -> Example:
         s = "".join(rng.choice(DIGITS[: self.symbols]) for _ in range(self.length))
         return Example(prompt=f"{self.prefix} {s}=", answer=self._transform(s))
+
+    def _count(self) -> int:
+        return self.symbols**self.length
+
+    def _all(self) -> Iterator[Example]:
+        for digits in itertools.product(DIGITS[: self.symbols], repeat=self.length):
+            s = "".join(digits)
+            yield Example(prompt=f"{self.prefix} {s}=", answer=self._transform(s))
 
 
 @dataclass(frozen=True)

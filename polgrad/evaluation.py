@@ -1,0 +1,118 @@
+"""What a run measures besides its training metrics: held-out accuracy per prompt, and the exact KL.
+
+`Evaluator` scores the policy greedily on a fixed list of distinct held-out prompts (the task's
+`eval_examples`: the whole held-out split by default), the same list at every evaluation and in
+every run of the task, and appends one record per evaluation to `eval.jsonl`:
+
+    {"step": 20, "accuracy": 0.41, "n": 1008, "prompts": [...], "correct": [0, 1, ...]}
+
+so that two runs can be compared prompt by prompt as well as by seed. Step 0 is the starting
+policy (the warm start), evaluated before the first update.
+
+`exact_kl` is KL(π‖π_ref) summed over the whole vocabulary at each sampled position, computed in
+chunks of rows so that at most `max_elements` logits of each model are held at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from polgrad.components.kl import full as exact_kl_part
+from polgrad.io import atomic_write_text
+from polgrad.rollout import hf as hf_rollout
+from polgrad.tasks.base import Example
+
+
+@torch.no_grad()
+def greedy_correct(model, tokenizer, task, examples: Sequence[Example], max_new_tokens: int) -> list[int]:
+    """1 where the greedy response to an example earns the full reward (== 1), else 0."""
+    model.eval()
+    rollout = hf_rollout.generate(
+        model,
+        tokenizer,
+        list(examples),
+        group_size=1,
+        temperature=0.0,
+        max_new_tokens=max_new_tokens,
+        generator_seed=0,
+    )
+    return [int(task.reward(ex, t) >= 1.0) for ex, t in zip(rollout.examples, rollout.texts, strict=True)]
+
+
+@dataclass
+class Evaluator:
+    """Greedy held-out accuracy on `examples`, recorded per prompt in `<out_dir>/eval.jsonl`."""
+
+    task: object
+    examples: list[Example]
+    max_new_tokens: int
+    out_dir: str
+    write: bool = True  # only rank 0 writes
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.out_dir, "eval.jsonl")
+
+    def __call__(self, model, tokenizer, step: int) -> float:
+        correct = greedy_correct(model, tokenizer, self.task, self.examples, self.max_new_tokens)
+        accuracy = sum(correct) / len(correct)
+        if self.write:
+            record = {
+                "step": step,
+                "accuracy": accuracy,
+                "n": len(correct),
+                "prompts": [ex.prompt for ex in self.examples],
+                "correct": correct,
+            }
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return accuracy
+
+    def keep_until(self, step: int) -> None:
+        """Drop the records after `step` (a resumed run evaluates those steps again)."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            lines = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        atomic_write_text(self.path, "".join(lines))
+
+    def start(self) -> None:
+        """A fresh run: no records of an older run in this folder."""
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def read_evals(run_dir: str) -> list[dict]:
+    """The eval.jsonl records of a run, oldest first ([] if it has none)."""
+    path = os.path.join(run_dir, "eval.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@torch.no_grad()
+def exact_kl(policy, reference, rollout, *, temperature: float, max_elements: int = 2**24) -> Tensor:
+    """Per-token KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) over the full vocabulary at each response position [B,T].
+
+    Same temperature scaling as the sampler's log-probs. Rows are processed in chunks of at most
+    `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one chunk's logits.
+    Zero where the rollout's mask is 0.
+    """
+    b, t = rollout.response_ids.shape
+    vocab = int(getattr(policy.config, "vocab_size", 1) or 1)
+    rows_per_chunk = max(1, max_elements // max(1, t * vocab))
+    out = []
+    for rows in torch.arange(b).split(rows_per_chunk):
+        ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows])
+        pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, return_logits=True)
+        ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, return_logits=True)
+        mask = rollout.mask[rows].to(pol.logp.dtype)
+        out.append(exact_kl_part(pol.logp, ref.logp, mask, logits=pol.logits, ref_logits=ref.logits))
+    return torch.cat(out).double()

@@ -1,0 +1,112 @@
+"""Evaluation a comparison can rest on: distinct held-out prompts, per-prompt records, the exact KL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from polgrad import registry
+from polgrad.components.kl import full
+from polgrad.errors import ConfigError
+from polgrad.evaluation import Evaluator, exact_kl, read_evals
+from polgrad.results.compare import Comparison
+from polgrad.results.findings import verdict
+from polgrad.results.stats import Paired
+from polgrad.tasks.synthetic import in_eval_split
+
+
+@pytest.mark.parametrize("name", ["add", "sort", "reverse"])
+def test_eval_examples_are_distinct_held_out_and_the_same_every_time(name):
+    task = registry.get("task", name)(**({"length": 4, "symbols": 5} if name != "add" else {}))
+    whole = task.eval_examples(None)
+    prompts = [ex.prompt for ex in whole]
+    assert len(prompts) == len(set(prompts)) > 0  # without replacement
+    assert all(in_eval_split(p, task.eval_fraction) for p in prompts)  # held out only
+    assert [ex.prompt for ex in task.eval_examples(None)] == prompts  # a fixed list
+    some = task.eval_examples(50)
+    assert len({ex.prompt for ex in some}) == 50
+    assert [ex.prompt for ex in task.eval_examples(50)] == [ex.prompt for ex in some]
+
+
+def test_the_whole_split_of_add_is_every_held_out_sum():
+    task = registry.get("task", "add")(digits=1)  # 100 problems a+b, a, b in 0..9
+    held = {
+        f"{a}+{b}=" for a in range(10) for b in range(10) if in_eval_split(f"{a}+{b}=", task.eval_fraction)
+    }
+    assert {ex.prompt for ex in task.eval_examples(None)} == held
+    with pytest.raises(ConfigError, match="fewer than 500 distinct prompts"):
+        task.eval_examples(500)
+
+
+class _Task:
+    def reward(self, example, response):
+        return 1.0 if response == example.answer else 0.0
+
+
+def test_evaluator_records_per_prompt_results_and_keeps_only_what_a_resume_covers(tmp_path, monkeypatch):
+    from polgrad import evaluation
+    from polgrad.tasks.base import Example
+
+    examples = [Example("1+1=", "2"), Example("2+2=", "4"), Example("3+3=", "6")]
+    answers = iter([[1, 0, 1], [1, 1, 1], [0, 0, 1]])
+    monkeypatch.setattr(evaluation, "greedy_correct", lambda *a, **k: next(answers))
+    ev = Evaluator(_Task(), examples, 4, str(tmp_path))
+    ev.start()
+    assert ev(None, None, 0) == pytest.approx(2 / 3)
+    ev(None, None, 10)
+    ev(None, None, 20)
+    recs = read_evals(str(tmp_path))
+    assert [r["step"] for r in recs] == [0, 10, 20]
+    assert recs[0]["prompts"] == ["1+1=", "2+2=", "3+3="] and recs[0]["correct"] == [1, 0, 1]
+    ev.keep_until(10)  # a resume from the step-10 checkpoint evaluates step 20 again
+    assert [r["step"] for r in read_evals(str(tmp_path))] == [0, 10]
+    ev.start()  # a fresh run in the same folder
+    assert read_evals(str(tmp_path)) == []
+    assert json.loads(json.dumps(recs[1]))["accuracy"] == 1.0
+
+
+def test_exact_kl_equals_the_full_vocabulary_kl_and_does_not_depend_on_the_chunking():
+    from polgrad.models import build_tiny
+    from polgrad.rollout import hf
+    from polgrad.tasks.base import Example
+
+    task = registry.get("task", "add")()
+    policy, tok = build_tiny(task, seed=0)
+    reference, _ = build_tiny(task, seed=1)  # another random init: a KL well above zero
+    examples = [Example("1+2=", "3"), Example("12+3=", "15")]
+    rollout = hf.generate(policy, tok, examples, group_size=3, max_new_tokens=4, generator_seed=1)
+    got = exact_kl(policy, reference, rollout, temperature=1.0)
+    one_row = exact_kl(policy, reference, rollout, temperature=1.0, max_elements=1)  # one row at a time
+    torch.testing.assert_close(got, one_row, rtol=0, atol=1e-6)
+    # the definition, by hand: sum_v p(v) (log p(v) - log q(v)) at every valid position
+    p = hf.response_logprobs(policy, rollout, return_logits=True)
+    q = hf.response_logprobs(reference, rollout, return_logits=True)
+    lp, lq = torch.log_softmax(p.logits.double(), -1), torch.log_softmax(q.logits.double(), -1)
+    by_hand = (lp.exp() * (lp - lq)).sum(-1) * rollout.mask.double()
+    torch.testing.assert_close(got, by_hand, rtol=0, atol=1e-5)  # fp32 logits: ~1e-6 relative
+    assert (got * rollout.mask).sum() > 0 and torch.all(got[rollout.mask == 0] == 0)
+    assert full is not None
+
+
+def _cmp(mean: float, p_holm: float, n: int = 5) -> Comparison:
+    return Comparison(
+        ("b",), ("x",), "kl_exact", Paired(n, mean, mean - 0.1, mean + 0.1, p_holm, 0.1), p_holm, 4
+    )
+
+
+@pytest.mark.parametrize(
+    "expected, mean, p, word",
+    [
+        ("lower", -0.05, 0.001, "confirmed"),
+        ("lower", 0.05, 0.001, "refuted"),
+        ("lower", -0.05, 0.2, "not confirmed"),
+        ("no difference", 0.01, 0.3, "consistent"),
+        ("no difference", 0.05, 0.01, "refuted"),
+        ("higher", 0.05, 0.01, "confirmed"),
+    ],
+)
+def test_prediction_verdicts_follow_the_corrected_test(expected, mean, p, word):
+    assert verdict(expected, _cmp(mean, p)).startswith(word)
+    assert verdict(expected, None).startswith("untested")
