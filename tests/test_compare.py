@@ -78,11 +78,13 @@ def star_is_supported(md: str) -> bool:
             table.append(ln)
         elif table:
             break
+    # others − leader: negative when higher is better, positive when lower is better
+    behind = "+" if "with the leader lower" in "\n".join(lines[i : i + 4]) else "-"
     for row in table:
         cells = [c.strip() for c in row.strip("|").split("|")]
         delta, p_holm = cells[1], cells[3]
         p = 0.0 if p_holm == "<1e-4" else float(p_holm)
-        if not (p < 0.05 and delta.startswith("-")):
+        if not (p < 0.05 and delta.startswith(behind)):
             return False
     return bool(table)
 
@@ -109,6 +111,20 @@ def test_a_clear_leader_gets_the_star_and_noise_does_not():
     md = _md(noise)
     assert not starred and "★ " not in md.split("| rank")[1].split("\n\n")[0]
     assert "No configuration is significantly better than all others" in md
+
+
+def test_a_lower_is_better_leader_is_checked_in_its_own_direction():
+    rows = _rows({"@kl.k1": 0.0, "@kl.k2": 0.0, "@kl.k3": -0.15}, seeds=6, noise=0.01)
+    md = markdown(
+        "x",
+        rows,
+        swept_columns=["Algorithm.kl"],
+        primary_metric="eval_accuracy",
+        higher_is_better=False,
+        baseline={"Algorithm.kl": "@kl.k1"},
+    )
+    assert "| **1 ★** | **grpo** | `@kl.k3` |" in md and star_is_supported(md)
+    assert not star_is_supported(md.replace("with the leader lower", "with the leader higher"))
 
 
 def test_the_checker_rejects_an_unsupported_star():

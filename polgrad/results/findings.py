@@ -68,7 +68,8 @@ def sections(
         if starred:
             worst_p = _p(max(c.p_holm for c in comps))
             findings.append(
-                f"{label(best)} has the {direction}est {primary}: significantly better than each other "
+                f"{label(best)} has the {'highest' if higher_is_better else 'lowest'} {primary}: "
+                "significantly better than each other "
                 f"configuration (paired by seed; largest Holm-corrected p = {worst_p})."
             )
         else:

@@ -242,15 +242,18 @@ def plot(
     group_columns = ["spec", *swept_columns]
     board = leaderboard(rows, group_columns, primary_metric, higher_is_better)
     by_id = {r["cell_id"]: r for r in rows}
-    panels = [("reward_mean", "train reward (mean over batch)"), ("eval_accuracy", "eval accuracy")]
+    panels = [
+        ("reward_mean", "train reward (mean over batch)"),
+        ("eval_accuracy", "eval accuracy (step 0 = start)"),
+    ]
+    if primary_metric not in ("reward_mean", "eval_accuracy"):
+        panels.append((primary_metric, f"{primary_metric} (the primary metric)"))
+    one_spec = len({e["group"]["spec"] for e in board}) == 1
     curves: dict[str, list[tuple[str, Any, Any, Any, Any]]] = {k: [] for k, _ in panels}
     for e in board:
-        label = _group_label(e["group"], swept_columns)
-        per_seed = [
-            read_metrics(Path(results_dir) / by_id[c]["run_dir"] / "metrics.jsonl")
-            for c in e["cells"]
-            if by_id[c].get("run_dir")
-        ]
+        label = _plot_label(e["group"], swept_columns, one_spec)
+        run_dirs = [Path(results_dir) / by_id[c]["run_dir"] for c in e["cells"] if by_id[c].get("run_dir")]
+        per_seed = [read_metrics(d / "metrics.jsonl") + _start_eval(d) for d in run_dirs]
         for key, _ in panels:
             series = [
                 {r["step"]: r[key] for r in m if isinstance(r.get(key), (int, float))} for m in per_seed
@@ -269,12 +272,12 @@ def plot(
             curves[key].append((label, np.array(steps), mean, lo, hi))
     shown = [(k, t) for k, t in panels if curves[k]] or panels[:1]
     n_labels = len(board)
-    ncol = max(1, min(3 if len(shown) > 1 else 2, n_labels))
+    ncol = max(1, min(2, n_labels))
     legend_in = 0.2 * math.ceil(n_labels / ncol) + 0.2 if n_labels else 0.0  # inches under the axes
     height = 4.4 + legend_in
     fig, axes = plt.subplots(1, len(shown), figsize=(6.5 * len(shown), height), squeeze=False)
     cmap = plt.get_cmap("tab10" if len(board) <= 10 else "tab20")
-    colors = {_group_label(e["group"], swept_columns): cmap(i % cmap.N) for i, e in enumerate(board)}
+    colors = {_plot_label(e["group"], swept_columns, one_spec): cmap(i % cmap.N) for i, e in enumerate(board)}
     for ax, (key, title) in zip(axes[0], shown, strict=True):
         for label, steps, mean, lo, hi in curves[key]:
             marker = "o" if len(steps) <= 30 else None  # sparse curves (evals) show their points
@@ -303,6 +306,28 @@ def plot(
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def _plot_label(group: dict[str, str], swept_columns: Sequence[str], one_spec: bool) -> str:
+    """A short legend label: the spec only when several are compared, bindings without 'Algorithm.'."""
+    parts = [] if one_spec and swept_columns else [group["spec"]]
+    parts += [f"{c.removeprefix('Algorithm.')}={group[c]}" for c in swept_columns]
+    return " · ".join(parts)
+
+
+def _start_eval(run_dir: Path) -> list[dict[str, Any]]:
+    """The step-0 evaluation (the starting policy) from eval.jsonl, as a metrics row."""
+    path = run_dir / "eval.jsonl"
+    if not path.exists():
+        return []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("step") == 0:
+            return [{"step": 0, "eval_accuracy": rec.get("accuracy")}]
+    return []
 
 
 def experiment_meta(experiment: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
