@@ -113,10 +113,17 @@ def sections(
                 )
             if not sig and fams[m]:
                 mdes = [c.mde for c in fams[m].values() if not math.isnan(c.mde)]
+                span = (
+                    f"{_num(min(mdes))}"
+                    if mdes and len(set(mdes)) == 1
+                    else f"{_num(min(mdes))} to {_num(max(mdes))}, depending on the configuration"
+                    if mdes
+                    else "–"
+                )
                 findings.append(
-                    f"No configuration differs significantly from the baseline in {m}; differences "
-                    f"smaller than about {_num(min(mdes) if mdes else math.nan)} could not be detected "
-                    "with these seeds."
+                    f"No configuration differs significantly from the baseline in {m}: they are tied at "
+                    f"this budget (the smallest difference these seeds detect at {POWER:.0%} power is "
+                    f"{span})."
                 )
     if baseline is not None and predictions:
         lines += _predictions(rows, group_columns, label, baseline, predictions, findings)
