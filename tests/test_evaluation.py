@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -110,3 +111,21 @@ def _cmp(mean: float, p_holm: float, n: int = 5) -> Comparison:
 def test_prediction_verdicts_follow_the_corrected_test(expected, mean, p, word):
     assert verdict(expected, _cmp(mean, p)).startswith(word)
     assert verdict(expected, None).startswith("untested")
+
+
+def test_no_difference_is_confirmed_only_by_an_equivalence_test_within_the_declared_margin():
+    c = _cmp(0.01, 0.3)  # not significantly different
+    assert verdict("no difference", c, p_equivalence=0.01, margin=0.03).startswith("confirmed (equivalent")
+    assert verdict("no difference", c, p_equivalence=0.2, margin=0.03).startswith("not confirmed")
+    assert verdict("no difference", c).startswith("consistent")  # no margin declared
+    assert verdict("no difference", _cmp(0.05, 0.01), 0.01, 0.03).startswith("refuted")
+
+
+def test_equivalence_p_known_value():
+    # n = 3 differences with mean 0.01, sd 0.01 -> se = 0.01/sqrt(3); margin 0.05:
+    # t_low = (0.01 + 0.05)/se = 6 sqrt(3), t_high = (0.01 - 0.05)/se = -4 sqrt(3); the larger one-sided p
+    # is P(T_2 > 4 sqrt(3)) = 1/2 - t/(2 sqrt(2 + t^2)) with t = 4 sqrt(3) (Student t, 2 df, closed form).
+    t = 4 * math.sqrt(3)
+    p = Paired(3, 0.01, 0.0, 0.02, 0.3, 0.01).equivalence_p(0.05)
+    assert p == pytest.approx(0.5 - t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert math.isnan(Paired(1, 0.0, 0.0, 0.0, math.nan, math.nan).equivalence_p(0.05))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from polgrad.results.compare import ALPHA, POWER, Comparison, Key, against, leader
+from polgrad.results.stats import holm
 
 LEADER_HEADING = "## Is the leader better than every other configuration?"
 BASELINE_HEADING = "## Paired differences to the baseline"
@@ -44,7 +45,7 @@ def sections(
     primary: str,
     higher_is_better: bool,
     baseline: Key | None,
-    predictions: Sequence[tuple[str, Key | None, str, str]] = (),
+    predictions: Sequence[tuple[str, Key | None, str, str, float | None]] = (),
 ) -> tuple[list[str], Key | None, bool]:
     """Markdown lines of the leader and baseline sections and the findings; the leader and its ★."""
     best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
@@ -131,16 +132,21 @@ def sections(
     return lines, best, starred
 
 
-def verdict(expected: str, c: Comparison | None) -> str:
-    """confirmed / refuted / not confirmed / consistent, from the corrected test of config − baseline."""
+def verdict(expected: str, c: Comparison | None, p_equivalence: float = math.nan, margin=None) -> str:
+    """confirmed / refuted / not confirmed / consistent, from the corrected tests of config − baseline.
+
+    'no difference' is confirmed only by an equivalence test within ±margin (p_equivalence, already
+    corrected), refuted by a significant difference, and otherwise only 'consistent'."""
     if c is None or c.test.n < 2:
         return "untested (no paired seeds)"
     if expected == "no difference":
-        return (
-            "refuted (a significant difference)"
-            if c.significant
-            else "consistent (no significant difference)"
-        )
+        if c.significant:
+            return "refuted (a significant difference)"
+        if not math.isnan(p_equivalence) and p_equivalence < ALPHA:
+            return f"confirmed (equivalent within ±{margin:g})"
+        if margin is not None:
+            return f"not confirmed (neither different nor shown within ±{margin:g})"
+        return "consistent (no significant difference; no equivalence margin declared)"
     went = "lower" if c.test.mean < 0 else "higher"
     if c.significant:
         return "confirmed" if went == expected else f"refuted (significantly {went})"
@@ -153,21 +159,30 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings) ->
         "## Predictions",
         "",
         f"Each prediction is about a configuration − the baseline ({label(baseline)}), judged by the same "
-        f"paired, Holm-corrected test as above (α = {ALPHA}). A 'no difference' prediction can only be "
-        "refuted or found consistent: a non-significant test does not prove equality.",
+        f"paired, Holm-corrected test as above (α = {ALPHA}). A 'no difference' prediction is confirmed "
+        "only by an equivalence test (two one-sided t-tests, Holm-corrected over the equivalence "
+        "predictions) within the margin the experiment declared; a non-significant difference alone "
+        "does not prove equality.",
         "",
-        "| prediction | configuration | metric | expected | Δ [95% CI] | p (Holm) | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| prediction | configuration | metric | expected | Δ [95% CI] | p (Holm) | p equivalence (Holm) "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     fams: dict[str, dict[Key, Comparison]] = {}
-    for claim, key, metric, expected in predictions:
+    for _, _key, metric, _, _ in predictions:
         if metric not in fams:
             fams[metric] = {c.other: c for c in against(rows, group_columns, metric, baseline)}
-        c = fams[metric].get(key) if key is not None else None
-        v = verdict(expected, c)
+    comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in predictions]
+    raw = [
+        c.test.equivalence_p(mg) if c and mg else math.nan
+        for c, (*_, mg) in zip(comps, predictions, strict=True)
+    ]
+    p_eq = holm(raw)
+    for (claim, key, metric, expected, margin), c, pe in zip(predictions, comps, p_eq, strict=True):
+        v = verdict(expected, c, pe, margin)
         where = label(key) if key is not None else "(no such configuration)"
         delta, p = (_delta(c), _p(c.p_holm)) if c else ("–", "–")
-        lines.append(f"| {claim} | {where} | {metric} | {expected} | {delta} | {p} | {v} |")
+        lines.append(f"| {claim} | {where} | {metric} | {expected} | {delta} | {p} | {_p(pe)} | {v} |")
         findings.append(
             f"Prediction '{claim}': {v}" + (f" (Δ {metric} = {delta}, Holm p = {p})." if c else ".")
         )

@@ -122,7 +122,9 @@ def markdown(
         )
 
     base_key = key_of(baseline)
-    preds = [(p["claim"], key_of(p["config"]), p["metric"], p["expected"]) for p in predictions]
+    preds = [
+        (p["claim"], key_of(p["config"]), p["metric"], p["expected"], p.get("margin")) for p in predictions
+    ]
     stats_lines, best_key, starred = sections(
         rows,
         group_columns,

@@ -80,6 +80,20 @@ class Paired:
     p: float
     sd: float  # standard deviation of the paired differences
 
+    def equivalence_p(self, margin: float) -> float:
+        """Two one-sided tests (Schuirmann 1987) of |true difference| >= margin: the larger one-sided
+        p; below alpha, the difference is within ±margin at level alpha."""
+        from scipy import stats
+
+        if self.n < 2 or math.isnan(self.sd) or not margin > 0:
+            return math.nan
+        if self.sd == 0.0:
+            return 0.0 if abs(self.mean) < margin else 1.0
+        se = self.sd / math.sqrt(self.n)
+        p_low = float(stats.t.sf((self.mean + margin) / se, self.n - 1))  # H0: difference <= -margin
+        p_high = float(stats.t.cdf((self.mean - margin) / se, self.n - 1))  # H0: difference >= +margin
+        return max(p_low, p_high)
+
     def mde(self, alpha: float, power: float = 0.8) -> float:
         """Smallest true difference a paired t-test at two-sided level `alpha` detects with `power`,
         given this SD of the differences: (t_{1-alpha/2, n-1} + t_{power, n-1}) · sd / sqrt(n)."""

@@ -313,8 +313,9 @@ def _read_baseline(file: str, value: Any, specs, axes, where) -> dict[str, str]:
 
 
 def _read_predictions(file: str, value: Any, specs, axes, where) -> list[dict[str, Any]]:
-    """Sweep.predictions: [(claim, configuration dict, metric, 'lower' | 'higher' | 'no difference'), ...],
-    each a statement about that configuration minus the baseline, judged by the paired statistics."""
+    """Sweep.predictions: [(claim, configuration dict, metric, 'lower' | 'higher' | 'no difference'
+    [, margin]), ...], each a statement about that configuration minus the baseline, judged by the
+    paired statistics; a 'no difference' with a margin is tested for equivalence within ±margin."""
     if not isinstance(value, (list, tuple)):
         raise _fail(
             file, where("predictions"), "must be a list of (claim, configuration, metric, expectation)"
@@ -322,9 +323,12 @@ def _read_predictions(file: str, value: Any, specs, axes, where) -> list[dict[st
     out = []
     for i, item in enumerate(value):
         here = f"{where('predictions')}[{i}]"
-        if not (isinstance(item, (list, tuple)) and len(item) == 4 and isinstance(item[0], str)):
-            raise _fail(file, here, "must be (claim, {column: value}, metric, expectation)")
-        claim, config, metric, expected = item
+        if not (isinstance(item, (list, tuple)) and len(item) in (4, 5) and isinstance(item[0], str)):
+            raise _fail(file, here, "must be (claim, {column: value}, metric, expectation[, margin])")
+        claim, config, metric, expected = item[:4]
+        margin = item[4] if len(item) == 5 else None
+        if margin is not None and (expected != "no difference" or not _positive_number(margin)):
+            raise _fail(file, here, "a margin (> 0) goes only with the expectation 'no difference'")
         if metric not in _results.METRICS:
             raise _fail(
                 file, here, f"unknown metric {gin_text(metric)}" + did_you_mean(str(metric), _results.METRICS)
@@ -339,9 +343,14 @@ def _read_predictions(file: str, value: Any, specs, axes, where) -> list[dict[st
                 "config": _read_baseline(file, config, specs, axes, lambda _, h=here: h),
                 "metric": metric,
                 "expected": expected,
+                "margin": margin,
             }
         )
     return out
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
 
 def _firsts(keys, vals):
