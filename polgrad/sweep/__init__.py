@@ -43,9 +43,11 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                    |                   | one is compared with, paired by seed ('spec' or a      |
 |                    |                   | swept binding as column)                               |
 | `predictions`      | `[]`              | [(claim, {column: value}, metric, 'lower' | 'higher' | |
-|                    |                   | 'no difference')]: statements about a configuration −  |
-|                    |                   | the baseline, each marked confirmed / refuted / not    |
-|                    |                   | confirmed / consistent by the paired statistics        |
+|                    |                   | 'no difference' [, margin])]: statements about a       |
+|                    |                   | configuration − the baseline, each marked confirmed /  |
+|                    |                   | refuted / not confirmed by the paired statistics; 'no  |
+|                    |                   | difference' needs a margin to be confirmed (an         |
+|                    |                   | equivalence test within ±margin)                       |
 
 Every cell runs in a fresh process as
 
