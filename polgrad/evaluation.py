@@ -98,8 +98,12 @@ def read_evals(run_dir: str) -> list[dict]:
 
 
 @torch.no_grad()
-def exact_kl(policy, reference, rollout, *, temperature: float, max_elements: int = 2**24) -> Tensor:
-    """Per-token KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) over the full vocabulary at each response position [B,T].
+def exact_kl(
+    policy, reference, rollout, *, temperature: float, max_elements: int = 2**24
+) -> tuple[Tensor, Tensor]:
+    """Per-token KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) over the full vocabulary at each response position [B,T],
+    and the reference's log-probs of the sampled tokens [B,T] from the same forward (so the loop
+    needs no second reference forward for `ref_logp`).
 
     Same temperature scaling as the sampler's log-probs. Rows are processed in chunks of at most
     `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one chunk's logits.
@@ -108,11 +112,12 @@ def exact_kl(policy, reference, rollout, *, temperature: float, max_elements: in
     b, t = rollout.response_ids.shape
     vocab = int(getattr(policy.config, "vocab_size", 1) or 1)
     rows_per_chunk = max(1, max_elements // max(1, t * vocab))
-    out = []
+    out, ref_logp = [], []
     for rows in torch.arange(b).split(rows_per_chunk):
         ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows])
         pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, return_logits=True)
         ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, return_logits=True)
         mask = rollout.mask[rows].to(pol.logp.dtype)
         out.append(exact_kl_part(pol.logp, ref.logp, mask, logits=pol.logits, ref_logits=ref.logits))
-    return torch.cat(out).double()
+        ref_logp.append(ref.logp)
+    return torch.cat(out).double(), torch.cat(ref_logp)

@@ -299,12 +299,11 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     # Reference log-probs (a frozen model: no_grad keeps autograd from even looking at its forward).
     ref_logp, kl_exact = None, None
     if m.reference is not None:
+        # One reference forward gives ref_logp and, with a policy forward, the exact KL (a metric:
+        # what the estimators approximate).
         with torch.no_grad(), hooks.phase("ref"):
-            ref_logp = hf_rollout.response_logprobs(
-                m.reference, rollout, temperature=cfg.temperature
-            ).double()
-        with hooks.phase("kl_exact"):  # a metric: the exact KL the estimators approximate
-            kl_exact = exact_kl(m.engine.module, m.reference, rollout, temperature=cfg.temperature)
+            kl_exact, ref_logp = exact_kl(m.engine.module, m.reference, rollout, temperature=cfg.temperature)
+            ref_logp = ref_logp.double()
     t_ref = time.perf_counter()
     # The critic's values before the update (old_values).
     values = None

@@ -78,9 +78,14 @@ def test_exact_kl_equals_the_full_vocabulary_kl_and_does_not_depend_on_the_chunk
     reference, _ = build_tiny(task, seed=1)  # another random init: a KL well above zero
     examples = [Example("1+2=", "3"), Example("12+3=", "15")]
     rollout = hf.generate(policy, tok, examples, group_size=3, max_new_tokens=4, generator_seed=1)
-    got = exact_kl(policy, reference, rollout, temperature=1.0)
-    one_row = exact_kl(policy, reference, rollout, temperature=1.0, max_elements=1)  # one row at a time
+    got, ref_logp = exact_kl(policy, reference, rollout, temperature=1.0)
+    one_row, ref_logp_rows = exact_kl(
+        policy, reference, rollout, temperature=1.0, max_elements=1
+    )  # row by row
     torch.testing.assert_close(got, one_row, rtol=0, atol=1e-6)
+    # the reference log-probs it returns are the reference forward's (the loop's ref_logp)
+    torch.testing.assert_close(ref_logp, hf.response_logprobs(reference, rollout), rtol=0, atol=0)
+    torch.testing.assert_close(ref_logp_rows, ref_logp, rtol=0, atol=1e-6)
     # the definition, by hand: sum_v p(v) (log p(v) - log q(v)) at every valid position
     p = hf.response_logprobs(policy, rollout, return_logits=True)
     q = hf.response_logprobs(reference, rollout, return_logits=True)
