@@ -13,7 +13,8 @@ inside the trainer's sampling phase) or "eval/decode" (the same loop during eval
 
 Phases the trainer emits, per step: sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint. The HF rollout emits decode inside
-them (the sampled rows' decode and, for ReMax, the greedy baseline's).
+them (the sampled rows' decode and, for ReMax, the greedy baseline's). Each thread nests its own
+phases: the async producer's decode (polgrad/producer.py) is reported as "decode", at the top.
 """
 
 from __future__ import annotations

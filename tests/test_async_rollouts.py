@@ -255,15 +255,20 @@ def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_staleness_two_logs_its_lag_and_corrects_with_the_behaviour_logprobs(tmp_path):
-    bind = ["train.async_rollouts = True", "train.max_staleness = 2", "Algorithm.clip = @clip.icepop"]
+@pytest.mark.parametrize("clip", ["ppo", "icepop"])
+def test_staleness_two_logs_its_lag_and_keeps_the_behaviour_logprobs(tmp_path, clip):
+    bind = ["train.async_rollouts = True", "train.max_staleness = 2", f"Algorithm.clip = @clip.{clip}"]
     rows, _ = _train(tmp_path, "k2", bind)
     assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
     assert [r["staleness_mean"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
-    # icepop makes the trainer recompute old_logp always; stale rows' behaviour log-probs differ from it
+    # Stale rollouts: the trainer recomputes old_logp (pi_old, its own weights) even for clip.ppo,
+    # which ignores the behaviour log-probs kept beside it; they differ, so w = pi_old/pi_behaviour != 1.
     for r in rows[1:]:
         assert r["is_ratio_max"] > 1.0 > r["is_ratio_min"] > 0.0, r
-        assert 0.0 < r["clip/is_weight"] and 0.0 <= r["clip/is_masked"] < 1.0
+    if clip == "ppo":  # step 0 is fresh: its sampling log-probs are pi_old's and are reused (w = 1)
+        assert (rows[0]["is_ratio_max"], rows[0]["is_ratio_min"]) == (1.0, 1.0)
+    if clip == "icepop":
+        assert all(r["clip/is_weight"] > 0.0 and 0.0 <= r["clip/is_masked"] < 1.0 for r in rows)
 
 
 @pytest.mark.slow
