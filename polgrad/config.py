@@ -58,6 +58,9 @@ class TrainConfig:
     start from the same policy: one warm start per experiment unless you sweep init_seed.
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
+    async_rollouts: a producer thread samples the next batches while the trainer updates, step s
+    from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
+    the synchronous loop exactly.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -88,6 +91,8 @@ class TrainConfig:
     threads: int | None = None
     resume: bool = False
     progress: bool = True
+    async_rollouts: bool = False
+    max_staleness: int = 1
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -113,6 +118,7 @@ class TrainConfig:
             raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        _check_async(self)
         entry = registry.entry_of(self.task)
         if entry is None or entry.kind != "task":
             raise ConfigError(
@@ -143,6 +149,19 @@ def _is_real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _check_async(cfg: TrainConfig) -> None:
+    """train.async_rollouts / train.max_staleness: one-line errors for what the producer cannot run."""
+    if not isinstance(cfg.async_rollouts, bool):
+        raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
+    if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
+        raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
+    if cfg.async_rollouts and (cfg.rollout_backend != "hf" or cfg.zero_stage == 3):
+        raise ConfigError(  # the producer copies the whole weights into its own HF module
+            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
+            f"(got {cfg.rollout_backend!r}, {cfg.zero_stage}): a separate vLLM engine is not implemented"
+        )
+
+
 def _positive_int(name: str, value: Any) -> None:
     if not _is_int(value) or value < 1:
         raise ConfigError(f"train.{name} must be a positive integer, got {value!r}")
@@ -165,6 +184,8 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
         raise ConfigError(_first_line(e)) from None
     except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
         raise ConfigError(_first_line(e)) from None
+    if cfg.async_rollouts and algo.offline:
+        raise ConfigError(f"train.async_rollouts = True: {algo.name} samples nothing (Algorithm.preference)")
     return cfg, algo, task
 
 
@@ -174,6 +195,8 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     vLLM rollouts run one in-process engine inside the trainer's process; at world size > 1 each
     rank would start its own inside the trainer's process group, which polgrad does not test.
     """
+    if world_size > 1 and cfg.async_rollouts:
+        raise ConfigError("train.async_rollouts = True runs on one process only (world size 1)")
     if world_size > 1 and cfg.rollout_backend == "vllm":
         raise ConfigError(
             "train.rollout_backend = 'vllm' is supported on one process only (each rank would start its "

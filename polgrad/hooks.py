@@ -13,12 +13,14 @@ inside the trainer's sampling phase) or "eval/decode" (the same loop during eval
 
 Phases the trainer emits, per step: sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint. The HF rollout emits decode inside
-them (the sampled rows' decode and, for ReMax, the greedy baseline's).
+them (the sampled rows' decode and, for ReMax, the greedy baseline's). Each thread nests its own
+phases: the async producer's decode (polgrad/producer.py) is reported as "decode", at the top.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -27,7 +29,13 @@ EventListener = Callable[[str], None]
 
 _phase_listeners: list[PhaseListener] = []
 _event_listeners: list[EventListener] = []
-_stack: list[str] = []
+_local = threading.local()  # each thread's open phases (the async producer decodes in its own)
+
+
+def _stack() -> list[str]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
 
 
 @contextlib.contextmanager
@@ -36,14 +44,15 @@ def phase(name: str) -> Iterator[None]:
     if not _phase_listeners:
         yield
         return
-    _stack.append(name)
-    path = "/".join(_stack)
+    stack = _stack()
+    stack.append(name)
+    path = "/".join(stack)
     t0 = time.perf_counter()
     try:
         yield
     finally:
         dt = time.perf_counter() - t0
-        _stack.pop()
+        stack.pop()
         for fn in list(_phase_listeners):
             fn(path, dt)
 

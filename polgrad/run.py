@@ -38,8 +38,11 @@ class Models:
     reward_model: torch.nn.Module | None = None
     rm_accuracy: float | None = None  # the reward model's held-out pairwise accuracy
     vllm: Any = None  # a vLLM sampler that gets the policy's weights after every step
+    producer: Any = None  # async rollouts (train.async_rollouts): polgrad.producer.Producer
 
     def sample(self, examples, **kwargs) -> hf_rollout.Rollout:
+        if self.producer is not None:
+            return self.producer.sample(examples, **kwargs)
         if self.vllm is not None:
             return self.vllm.generate(examples, **kwargs)
         return hf_rollout.generate(self.engine.module, self.tokenizer, examples, **kwargs)
@@ -148,6 +151,8 @@ def start_or_resume(
 def save_checkpoint(m: Models, out_dir: str, state: LoopState) -> None:
     client_state = {"polgrad": dataclasses.asdict(state)}
     ckpt, tag = os.path.join(out_dir, "checkpoints"), f"step{state.step}"
+    if m.producer is not None:  # async rollouts: the older weights the next steps sample with, first
+        m.producer.save(os.path.join(ckpt, "sampler"), state.step)
     dist_lib.save_checkpoint(m.engine, os.path.join(ckpt, "policy"), tag, client_state)
     if m.critic is not None:
         dist_lib.save_checkpoint(m.critic, os.path.join(ckpt, "critic"), tag, client_state)

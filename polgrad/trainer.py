@@ -37,6 +37,13 @@ several minibatches each rank shuffles its own rows into them, so the minibatche
 With filters, every rank keeps the same number of groups (the fewest any rank has), so all
 ranks run the same optimizer steps.
 
+Asynchronous rollouts (`train.async_rollouts`, `train.max_staleness` = k; polgrad/producer.py): a
+producer samples step s's rollout from the weights of step max(s - k, 0) while the trainer updates on
+earlier ones. Its log-probs are kept as `rollout_logp` (the behaviour policy), old_logp is recomputed
+when the rollout is stale, and the row logs staleness_mean/max, rollout_wait_s and the statistics of
+π_old/π_behaviour (is_ratio_*). k = 0 is the synchronous loop exactly; checkpoints also hold the k
+older weight versions the next steps sample with, so resume stays exact.
+
 Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.
 """
@@ -54,7 +61,7 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, offline
+from polgrad import collective, config, export, hooks, offline, producer
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -95,6 +102,9 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     evaluate = Evaluator(task, task.eval_examples(cfg.eval_size), cfg.max_new_tokens, out_dir, rank == 0)
     # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
     state = start_or_resume(cfg, algo, m, out_dir, evaluate)
+    m.producer = producer.start(
+        cfg, algo, m, task, out_dir, state.step, lambda s: step_seed(cfg.seed, s, rank)
+    )
 
     # 3-5 of each step: sample, score, advantages, update (rl_step, below); a preference spec
     # (DPO) instead updates on the task's fixed preference pairs (polgrad/offline.py).
@@ -128,6 +138,8 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
     if m.vllm is not None:
         m.vllm.close()
+    if m.producer is not None:
+        m.producer.close()
     summary = summarize(out_dir, wall_time_s=time.time() - t_start)
     summary["table5"] = algo.table_row()
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage)
@@ -158,6 +170,8 @@ def rl_step(
 ) -> tuple[dict[str, Any], dict[str, float], float, LoopState]:
     """Steps 3-5 of one RL step, and its metrics row; returns (row, phase times, tokens, new state)."""
     t0 = time.perf_counter()
+    if m.producer is not None:  # async rollouts: publish this step's weights, queue the coming rollouts
+        m.producer.begin(state.step, m.engine.module)
     # 3. Collect a batch: G responses per prompt, scored, with the reference's and critic's view
     #    (with filters, sampling again until enough groups are kept: DAPO's dynamic sampling).
     got = collect_kept(cfg, algo, m, task, seed)
@@ -174,6 +188,8 @@ def rl_step(
     # The row; the KL controller moves the coefficient for the next step.
     state = dataclasses.replace(state, step=state.step + 1, skipped_steps=state.skipped_steps + skipped)
     row = step_row(m, got.sampled, batch, state, {**prep_metrics, **got.info}, update_metrics)
+    if m.producer is not None:  # staleness, the wait for rollouts, the IS weights π_old/π_behaviour
+        row.update(m.producer.metrics(batch))
     if "kl_seq" in row:  # the per-sequence KL, the unit of the controllers' targets
         new_coef = algo.next_kl_coef(state.kl_coef, row["kl_seq"], n_steps=int(row["update_seqs"]))
         state = dataclasses.replace(state, kl_coef=new_coef)
@@ -187,15 +203,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     examples = task.examples("train", cfg.prompts_per_step, seed=seed)
     m.engine.module.eval()
     with hooks.phase("sample"):
-        rollout = m.sample(
-            examples,
-            group_size=algo.group_size,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens,
-            greedy_baseline=algo.needs_baseline_rollout,
-            generator_seed=seed,
-        )
+        rollout = m.sample(examples, **producer.sample_kwargs(cfg, algo, seed))
     t_gen = time.perf_counter()
     # The reward: one scalar per sequence (a greedy baseline gets the same scorer).
     with hooks.phase("reward"):
@@ -203,10 +211,10 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         baseline_scores = m.score(rollout.baseline, task) if algo.needs_baseline_rollout else None
     mask = rollout.mask.double()
     old_logp = rollout.rollout_logp.double()
-    # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's own:
-    # recompute old_logp with the trainer's forward. Otherwise the sampling-time log-probs are
-    # pi_old's already (same weights, same temperature) and are reused.
-    if algo.needs_rollout_logp:
+    # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's own,
+    # and a stale async rollout's are not pi_old's: recompute old_logp with the trainer's forward.
+    # Otherwise the sampling-time log-probs are pi_old's already (same weights, same temperature).
+    if algo.needs_rollout_logp or (m.producer is not None and m.producer.stale):
         with torch.no_grad(), hooks.phase("old_logp"):
             old_logp = hf_rollout.response_logprobs(m.engine.module, rollout, temperature=cfg.temperature)
             old_logp = old_logp.double() * mask

@@ -21,9 +21,15 @@ import polgrad  # noqa: F401  (registers the built-in parts)
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import get, lookup, names
 
-RULES = ["none", "ppo", "dual_clip", "gspo", "cispo", "tis"]
+RULES = ["none", "ppo", "dual_clip", "gspo", "cispo", "tis", "icepop"]
 COMMON_METRICS = {"clip_low", "clip_high", "approx_kl"}
-EXTRA_METRICS = {"dual_clip": {"clip_dual"}, "cispo": {"is_weight"}, "tis": {"tis_weight"}}
+EXTRA_METRICS = {
+    "dual_clip": {"clip_dual"},
+    "cispo": {"is_weight"},
+    "tis": {"tis_weight"},
+    "icepop": {"is_weight", "is_masked"},
+}
+OFF_POLICY = {"tis", "icepop"}
 F64 = torch.float64
 
 
@@ -81,7 +87,7 @@ def test_signature_meta_and_metric_keys(name):
     assert len(params) == 4 + len(kw)
     assert isinstance(entry.meta["formula"], str) and entry.meta["formula"]
     assert entry.meta["ratio"] == ("sequence" if name == "gspo" else "token")
-    assert entry.meta["off_policy"] is (name == "tis")
+    assert entry.meta["off_policy"] is (name in OFF_POLICY)
     z = torch.zeros(2, 3, dtype=F64)
     _, metrics = entry.fn(z, z, z, torch.ones_like(z), rollout_logp=z)
     assert set(metrics) == COMMON_METRICS | EXTRA_METRICS.get(name, set())
@@ -195,10 +201,12 @@ def test_ppo_equals_plain_pg_inside_the_trust_region(batch, eps_low, eps_high):
         "ppo": _run("ppo", old, d, adv, mask, eps_low=eps_low, eps_high=eps_high),
         "dual_clip": _run("dual_clip", old, d, adv, mask, eps_low=eps_low, eps_high=eps_high),
         "tis": _run("tis", old, d, adv, mask, rollout=old, eps_low=eps_low, eps_high=eps_high),
+        "icepop": _run("icepop", old, d, adv, mask, rollout=old, eps_low=eps_low, eps_high=eps_high),
     }
     for name, (loss, metrics, grad, _) in others.items():
         # Inside the region clip(ρ) = ρ exactly, so max(-ρA, -ρA) = -ρA bit for bit; autograd splits
-        # the gradient of a tie 1/2 + 1/2 (exact in binary). TIS: w = e^0 = 1 exactly. Hence 1e-15.
+        # the gradient of a tie 1/2 + 1/2 (exact in binary). TIS, IcePop: w = e^0 = 1 exactly (inside
+        # IcePop's band [0.5, 5], so M(w) = 1). Hence 1e-15.
         torch.testing.assert_close(loss, pg_loss, rtol=1e-15, atol=1e-15, msg=name)
         torch.testing.assert_close(grad, pg_grad, rtol=1e-15, atol=1e-15, msg=name)
         assert not metrics["clip_low"].any() and not metrics["clip_high"].any()
@@ -209,11 +217,11 @@ def test_ppo_equals_plain_pg_inside_the_trust_region(batch, eps_low, eps_high):
     )
 
 
-@pytest.mark.parametrize("name", ["ppo", "dual_clip", "tis"])
+@pytest.mark.parametrize("name", ["ppo", "dual_clip", "tis", "icepop"])
 @given(batch=batches(d_lo=-2.0, d_hi=2.0), eps_low=_floats(0.05, 0.5), eps_high=_floats(0.05, 0.5))
 def test_gradient_is_zero_exactly_in_the_clipped_cases(name, batch, eps_low, eps_high):
     old, d, adv, mask = batch
-    kw = {"rollout": old} if name == "tis" else {}
+    kw = {"rollout": old} if name in OFF_POLICY else {}
     if name == "dual_clip":
         kw["c"] = 1e6  # out of reach here: this test is about the PPO cases only
     loss, metrics, grad, r = _run(name, old, d, adv, mask, eps_low=eps_low, eps_high=eps_high, **kw)
@@ -241,7 +249,7 @@ def test_one_gradient_step_all_rules_give_the_pg_gradient(batch):
     # logp == old_logp (ρ = 1, first step on a fresh batch; chapter eq. 64). Every rule's gradient wrt
     # logp_t is then -A_t exactly:
     #   none/ppo/dual_clip: ρ = 1 lies inside every clip range (and below c), ∂(-ρA)/∂logp = -ρA = -A;
-    #   tis: w = exp(old - rollout) = 1 with rollout == old, times the PPO gradient;
+    #   tis, icepop: w = exp(old - rollout) = 1 with rollout == old (in icepop's band), times PPO's;
     #   gspo: s_i = exp(mean_t 0) = 1, ∂s_{i,t}/∂logp_t = s_i = 1 -> -A_t (the 1/|y_i| of GSPO's
     #         sequence objective lives in the aggregator, the same for every rule);
     #   cispo: ∂(-sg[clip(1)]·A·logp)/∂logp = -A.
@@ -398,6 +406,76 @@ def test_tis_weight_is_truncated_and_scales_ppo(batch, mismatch, cap):
     assert torch.equal(metrics["clip_low"], p_metrics["clip_low"])
 
 
+def test_icepop_known_values():
+    # old_logp - rollout_logp = log 3: w = 3 in [0.5, 5], kept and weighted. ρ=1.1, A=1 (inside PPO's
+    # range): 3 · (-1.1) = -3.3, gradient 3 · (-ρA) = -3.3.
+    old = -1.0 - math.log(1.1)
+    loss, m, grad, _ = _run(
+        "icepop", [[old]], [[math.log(1.1)]], [[1.0]], [[True]], rollout=[[old - math.log(3)]]
+    )
+    assert (loss.item(), grad.item()) == pytest.approx((-3.3, -3.3), abs=1e-12)
+    assert (m["is_weight"].item(), m["is_masked"].item()) == (pytest.approx(3.0, abs=1e-12), 0.0)
+    # w = 6 > β = 5: masked out (tis would truncate it to its cap and keep it): loss 0, gradient 0.
+    loss, m, grad, _ = _run(
+        "icepop", [[old]], [[math.log(1.1)]], [[1.0]], [[True]], rollout=[[old - math.log(6)]]
+    )
+    assert (loss.item(), grad.item(), m["is_weight"].item(), m["is_masked"].item()) == (0.0, 0.0, 0.0, 1.0)
+    # w = 0.25 < α = 0.5: masked too. With α = 0.2 it is kept: 0.25 · (-1.1) = -0.275.
+    rollout = [[old + math.log(4)]]
+    loss, m, grad, _ = _run("icepop", [[old]], [[math.log(1.1)]], [[1.0]], [[True]], rollout=rollout)
+    assert (loss.item(), grad.item(), m["is_masked"].item()) == (0.0, 0.0, 1.0)
+    loss, m, grad, _ = _run(
+        "icepop", [[old]], [[math.log(1.1)]], [[1.0]], [[True]], rollout=rollout, alpha=0.2
+    )
+    assert (loss.item(), grad.item()) == pytest.approx((-0.275, -0.275), abs=1e-12)
+    # A<0, ρ=0.5 < 0.8 (PPO's flat case) with w = 2: 2 · 0.8 = 1.6, zero gradient, clip_low.
+    old = -1.0 - math.log(0.5)
+    loss, m, grad, _ = _run(
+        "icepop", [[old]], [[math.log(0.5)]], [[-1.0]], [[True]], rollout=[[old - math.log(2)]]
+    )
+    assert (loss.item(), grad.item(), m["clip_low"].item()) == (pytest.approx(1.6, abs=1e-12), 0.0, 1.0)
+
+
+@given(
+    batch=batches(),
+    mismatch=hnp.arrays(np.float64, 15, elements=_floats(-3.0, 3.0), fill=st.nothing()),
+    alpha=_floats(0.1, 1.0),
+    beta=_floats(1.0, 10.0),
+)
+def test_icepop_keeps_weighted_tokens_inside_the_band_and_drops_the_rest(batch, mismatch, alpha, beta):
+    old, d, adv, mask = batch
+    rollout = old - mismatch[: old.size].reshape(old.shape)  # old - rollout = mismatch
+    loss, metrics, grad, _ = _run("icepop", old, d, adv, mask, rollout=rollout, alpha=alpha, beta=beta)
+    p_loss, p_metrics, p_grad, _ = _run("ppo", old, d, adv, mask)
+    m = torch.as_tensor(mask)
+    w = torch.as_tensor(old - rollout).exp()
+    inside = (w >= alpha) & (w <= beta)
+    check = m & ~_near(w, alpha) & ~_near(w, beta)  # which side of a band edge is rounding
+    event(f"masked tokens: {bool((check & ~inside).any())}; kept: {bool((check & inside).any())}")
+    assert torch.equal(metrics["is_masked"][check].bool(), ~inside[check])
+    torch.testing.assert_close(metrics["is_weight"][check & inside], w[check & inside], rtol=1e-13, atol=0.0)
+    assert (metrics["is_weight"][check & ~inside] == 0).all() and (metrics["is_weight"][~m] == 0).all()
+    assert (loss[check & ~inside] == 0).all() and (grad[check & ~inside] == 0).all()
+    kept = check & inside
+    torch.testing.assert_close(loss[kept], w[kept] * p_loss[kept], rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(grad[kept], w[kept] * p_grad[kept], rtol=1e-13, atol=1e-15)
+    assert torch.equal(metrics["clip_high"], p_metrics["clip_high"])
+
+
+@given(batch=batches(d_lo=-3.0, d_hi=3.0), eps_low=_floats(0.05, 0.5), eps_high=_floats(0.05, 0.5))
+def test_icepop_and_tis_equal_ppo_exactly_when_the_sampler_is_pi_old(batch, eps_low, eps_high):
+    # rollout_logp == old_logp: log w = 0 exactly, w = e^0 = 1.0 exactly (inside IcePop's band and
+    # under TIS's cap 2), and 1.0 · x == x in IEEE arithmetic: loss and gradient are PPO's bit for bit.
+    old, d, adv, mask = batch
+    p_loss, p_metrics, p_grad, _ = _run("ppo", old, d, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    for name in sorted(OFF_POLICY):
+        loss, metrics, grad, _ = _run(
+            name, old, d, adv, mask, rollout=old, eps_low=eps_low, eps_high=eps_high
+        )
+        assert torch.equal(loss, p_loss) and torch.equal(grad, p_grad), name
+        assert all(torch.equal(metrics[k], p_metrics[k]) for k in COMMON_METRICS), name
+
+
 # ------------------------------------------------------------------------------------------------
 # Metrics, padding, errors, gin.
 
@@ -452,7 +530,7 @@ def test_metrics_stay_zero_on_padding_when_every_bound_binds(name):
     if name != "none":
         assert flagged[~pad].sum() >= 2  # the bounds do bind on valid tokens
     for key in EXTRA_METRICS.get(name, ()):
-        if key != "clip_dual":
+        if key not in ("clip_dual", "is_masked"):  # (no weight here is outside icepop's band)
             assert (metrics[key][~pad] > 0).all()  # IS weights: non-zero on valid tokens, 0 on padding
 
 
@@ -460,6 +538,12 @@ def test_rollout_logp_is_shape_checked_and_required_by_tis():
     z = torch.zeros(2, 3, dtype=F64)
     with pytest.raises(ShapeError, match=r"^clip\.tis needs rollout_logp but got None; .*sampler's logprobs"):
         get("clip", "tis")(z, z, z, torch.ones_like(z))
+    with pytest.raises(
+        ShapeError, match=r"^clip\.icepop needs rollout_logp but got None; .*sampler's logprobs"
+    ):
+        get("clip", "icepop")(z, z, z, torch.ones_like(z))
+    with pytest.raises(ShapeError, match=r"clip\.icepop: rollout_logp must have the shape of mask"):
+        get("clip", "icepop")(z, z, z, torch.ones_like(z), rollout_logp=torch.zeros(3, 2))
     with pytest.raises(ShapeError, match=r"clip\.ppo: rollout_logp must have the shape of mask"):
         get("clip", "ppo")(z, z, z, torch.ones_like(z), rollout_logp=torch.zeros(3, 2))
 
@@ -489,6 +573,14 @@ def test_shape_errors_name_the_part_and_tensor(name):
         ("tis", {"cap": 0.0}, "clip.tis.cap must be a finite number > 0, got 0.0"),
         ("tis", {"cap": -2.0}, "clip.tis.cap must be a finite number > 0, got -2.0"),
         ("tis", {"eps_low": -0.2}, "clip.tis.eps_low must be a number in [0, 1], got -0.2"),
+        ("icepop", {"alpha": 0.0}, "clip.icepop needs 0 < alpha <= 1 <= beta < inf, got alpha=0.0, beta=5.0"),
+        ("icepop", {"beta": 0.9}, "clip.icepop needs 0 < alpha <= 1 <= beta < inf, got alpha=0.5, beta=0.9"),
+        (
+            "icepop",
+            {"beta": math.inf},
+            "clip.icepop needs 0 < alpha <= 1 <= beta < inf, got alpha=0.5, beta=inf",
+        ),
+        ("icepop", {"eps_high": -1.0}, "clip.icepop.eps_high must be a finite number >= 0, got -1.0"),
     ],
 )
 def test_bad_hyperparameters_raise_one_line_config_errors(name, hparams, message):

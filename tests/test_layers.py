@@ -28,7 +28,8 @@ LAYERS: list[list[str]] = [
     ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation"],
     ["polgrad.spec_checks", "polgrad.table5", "polgrad.algorithm", "polgrad.distributed", "polgrad.pretrain"],
     ["polgrad.config"],
-    ["polgrad.export", "polgrad.run", "polgrad.offline", "polgrad.trainer", "polgrad.train"],
+    ["polgrad.export", "polgrad.producer", "polgrad.run", "polgrad.offline", "polgrad.trainer"]
+    + ["polgrad.train"],
     ["polgrad.results"],
     ["polgrad.sweep"],
 ]

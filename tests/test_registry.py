@@ -76,7 +76,7 @@ def test_every_kind_has_builtins():
             "remax",
         },
         "kl": {"k1", "k2", "k3", "abs", "full", "k1_st", "k3_st", "abs_st"},
-        "clip": {"none", "ppo", "dual_clip", "gspo", "cispo", "tis"},
+        "clip": {"none", "ppo", "dual_clip", "gspo", "cispo", "tis", "icepop"},
         "aggregate": {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"},
         "value_init": {"reward_model", "policy", "random"},
         "value_loss": {"clipped", "mse"},

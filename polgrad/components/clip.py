@@ -344,3 +344,54 @@ def tis(
     weight = torch.exp(torch.clamp(log_w, max=math.log(cap))).detach()
     loss = _plus_zero(weight * _ppo_loss(ratio, adv, lower, upper))
     return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper), tis_weight=zero_pad(valid, weight))
+
+
+@register(
+    "clip",
+    "icepop",
+    formula="M(π_old/π_rollout; α, β)·" + _PPO_FORMULA + "; M(w) = w on [α, β], else 0",
+    ratio="token",
+    off_policy=True,
+)
+def icepop(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    rollout_logp: Tensor | None = None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    alpha: float = 0.5,
+    beta: float = 5.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Masked importance sampling (IcePop): loss = M(w) · ppo_loss, w = sg[exp(old_logp - rollout_logp)].
+
+    M(w) = w if α <= w <= β, else 0: a token whose behaviour probability (the sampler's: a stale
+    policy in async rollouts, or another engine's numerics) is too far from π_old's is masked out
+    of the loss instead of truncated as in `tis`; the others are importance-weighted by w. The
+    weight is detached. Source: Ling Team 2025, "Every step evolves: scaling reinforcement learning
+    for trillion-scale thinking model" (Ring-1T, arXiv 2510.18855), IcePop, band [0.5, 5] (their
+    α, β); the masked-IS correction of the slime/AReaL line of asynchronous RL. PPO part as `ppo`.
+    With rollout_logp == old_logp, w = e^0 = 1 lies in the band and the loss is `ppo`'s exactly.
+    Metrics: as `ppo`, plus `is_weight` (M(w)) and `is_masked` (1 where w is outside [α, β]).
+    Shapes: logp, old_logp, adv, mask, rollout_logp [B,T] -> loss [B,T], metrics [B,T].
+    """
+    lower, upper = _bounds("icepop", eps_low, eps_high)
+    if not _is_number(alpha) or not _is_number(beta) or not 0 < alpha <= 1 <= beta < math.inf:
+        raise ConfigError(
+            f"clip.icepop needs 0 < alpha <= 1 <= beta < inf, got alpha={alpha!r}, beta={beta!r}"
+        )
+    require("clip.icepop", "rollout_logp", rollout_logp, _TIS_HINT.replace("clip.tis", "clip.icepop"))
+    valid, adv, log_ratio = _prepare("clip.icepop", logp, old_logp, adv, mask, rollout_logp)
+    ratio = torch.exp(log_ratio)
+    # log w clamped like the policy log-ratio: e^{±20} is far outside any band, and exp stays finite.
+    log_w = torch.clamp(
+        zero_pad(valid, old_logp.detach() - rollout_logp.detach()), -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+    )
+    w = torch.exp(log_w)
+    keep = (w >= alpha) & (w <= beta)  # True on padding (w = 1 there): selected out below
+    weight = torch.where(keep, w, torch.zeros_like(w)).detach()
+    loss = _plus_zero(weight * _ppo_loss(ratio, adv, lower, upper))
+    extra = {"is_weight": zero_pad(valid, weight), "is_masked": valid & ~keep}
+    return loss, _metrics(log_ratio, *_clipped(ratio, adv, lower, upper), **extra)

@@ -253,6 +253,7 @@ def generate(
     greedy_baseline: bool = False,
     generator_seed: int,
     lean_decode: bool = True,
+    own_threads: bool = True,
 ) -> Rollout:
     """Sample `group_size` responses for each example (KV cache, private RNG); see the module docstring.
 
@@ -261,7 +262,9 @@ def generate(
     prompt (ReMax's baseline) into `rollout.baseline` / `rollout.baseline_texts`. The model is put in
     eval mode for the call and restored afterwards, and so is torch's thread count (`decode_threads`).
     `lean_decode=False` forces the generic HF decode
-    step even where the static-cache one (static_decode.py) applies.
+    step even where the static-cache one (static_decode.py) applies. `own_threads=False` leaves the
+    thread count alone: the async producer (polgrad/producer.py) decodes in its own thread, and
+    torch.set_num_threads would reach the trainer's thread too.
     """
     check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
     device = next(model.parameters()).device
@@ -271,7 +274,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch_threads(decode_threads(model, len(examples) * group_size)):
+        with torch_threads(decode_threads(model, len(examples) * group_size) if own_threads else None):
             rows = torch.arange(len(examples), device=device).repeat_interleave(group_size)
             gen = torch.Generator(device=device).manual_seed(int(generator_seed))
             with hooks.phase("decode"):

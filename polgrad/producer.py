@@ -1,0 +1,251 @@
+"""Asynchronous rollouts: a producer samples the next batches from stale weights while the trainer updates.
+
+`train.async_rollouts = True` with `train.max_staleness = k`. Version j of the policy is its
+weights after j steps (version 0: the starting policy). Step s trains on a rollout sampled with
+
+    v(s) = max(s - k, first)      first = 0, or on a resume without the saved versions the step resumed at
+
+from the step's own seed, so the run is a deterministic function of (seed, k): with k = 0 every
+step samples with the weights it updates (the synchronous loop, exactly), and with k > 0 the
+rollout of step s + k can be sampled from version s while the trainer updates on step s. The
+producer holds its own copy of the policy module and the weight snapshots the coming steps need
+(cloned after each step, `begin`); each rollout is sampled in a short-lived thread from its
+version's snapshot, one at a time in step order, at most k + 1 steps ahead. A thread ends when its
+rollout is done, so nothing is left running when the trainer stops, and an exception in it is
+re-raised in the trainer (`sample`) as it was.
+
+Determinism: a rollout depends only on the weights of its version (loaded by value), the examples
+and the generator seed (hf.generate draws from its private generator). The producer's thread never
+calls torch.set_num_threads (process-wide, `own_threads=False`): it decodes with the thread count
+it inherits from the trainer (`train.threads`), which is what the synchronous loop decodes with
+unless OMP_WAIT_POLICY=passive makes `hf.decode_threads` pick one thread.
+
+Off-policy: the trainer keeps the producer's log-probs as `rollout_logp` (the behaviour policy)
+and recomputes `old_logp` with its own weights when the rollout is stale (polgrad/trainer.py
+collect), so a clip part with `off_policy` (clip.tis, clip.icepop) reweights by π_old/π_behaviour,
+and any other (clip.ppo) ignores the staleness. `metrics` logs the staleness, the trainer's wait
+and the statistics of w = π_old/π_behaviour per step.
+
+Resume: a checkpoint at step s also saves the versions max(s - k, 0) .. s - 1 (the rollouts of
+steps s .. s + k - 1 come from them; DeepSpeed's checkpoint holds version s) to
+checkpoints/sampler/step{s}.pt, written before DeepSpeed's and atomically, so a resumed run samples
+what the uninterrupted one sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from polgrad import collective, config
+from polgrad.algorithm import Algorithm
+from polgrad.rollout import hf as hf_rollout
+
+Weights = dict[str, Tensor]
+
+
+@dataclasses.dataclass
+class _Request:
+    """One rollout to sample: its step, version (weights), examples and generate() arguments."""
+
+    step: int
+    version: int
+    weights: Weights
+    examples: list
+    kwargs: dict[str, Any]
+    thread: threading.Thread | None = None
+    rollout: Any = None
+    error: BaseException | None = None
+
+
+class Producer:
+    """Samples step s's rollout from version v(s) (module docstring), up to k steps ahead."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer,
+        *,
+        max_staleness: int,
+        steps: int,
+        start: int,
+        draw: Callable[[int], tuple[list, dict[str, Any]]],
+        saved: dict[int, Weights] | None = None,
+    ):
+        """draw(step) -> (examples, generate() kwargs) of the step's first sampling round, as the
+        trainer's collect asks for them; saved: the versions of a resumed run's checkpoint."""
+        self.model = copy.deepcopy(module).eval()
+        self.tokenizer, self.k, self.steps, self.draw = tokenizer, int(max_staleness), int(steps), draw
+        self.versions: dict[int, Weights] = dict(saved or {})
+        self.first = max(start - self.k, 0)
+        missing = [v for v in range(self.first, start) if v not in self.versions]
+        if missing:
+            print(
+                f"warning: async rollouts resume at step {start} without the saved weights of versions "
+                f"{missing} (checkpoints/sampler/step{start}.pt): steps up to {start + self.k - 1} sample "
+                "with less staleness than the uninterrupted run",
+                file=sys.stderr,
+            )
+            self.first = start
+        self.step = start
+        self.requests: dict[tuple[int, int], _Request] = {}
+        self.last: threading.Thread | None = None
+        self.queued = start  # the first step whose first round is not queued yet
+        self.stale = False  # the last rollout `sample` returned came from older weights than the trainer's
+        self._staleness: list[float] = []  # per sequence, this step
+        self._wait = 0.0
+
+    def version(self, step: int) -> int:
+        return max(step - self.k, self.first)
+
+    # ------------------------------------------------------------------ the trainer's calls
+    def begin(self, step: int, module: torch.nn.Module) -> None:
+        """A step begins: `module` holds version `step`; queue the rollouts of steps step .. step + k."""
+        self.step, self._staleness, self._wait = step, [], 0.0
+        self.versions[step] = {n: t.detach().clone() for n, t in module.state_dict().items()}
+        self.versions = {v: w for v, w in self.versions.items() if v >= self.version(step)}
+        self.requests = {key: r for key, r in self.requests.items() if r.step >= step}
+        for s in range(max(step, self.queued), min(step + self.k + 1, self.steps)):
+            self._submit(s, *self.draw(s))
+            self.queued = s + 1
+
+    def sample(self, examples, **kwargs) -> Any:
+        """The rollout of the current step for these arguments (queued, or sampled now from v(step))."""
+        t0 = time.perf_counter()
+        req = self.requests.get((self.step, kwargs["generator_seed"]))
+        if req is None or req.examples != list(examples) or req.kwargs != kwargs:
+            req = self._submit(self.step, list(examples), kwargs)  # e.g. a further round of dynamic sampling
+        while req.thread.is_alive():  # short joins: Ctrl-C still reaches the trainer
+            req.thread.join(0.5)
+        self._wait += time.perf_counter() - t0
+        if req.error is not None:
+            raise req.error
+        self.stale = req.version < self.step
+        self._staleness += [float(self.step - req.version)] * len(req.rollout)
+        return req.rollout
+
+    def metrics(self, batch) -> dict[str, float]:
+        """Staleness (per sampled sequence), the trainer's wait for rollouts (s) and the statistics of
+        the per-token weights w = π_old/π_behaviour = exp(old_logp - rollout_logp) of the trained batch."""
+        stale = torch.tensor(self._staleness or [0.0], dtype=torch.float64)
+        valid = batch.mask > 0
+        w = torch.exp((batch.old_logp - batch.rollout_logp.to(batch.old_logp.dtype))[valid])
+        sums = torch.stack(
+            [stale.sum(), torch.tensor(float(stale.numel())), w.sum(), torch.tensor(float(w.numel()))]
+        )
+        stale_sum, n_seq, w_sum, n_tok = collective.all_sum(sums.double()).tolist()
+        maxima = torch.stack(
+            [
+                stale.max(),
+                w.max() if w.numel() else torch.tensor(1.0),
+                -(w.min() if w.numel() else torch.tensor(1.0)),
+            ]
+        )
+        stale_max, w_max, w_min_neg = collective.all_max(maxima.double()).tolist()
+        return {
+            "staleness_mean": stale_sum / max(n_seq, 1.0),
+            "staleness_max": stale_max,
+            "is_ratio_mean": w_sum / max(n_tok, 1.0),
+            "is_ratio_max": w_max,
+            "is_ratio_min": -w_min_neg,
+            "rollout_wait_s": self._wait,
+        }
+
+    def save(self, directory: str, step: int) -> None:
+        """Save the versions steps step .. step + k - 1 sample with (< step) as directory/step{step}.pt."""
+        keep = {v: w for v, w in self.versions.items() if max(step - self.k, self.first) <= v < step}
+        _atomic_torch_save(keep, os.path.join(directory, f"step{step}.pt"))
+
+    def close(self) -> None:
+        """Wait for the rollouts still being sampled (none after the last step) and drop the weights."""
+        for req in self.requests.values():
+            while req.thread is not None and req.thread.is_alive():
+                req.thread.join(0.5)
+        self.requests, self.versions = {}, {}
+
+    # ------------------------------------------------------------------ the producer's side
+    def _submit(self, step: int, examples: list, kwargs: dict[str, Any]) -> _Request:
+        v = self.version(step)
+        req = _Request(step, v, self.versions[v], examples, dict(kwargs))
+        req.thread = threading.Thread(
+            target=self._run, args=(req, self.last), name=f"polgrad-producer-{step}"
+        )
+        req.thread.daemon = True
+        self.requests[(step, kwargs["generator_seed"])] = req
+        self.last = req.thread
+        req.thread.start()
+        return req
+
+    def _run(self, req: _Request, previous: threading.Thread | None) -> None:
+        """Sample `req` once the previous request is done (one rollout at a time, in order)."""
+        try:
+            if previous is not None:
+                previous.join()
+            self.model.load_state_dict(req.weights)
+            req.rollout = hf_rollout.generate(
+                self.model, self.tokenizer, req.examples, own_threads=False, **req.kwargs
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
+            req.error = e
+
+
+def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[str, Any]:
+    """The generate() arguments of a sampling round with this seed (the trainer's collect and `start`)."""
+    return dict(
+        group_size=algo.group_size,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        greedy_baseline=algo.needs_baseline_rollout,
+        generator_seed=seed,
+    )
+
+
+def start(
+    cfg: config.TrainConfig, algo: Algorithm, m, task, out_dir: str, step: int, seed_of: Callable[[int], int]
+) -> Producer | None:
+    """With train.async_rollouts, the run's Producer (else None) from `step` on: step s's first sampling
+    round draws the prompts and seed the trainer's collect draws (seed_of(s)), from version v(s)."""
+    if not cfg.async_rollouts or algo.offline:
+        return None
+
+    def draw(s: int) -> tuple[list, dict[str, Any]]:
+        seed = seed_of(s)
+        return task.examples("train", cfg.prompts_per_step, seed=seed), sample_kwargs(cfg, algo, seed)
+
+    saved = load_saved(os.path.join(out_dir, "checkpoints", "sampler"), step) if step else {}
+    kw = dict(max_staleness=cfg.max_staleness, steps=cfg.steps, start=step, draw=draw, saved=saved)
+    return Producer(m.engine.module, m.tokenizer, **kw)
+
+
+def load_saved(directory: str, step: int) -> dict[int, Weights]:
+    """The versions a checkpoint at `step` saved ({} if it has none: a synchronous run's checkpoint)."""
+    path = os.path.join(directory, f"step{step}.pt")
+    return torch.load(path, weights_only=True) if os.path.exists(path) else {}
+
+
+def _atomic_torch_save(obj: Any, path: str) -> None:
+    """torch.save to a temp file beside `path`, fsync, os.replace: a crash leaves the old file or the new."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,286 @@
+"""Async rollouts (train.async_rollouts, polgrad/producer.py): the lag rule, exactness, resume, errors.
+
+Fast tests drive a `Producer` directly on a randomly initialised tiny model whose weights are
+changed by hand between "steps" (so every version differs); the slow ones train the tiny default
+end to end (tests/test_trainer.py's FAST settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import gin
+import pytest
+import torch
+
+import polgrad
+from polgrad import config, hooks
+from polgrad.config import parse_config
+from polgrad.errors import ConfigError
+from polgrad.models import build_tiny, load_policy
+from polgrad.producer import Producer, load_saved
+from polgrad.rollout import hf
+from polgrad.trainer import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRPO = os.path.join(REPO, "registry", "grpo.gin")
+STEPS = 6
+
+
+# ------------------------------------------------------------------------------------------------
+# The producer on its own: a model whose version j has every weight moved by j * 0.02.
+
+
+@pytest.fixture(scope="module")
+def setup():
+    task = polgrad.get("task", "add")()
+    model, tokenizer = build_tiny(task, seed=3)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    return task, model.eval(), tokenizer, base
+
+
+def _set_version(model, base, j: int) -> None:
+    with torch.no_grad():
+        model.load_state_dict({k: v + 0.02 * j if v.is_floating_point() else v for k, v in base.items()})
+
+
+def _draw(task):
+    def draw(step: int):
+        seed = 1000 + step
+        kwargs = dict(group_size=2, temperature=1.0, top_p=1.0, max_new_tokens=6, greedy_baseline=False)
+        return task.examples("train", 3, seed=seed), {**kwargs, "generator_seed": seed}
+
+    return draw
+
+
+def _reference(model, base, tokenizer, draw, step: int, version: int):
+    """What the synchronous loop would sample at `step` with the weights of `version`."""
+    _set_version(model, base, version)
+    examples, kwargs = draw(step)
+    return hf.generate(model, tokenizer, examples, **kwargs)
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_logp, b.rollout_logp)
+
+
+def _drive(setup, k: int, start: int = 0, saved=None, stop: int = STEPS, out=None):
+    """Run steps start..stop-1 of a producer with max_staleness k; returns (rollouts, staleness per step)."""
+    task, model, tokenizer, base = setup
+    draw = _draw(task)
+    _set_version(model, base, start)
+    prod = Producer(model, tokenizer, max_staleness=k, steps=STEPS, start=start, draw=draw, saved=saved)
+    rollouts, staleness = {}, {}
+    for s in range(start, stop):
+        _set_version(model, base, s)  # the trainer's weights at the start of step s: version s
+        prod.begin(s, model)
+        examples, kwargs = draw(s)
+        rollouts[s] = prod.sample(examples, **kwargs)
+        staleness[s] = prod._staleness[0]
+        if out is not None and s + 1 < STEPS:
+            prod.save(out, s + 1)  # the checkpoint after step s
+    prod.close()
+    return rollouts, staleness
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_step_s_samples_with_the_weights_of_step_s_minus_k(setup, k):
+    task, model, tokenizer, base = setup
+    rollouts, staleness = _drive(setup, k)
+    draw = _draw(task)
+    assert staleness == {s: float(min(s, k)) for s in range(STEPS)}
+    for s, got in rollouts.items():
+        assert _same(got, _reference(model, base, tokenizer, draw, s, max(s - k, 0))), s
+        if min(s, k) > 0:  # and not with the current weights (the versions do differ)
+            assert not _same(got, _reference(model, base, tokenizer, draw, s, s)), s
+
+
+def test_saved_versions_let_a_resumed_producer_sample_what_the_uninterrupted_one_did(setup, tmp_path):
+    full, _ = _drive(setup, 2, out=str(tmp_path))
+    assert sorted(load_saved(str(tmp_path), 3)) == [1, 2]  # steps 3 and 4 sample with versions 1, 2
+    assert sorted(load_saved(str(tmp_path), 1)) == [0]
+    resumed, staleness = _drive(setup, 2, start=3, saved=load_saved(str(tmp_path), 3))
+    assert staleness == {3: 2.0, 4: 2.0, 5: 2.0}
+    assert all(_same(resumed[s], full[s]) for s in resumed)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # atomic writes leave no temp file
+
+
+def test_a_resume_without_the_saved_versions_says_so_and_samples_from_the_resume_weights(setup, capsys):
+    _, staleness = _drive(setup, 2, start=3, saved={})
+    assert "without the saved weights of versions [1, 2]" in capsys.readouterr().err
+    assert staleness == {3: 0.0, 4: 1.0, 5: 2.0}
+
+
+def test_an_error_in_the_producer_reaches_the_trainer_as_it_was_and_no_thread_is_left(setup):
+    task, model, tokenizer, base = setup
+    draw = _draw(task)
+
+    def bad(step):
+        examples, kwargs = draw(step)
+        return examples, {**kwargs, "group_size": 0}  # generate() refuses it inside the producer
+
+    prod = Producer(model, tokenizer, max_staleness=1, steps=STEPS, start=0, draw=bad)
+    prod.begin(0, model)
+    examples, kwargs = bad(0)
+    with pytest.raises(
+        ConfigError, match=r"^generate: group_size \(0\) and max_new_tokens \(6\) must be >= 1$"
+    ):
+        prod.sample(examples, **kwargs)
+    prod.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("polgrad-producer")]
+
+
+def test_a_further_sampling_round_is_sampled_from_the_same_stale_version(setup):
+    """Dynamic sampling asks for rounds the producer did not queue (another seed): same version v(s)."""
+    task, model, tokenizer, base = setup
+    draw = _draw(task)
+    _set_version(model, base, 0)
+    prod = Producer(model, tokenizer, max_staleness=1, steps=STEPS, start=0, draw=draw)
+    for s in range(3):
+        _set_version(model, base, s)
+        prod.begin(s, model)
+    examples, kwargs = draw(2)
+    extra = prod.sample(examples, **{**kwargs, "generator_seed": 77})
+    prod.close()
+    _set_version(model, base, 1)
+    assert _same(extra, hf.generate(model, tokenizer, examples, **{**kwargs, "generator_seed": 77}))
+    assert prod.stale
+
+
+def test_phases_opened_in_another_thread_do_not_nest_under_the_trainers():
+    seen = []
+    with hooks.listen(on_phase=lambda path, dt: seen.append(path)), hooks.phase("sample"):
+        worker = threading.Thread(target=_decode_phase)
+        worker.start()
+        worker.join()
+    assert seen == ["decode", "sample"]  # not "sample/decode": the worker's phases are its own
+
+
+def _decode_phase():
+    with hooks.phase("decode"):
+        pass
+
+
+# ------------------------------------------------------------------------------------------------
+# Config errors: one line each.
+
+
+@pytest.mark.parametrize(
+    "bindings, message",
+    [
+        (["train.max_staleness = -1"], "train.max_staleness must be an integer >= 0, got -1"),
+        (["train.max_staleness = 1.5"], "train.max_staleness must be an integer >= 0, got 1.5"),
+        (["train.async_rollouts = 1"], "train.async_rollouts must be True or False, got 1"),
+        (
+            ["train.async_rollouts = True", "train.zero_stage = 3"],
+            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
+            "(got 'hf', 3): a separate vLLM engine is not implemented",
+        ),
+        (
+            ["train.async_rollouts = True", "train.rollout_backend = 'vllm'"],
+            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
+            "(got 'vllm', 0): a separate vLLM engine is not implemented",
+        ),
+    ],
+)
+def test_bad_async_bindings_are_one_line_config_errors(bindings, message):
+    parse_config([GRPO], bindings)
+    with pytest.raises(ConfigError) as info:
+        config.build()
+    assert str(info.value) == message
+
+
+def test_async_is_refused_for_a_preference_spec_and_at_world_size_two():
+    parse_config([os.path.join(REPO, "registry", "dpo.gin")], ["train.async_rollouts = True"])
+    with pytest.raises(ConfigError, match=r"^train.async_rollouts = True: dpo samples nothing"):
+        config.build()
+    gin.clear_config()
+    parse_config([GRPO], ["train.async_rollouts = True"])
+    cfg, _, _ = config.build()
+    assert (cfg.async_rollouts, cfg.max_staleness) == (True, 1)
+    with pytest.raises(ConfigError, match=r"^train.async_rollouts = True runs on one process only"):
+        config.check_world_size(cfg, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end.
+
+FAST = [
+    "train.steps = 4",
+    "train.prompts_per_step = 4",
+    "train.eval_every = 100",
+    "train.eval_size = 16",
+    "train.checkpoint_every = 2",
+    "train.progress = False",
+]
+TIMING = {"time_gen", "time_ref", "time_values", "time_adv", "time_update", "tokens_per_s", "time_s"}
+TIMING |= {"peak_mem_mb", "rollout_wait_s"}
+ASYNC_KEYS = {
+    "staleness_mean",
+    "staleness_max",
+    "is_ratio_mean",
+    "is_ratio_max",
+    "is_ratio_min",
+    "rollout_wait_s",
+}
+
+
+def _train(tmp_path, name, bindings, spec=GRPO, **kw):
+    gin.clear_config()
+    parse_config([spec], [*FAST, *bindings])
+    out = tmp_path / name
+    train(str(out), **kw)
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows], load_policy(
+        str(out / "final")
+    ).state_dict()
+
+
+def _equal_weights(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
+    sync, w_sync = _train(tmp_path, "sync", [])
+    asy, w_async = _train(tmp_path, "async", ["train.async_rollouts = True", "train.max_staleness = 0"])
+    assert [r["staleness_max"] for r in asy] == [0.0] * 4
+    assert [set(r) - set(s) for r, s in zip(asy, sync, strict=True)] == [ASYNC_KEYS - TIMING] * 4
+    assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
+    assert _equal_weights(w_sync, w_async)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clip", ["ppo", "icepop"])
+def test_staleness_two_logs_its_lag_and_keeps_the_behaviour_logprobs(tmp_path, clip):
+    bind = ["train.async_rollouts = True", "train.max_staleness = 2", f"Algorithm.clip = @clip.{clip}"]
+    rows, _ = _train(tmp_path, "k2", bind)
+    assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
+    assert [r["staleness_mean"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
+    # Stale rollouts: the trainer recomputes old_logp (pi_old, its own weights) even for clip.ppo,
+    # which ignores the behaviour log-probs kept beside it; they differ, so w = pi_old/pi_behaviour != 1.
+    for r in rows[1:]:
+        assert r["is_ratio_max"] > 1.0 > r["is_ratio_min"] > 0.0, r
+    if clip == "ppo":  # step 0 is fresh: its sampling log-probs are pi_old's and are reused (w = 1)
+        assert (rows[0]["is_ratio_max"], rows[0]["is_ratio_min"]) == (1.0, 1.0)
+    if clip == "icepop":
+        assert all(r["clip/is_weight"] > 0.0 and 0.0 <= r["clip/is_masked"] < 1.0 for r in rows)
+
+
+@pytest.mark.slow
+def test_a_resumed_async_run_ends_where_the_uninterrupted_one_ends(tmp_path):
+    bind = ["train.async_rollouts = True", "train.max_staleness = 2", "Algorithm.clip = @clip.tis"]
+    full, w_full = _train(tmp_path, "full", bind)
+    _train(tmp_path, "cut", [*bind, "train.steps = 2"])
+    resumed, w_resumed = _train(tmp_path, "cut", bind, resume=True)
+    assert [r["staleness_max"] for r in resumed] == [0.0, 1.0, 2.0, 2.0]
+    strip = {"eval_accuracy"}  # the cut run evaluates at its end
+    assert [{k: v for k, v in r.items() if k not in strip} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in strip} for r in full
+    ]
+    assert _equal_weights(w_full, w_resumed)
+    assert sorted(load_saved(str(tmp_path / "cut" / "checkpoints" / "sampler"), 2)) == [0, 1]
