@@ -20,8 +20,14 @@ from typing import Any
 from benchmarks.workload import REPO_ROOT, Workload
 
 
+# Set by a launcher, or left behind by polgrad.distributed.setup() (LOCAL_RANK=0) in a process that
+# trained in-process before; a worker is always one process, and accelerate (TRL) takes any of these
+# for a launcher's and waits for an env:// rendezvous that never comes.
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def worker_env(w: Workload) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLGRAD_NUM_THREADS"):
         env[var] = str(w.threads)
     env.pop("OMP_WAIT_POLICY", None)

@@ -291,3 +291,16 @@ def test_polgrad_run_times_phases_through_hooks_without_patching(tmp_path):
             assert step[phase] > 0, (phase, step)
         assert step["gen"] >= step["sample"]  # the decode loop is inside the rollout call
     assert res["tokens_per_completion"] == w.max_new_tokens
+
+
+def test_worker_env_drops_launcher_variables(monkeypatch):
+    """polgrad.distributed.setup() leaves LOCAL_RANK=0 behind; a TRL worker that inherits it waits for
+    an env:// rendezvous (accelerate) and dies on the missing MASTER_ADDR. This failed CI once."""
+    from benchmarks.workers import worker_env
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(var, "0")
+    monkeypatch.setenv("POLGRAD_KEEP_ME", "1")
+    env = worker_env(Workload())
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(env)
+    assert env["POLGRAD_KEEP_ME"] == "1"
