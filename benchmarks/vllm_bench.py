@@ -24,8 +24,10 @@ import torch
 DEFAULT_CONFIGS: tuple[dict[str, Any], ...] = (
     {"name": "tiny", "model": {}},  # hidden 128, 4 layers, head_dim 32: 0.6M parameters
     # head_dim 64, GQA 8/2, SwiGLU 1408: 22.6M parameters
-    {"name": "h512-l8", "model": {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 2,
-                                  "intermediate": 1408}},
+    {
+        "name": "h512-l8",
+        "model": {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 2, "intermediate": 1408},
+    },
 )
 
 
@@ -79,31 +81,57 @@ def benchmark_backends(
     try:
         for cfg in configs:
             model, tokenizer = build_tiny(task, **cfg.get("model", {}))
-            base = {"model": cfg["name"], "parameters": sum(p.numel() for p in model.parameters()),
-                    "rows": num_prompts * group_size, "max_new_tokens": max_new_tokens,
-                    "threads": torch.get_num_threads()}
+            base = {
+                "model": cfg["name"],
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "rows": num_prompts * group_size,
+                "max_new_tokens": max_new_tokens,
+                "threads": torch.get_num_threads(),
+            }
             if "hf" in backends:
+
                 def hf_call(i: int, model=model, tokenizer=tokenizer):
                     return hf.generate(model, tokenizer, examples, generator_seed=seed + i, **kw)
 
                 sec, tok = _timed(hf_call, repeats)
-                results.append({**base, "backend": "hf", "tokens": tok, "seconds": round(sec, 4),
-                                "tokens_per_s": round(tok / sec, 1), "start_seconds": 0.0,
-                                "load_avg_1m": round(os.getloadavg()[0], 2)})
+                results.append(
+                    {
+                        **base,
+                        "backend": "hf",
+                        "tokens": tok,
+                        "seconds": round(sec, 4),
+                        "tokens_per_s": round(tok / sec, 1),
+                        "start_seconds": 0.0,
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
             if "vllm" in backends:
                 from polgrad.rollout.vllm import VLLMRollout
 
                 with tempfile.TemporaryDirectory() as path:
                     model.save_pretrained(path)
                     tokenizer.save_pretrained(path)
-                    with VLLMRollout(path, kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
-                                     num_threads=torch.get_num_threads()) as engine:
-                        sec, tok = _timed(lambda i: engine.generate(examples, generator_seed=seed + i, **kw),
-                                          repeats)
+                    with VLLMRollout(
+                        path,
+                        kv_cache_memory_bytes=kv_cache_memory_bytes,
+                        seed=seed,
+                        num_threads=torch.get_num_threads(),
+                    ) as engine:
+                        sec, tok = _timed(
+                            lambda i: engine.generate(examples, generator_seed=seed + i, **kw), repeats
+                        )
                         start = engine.start_seconds
-                results.append({**base, "backend": "vllm", "tokens": tok, "seconds": round(sec, 4),
-                                "tokens_per_s": round(tok / sec, 1), "start_seconds": round(start, 2),
-                                "load_avg_1m": round(os.getloadavg()[0], 2)})
+                results.append(
+                    {
+                        **base,
+                        "backend": "vllm",
+                        "tokens": tok,
+                        "seconds": round(sec, 4),
+                        "tokens_per_s": round(tok / sec, 1),
+                        "start_seconds": round(start, 2),
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
     finally:
         torch.set_num_threads(threads_before)
     return results

@@ -19,7 +19,6 @@ from typing import Any
 
 from benchmarks.workload import REPO_ROOT, Workload
 
-
 # Set by a launcher, or left behind by polgrad.distributed.setup() (LOCAL_RANK=0) in a process that
 # trained in-process before; a worker is always one process, and accelerate (TRL) takes any of these
 # for a launcher's and waits for an env:// rendezvous that never comes.
