@@ -58,6 +58,9 @@ class TrainConfig:
     start from the same policy: one warm start per experiment unless you sweep init_seed.
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
+    unstable_skip_frac: the run's summary status is 'unstable' (listed, not ranked, by the sweep's
+    leaderboard) when more than this fraction of its optimizer steps were skipped for a non-finite
+    loss or gradient (1 never).
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -88,6 +91,7 @@ class TrainConfig:
     threads: int | None = None
     resume: bool = False
     progress: bool = True
+    unstable_skip_frac: float = 0.5
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -111,6 +115,8 @@ class TrainConfig:
             raise ConfigError(f"train.top_p must be in (0, 1], got {self.top_p!r}")
         if self.grad_clip is not None and (not _is_real(self.grad_clip) or not self.grad_clip > 0):
             raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if not _is_real(self.unstable_skip_frac) or not 0 <= self.unstable_skip_frac <= 1:
+            raise ConfigError(f"train.unstable_skip_frac must be in [0, 1], got {self.unstable_skip_frac!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         entry = registry.entry_of(self.task)

@@ -54,7 +54,7 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, offline
+from polgrad import collective, config, export, hooks, offline, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -121,14 +121,16 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
             bar.set_postfix(
                 loss=f"{row.get('pg_loss', row.get('pref_loss', 0.0)):.3f}", acc=row.get("eval_accuracy", "")
             )
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        stop = stopping.requested()  # ^C / SIGTERM (on any rank): checkpoint this step, then stop
+        if stop or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             with hooks.phase("checkpoint"):
                 save_checkpoint(m, out_dir, state)
+        stopping.stop_if(stop, state.step)
 
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
     if m.vllm is not None:
         m.vllm.close()
-    summary = summarize(out_dir, wall_time_s=time.time() - t_start)
+    summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary["table5"] = algo.table_row()
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage)
     if rank == 0:
@@ -174,6 +176,7 @@ def rl_step(
     # The row; the KL controller moves the coefficient for the next step.
     state = dataclasses.replace(state, step=state.step + 1, skipped_steps=state.skipped_steps + skipped)
     row = step_row(m, got.sampled, batch, state, {**prep_metrics, **got.info}, update_metrics)
+    row["optimizer_steps"] = n_updates  # the denominator of the summary's skipped_frac
     if "kl_seq" in row:  # the per-sequence KL, the unit of the controllers' targets
         new_coef = algo.next_kl_coef(state.kl_coef, row["kl_seq"], n_steps=int(row["update_seqs"]))
         state = dataclasses.replace(state, kl_coef=new_coef)
