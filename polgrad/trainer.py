@@ -9,9 +9,13 @@ out_dir:
     metrics.jsonl         one JSON object per step, flushed every step
     eval.jsonl            one record per evaluation (step 0 = the starting policy): accuracy and
                           the per-prompt results on the same held-out prompts every time
-    summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row
+    summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row;
+                          status 'ok', or 'unstable' when skipped_frac (skipped optimizer steps /
+                          optimizer steps) is above train.unstable_skip_frac
     operative_config.gin  the bindings gin actually used
-    checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below)
+    checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below), all
+                          kept; a resume loads the newest intact one (polgrad/checkpoints.py), and
+                          ^C / SIGTERM writes one of the step it ends (polgrad/stopping.py)
     model/                the policy's config + tokenizer and the spec's name (what polgrad.export needs)
     final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py)
 
