@@ -338,3 +338,19 @@ def test_disk_full_for_the_metrics_and_the_summary_is_one_line(tmp_path, monkeyp
         "and re-run with --resume"
     ]
     assert not [p for p in (tmp_path / "run2").iterdir() if p.name.startswith(".summary.json.")]
+
+
+def test_a_read_only_folder_is_one_line_already_at_the_csv_lock(tmp_path, monkeypatch):
+    """On a read-only file system the CSV's lock file is the first write that fails."""
+    from polgrad.results import store
+
+    real_open = builtins.open
+
+    def open_(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(store, "open", open_, raising=False)
+    with pytest.raises(WriteError, match=f"^read-only file system while writing {tmp_path / 'x.csv'}$"):
+        results.upsert_row(tmp_path / "x.csv", {"cell_id": "c"})
