@@ -61,6 +61,9 @@ class TrainConfig:
     async_rollouts: a producer thread samples the next batches while the trainer updates, step s
     from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
     the synchronous loop exactly.
+    unstable_skip_frac: the run's summary status is 'unstable' (listed, not ranked, by the sweep's
+    leaderboard) when more than this fraction of its optimizer steps were skipped for a non-finite
+    loss or gradient (1 never).
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -93,6 +96,7 @@ class TrainConfig:
     progress: bool = True
     async_rollouts: bool = False
     max_staleness: int = 1
+    unstable_skip_frac: float = 0.5
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -116,6 +120,8 @@ class TrainConfig:
             raise ConfigError(f"train.top_p must be in (0, 1], got {self.top_p!r}")
         if self.grad_clip is not None and (not _is_real(self.grad_clip) or not self.grad_clip > 0):
             raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if not _is_real(self.unstable_skip_frac) or not 0 <= self.unstable_skip_frac <= 1:
+            raise ConfigError(f"train.unstable_skip_frac must be in [0, 1], got {self.unstable_skip_frac!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         _check_async(self)

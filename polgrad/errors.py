@@ -42,6 +42,32 @@ class DataError(PolgradError, ValueError):
     """A data file is missing, malformed, lacks a column, or is empty."""
 
 
+class WriteError(PolgradError):
+    """A file could not be written: the disk is full, the folder read-only or not ours (see `write_error`)."""
+
+
+# The OSErrors of a write that the user fixes outside polgrad (free space, permissions), as errno names.
+WRITE_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EFBIG")
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """True for an OSError whose errno is one of WRITE_ERRNOS (disk full, read-only, permission)."""
+    import errno
+
+    codes = {getattr(errno, name) for name in WRITE_ERRNOS if hasattr(errno, name)}
+    return isinstance(error, OSError) and error.errno in codes
+
+
+def write_error(error: OSError, path, fix: str = "") -> WriteError:
+    """One line: '<reason> while writing <path>[; <fix>]', the reason from the errno ('no space left
+    on device', 'read-only file system', 'permission denied'); `path` defaults to the error's own."""
+    import os
+
+    reason = os.strerror(error.errno) if error.errno else (error.strerror or str(error))
+    where = error.filename if path is None and error.filename else path
+    return WriteError(f"{reason[:1].lower()}{reason[1:]} while writing {where}" + (f"; {fix}" if fix else ""))
+
+
 def _keep_polgrad_errors_one_line() -> None:
     """Stop gin from appending "In call to configurable ..." lines to polgrad's own errors.
 

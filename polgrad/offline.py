@@ -83,7 +83,7 @@ def pair_step(
         state, step=state.step + 1, skipped_steps=state.skipped_steps + (applied is False)
     )
     row = {"step": state.step, "pairs": n_pairs, **dict(zip(keys, summed, strict=True))}
-    row["skipped_steps"] = state.skipped_steps
+    row.update(skipped_steps=state.skipped_steps, optimizer_steps=1)
     times = {"time_ref": t_ref - t0, "time_update": time.perf_counter() - t_ref}
     tokens = float(collective.all_sum(resp.sum().double()))
     return row, times, tokens, state

@@ -7,8 +7,10 @@ polgrad/trainer.py, readable top to bottom.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,10 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import config, export, hooks, models, pretrain
+from polgrad import checkpoints, config, export, hooks, models, pretrain, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
+from polgrad.errors import DataError, PolgradError, WriteError, is_write_failure, write_error
 from polgrad.evaluation import Evaluator, read_evals
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
@@ -124,11 +127,14 @@ def start_or_resume(
     state, writer = LoopState(kl_coef=algo.kl_coef), evaluate.write
     ckpt = os.path.join(out_dir, "checkpoints")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    if cfg.resume and dist_lib.has_checkpoint(os.path.join(ckpt, "policy")):
+    # The newest checkpoint that is intact (checked first; a damaged newer one is a warning line).
+    parts = ("policy", "critic") if m.critic is not None else ("policy",)
+    tag = checkpoints.resume_tag(ckpt, parts, warn=bool(writer)) if cfg.resume else None
+    if tag is not None:
         # Our counters live under one key: DeepSpeed keeps its own (e.g. 'skipped_steps') beside them.
-        saved = dist_lib.load_checkpoint(m.engine, os.path.join(ckpt, "policy"))["polgrad"]
+        saved = _load(m.engine, os.path.join(ckpt, "policy"), tag)["polgrad"]
         if m.critic is not None:
-            dist_lib.load_checkpoint(m.critic, os.path.join(ckpt, "critic"))
+            _load(m.critic, os.path.join(ckpt, "critic"), tag)
         state = LoopState(step=saved["step"], kl_coef=saved["kl_coef"], skipped_steps=saved["skipped_steps"])
         if writer:
             _truncate_metrics(metrics_path, state.step)
@@ -145,21 +151,66 @@ def start_or_resume(
         evaluate.start()
         with hooks.phase("eval"):
             evaluate(m.engine.module, m.tokenizer, 0)
+    stopping.arm()  # the loop starts: ^C / SIGTERM now end the step and checkpoint it (stopping.py)
     return state
 
 
+def _load(engine, part_dir: str, tag: str) -> dict[str, Any]:
+    """`distributed.load_checkpoint` of a checked tag; a failure is one line naming the folder."""
+    try:
+        return dist_lib.load_checkpoint(engine, part_dir, tag=tag)
+    except PolgradError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch/DeepSpeed errors name neither the file nor the fix
+        raise DataError(
+            f"cannot load checkpoint {os.path.join(part_dir, tag)}: {type(e).__name__}: {e}; move that "
+            "folder aside to resume from the one before it"
+        ) from e
+
+
 def save_checkpoint(m: Models, out_dir: str, state: LoopState) -> None:
+    """The engines' checkpoint `step<N>` (every earlier one is kept, to fall back to on resume).
+
+    A write that fails (disk full, read-only folder) is one line naming the tag folder; the partial
+    folder is removed, so the run's newest intact checkpoint stays the one a resume loads."""
     client_state = {"polgrad": dataclasses.asdict(state)}
     ckpt, tag = os.path.join(out_dir, "checkpoints"), f"step{state.step}"
     if m.producer is not None:  # async rollouts: the older weights the next steps sample with, first
         m.producer.save(os.path.join(ckpt, "sampler"), state.step)
-    dist_lib.save_checkpoint(m.engine, os.path.join(ckpt, "policy"), tag, client_state)
-    if m.critic is not None:
-        dist_lib.save_checkpoint(m.critic, os.path.join(ckpt, "critic"), tag, client_state)
+    for part, engine in (("policy", m.engine), ("critic", m.critic)):
+        if engine is None:
+            continue
+        try:
+            dist_lib.save_checkpoint(engine, os.path.join(ckpt, part), tag, client_state)
+        except (OSError, RuntimeError) as e:
+            where = os.path.join(ckpt, part, tag)
+            shutil.rmtree(where, ignore_errors=True)
+            raise _checkpoint_write_error(e, where) from e
 
 
-def summarize(out_dir: str, wall_time_s: float) -> dict[str, Any]:
-    """The run's summary: means over the last steps, the last and the starting eval accuracy."""
+def _checkpoint_write_error(e: BaseException, where: str) -> PolgradError:
+    """torch reports a full disk as "PytorchStreamWriter failed writing file ... unexpected pos": name
+    the folder and, from the file system, the reason."""
+    fix = "free space (or make the folder writable) and re-run with --resume (a sweep: the same command)"
+    if isinstance(e, OSError) and is_write_failure(e):
+        return write_error(e, where, fix)
+    folder = os.path.dirname(where)
+    st = os.statvfs(folder) if os.path.isdir(folder) else None
+    if st is not None and st.f_bavail * st.f_frsize < 2**20:
+        return write_error(OSError(errno.ENOSPC, ""), where, fix)
+    if not os.access(folder, os.W_OK):
+        return write_error(OSError(errno.EACCES, ""), where, fix)
+    if isinstance(e, OSError) or "PytorchStreamWriter" in str(e) or "unexpected pos" in str(e):
+        first = " ".join(str(e).split())[:200]
+        return WriteError(f"could not write checkpoint {where} ({type(e).__name__}: {first}); {fix}")
+    raise e
+
+
+def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0) -> dict[str, Any]:
+    """The run's summary: means over the last steps, the last and the starting eval accuracy.
+
+    `status` is 'unstable' when more than `unstable_skip_frac` of the run's optimizer steps were
+    skipped for a non-finite loss or gradient (`skipped_frac`; `unstable` says so in words), else 'ok'."""
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
     init = [e["accuracy"] for e in read_evals(out_dir) if e["step"] == 0]
@@ -170,8 +221,11 @@ def summarize(out_dir: str, wall_time_s: float) -> dict[str, Any]:
         return float(sum(vals) / len(vals)) if vals else None
 
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+    skipped = rows[-1].get("skipped_steps", 0) if rows else 0
+    updates = sum(r.get("optimizer_steps", 1) for r in rows)  # rows of older runs: one per step
+    stability = _stability(skipped, updates, unstable_skip_frac)
     return {
-        "status": "ok",
+        **stability,
         "steps": len(rows),
         "final_train_reward": mean("reward_mean"),
         "eval_accuracy": evals[-1] if evals else None,
@@ -182,8 +236,20 @@ def summarize(out_dir: str, wall_time_s: float) -> dict[str, Any]:
         "tokens_per_s": mean("tokens_per_s"),
         "wall_time_s": wall_time_s,
         "peak_mem_mb": max((r.get("peak_mem_mb", 0.0) for r in rows), default=None),
-        "skipped_steps": rows[-1].get("skipped_steps", 0) if rows else 0,
+        "skipped_steps": skipped,
     }
+
+
+def _stability(skipped: int, updates: int, threshold: float) -> dict[str, Any]:
+    """status 'ok' or 'unstable' (skipped / optimizer steps above `threshold`), and the numbers."""
+    frac = skipped / updates if updates else 0.0
+    out: dict[str, Any] = {"status": "unstable" if frac > threshold else "ok", "skipped_frac": frac}
+    if frac > threshold:
+        out["unstable"] = (
+            f"unstable: {skipped} of {updates} optimizer steps skipped for a non-finite loss or gradient "
+            f"({frac:.0%} > train.unstable_skip_frac = {threshold:g}); try a lower train.lr"
+        )
+    return out
 
 
 def _truncate_metrics(path: str, steps: int) -> None:

@@ -7,8 +7,11 @@ experiments/base_tiny.gin is parsed first (`--base ''` turns that off; parsing i
 an `include` is harmless, later bindings win). `--binding` is another spelling of `--bind` (the one
 the sweep passes under DeepSpeed's launcher, which refuses `--bind`).
 
-Errors in the configuration or the data print one line `error: ...` and exit 2; a crash during
-training prints its traceback followed by a last line `error: ...` and exits 1.
+Errors in the configuration or the data, and a write that fails (disk full, read-only folder),
+print one line `error: ...` and exit 2; a crash during training prints its traceback followed by a
+last line `error: ...` and exits 1. ^C or SIGTERM during training: the current step finishes and is
+checkpointed, then one line says how to resume, exit code 130 (SIGINT) or 143 (SIGTERM); a second ^C
+stops at once (polgrad/stopping.py).
 """
 
 from __future__ import annotations
@@ -44,29 +47,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    from polgrad.errors import PolgradError
+    from polgrad import stopping
+    from polgrad.errors import PolgradError, WriteError, is_write_failure, write_error
 
+    out = args.out or os.path.join(
+        "results",
+        "runs",
+        f"{os.path.splitext(os.path.basename(args.configs[-1]))[0]}-{time.strftime('%Y%m%d-%H%M%S')}",
+    )
     try:
         parse_config(args.configs, args.bind, base=args.base)
         from polgrad.trainer import train
 
-        out = args.out or os.path.join(
-            "results",
-            "runs",
-            f"{os.path.splitext(os.path.basename(args.configs[-1]))[0]}-{time.strftime('%Y%m%d-%H%M%S')}",
-        )
         # No bar in a log file (sweep cells write stderr to stdout.log): only on a terminal.
-        summary = train(out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty())
+        with stopping.on_signals():  # ^C / SIGTERM: finish the step, checkpoint it, stop
+            summary = train(out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty())
+    except stopping.Stopped as e:
+        ckpt = os.path.join(out, "checkpoints", "policy", f"step{e.step}")
+        print(
+            f"{e}, with its checkpoint {ckpt}; to continue, run the same command with --resume "
+            "(a sweep: run the sweep again)",
+            file=sys.stderr,
+        )
+        return e.exit_code
     except PolgradError as e:
         # gin appends "In call to configurable ..." lines to errors raised inside a part: keep ours.
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, WriteError) and "re-run" not in line:  # disk full: the run folder is kept
+            line += "; free space and re-run with --resume"
+        print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(
             "error: interrupted; re-run with --resume to continue from the last checkpoint", file=sys.stderr
         )
-        return 130
+        return stopping.exit_code()
     except Exception as e:  # noqa: BLE001 - last line must be the one-line error the sweep records
+        if is_write_failure(e):
+            # A full disk or a read-only folder: one line naming the file (or the run folder when the
+            # OS error does not say which file); what is written stays, a resume goes on from it.
+            where = e.filename or f"the run folder {out}"
+            print(f"error: {write_error(e, where, 'free space and re-run with --resume')}", file=sys.stderr)
+            return 2
         traceback.print_exc()
         print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
@@ -74,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         f"done: {out}  eval_accuracy={summary.get('eval_accuracy')}  "
         f"final_train_reward={summary.get('final_train_reward')}"
     )
+    if summary.get("status") == "unstable":
+        print(f"warning: {summary.get('unstable')}", file=sys.stderr)
     return 0
 
 

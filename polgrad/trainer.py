@@ -9,9 +9,13 @@ out_dir:
     metrics.jsonl         one JSON object per step, flushed every step
     eval.jsonl            one record per evaluation (step 0 = the starting policy): accuracy and
                           the per-prompt results on the same held-out prompts every time
-    summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row
+    summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row;
+                          status 'ok', or 'unstable' when skipped_frac (skipped optimizer steps /
+                          optimizer steps) is above train.unstable_skip_frac
     operative_config.gin  the bindings gin actually used
-    checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below)
+    checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below), all
+                          kept; a resume loads the newest intact one (polgrad/checkpoints.py), and
+                          ^C / SIGTERM writes one of the step it ends (polgrad/stopping.py)
     model/                the policy's config + tokenizer and the spec's name (what polgrad.export needs)
     final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py)
 
@@ -61,7 +65,7 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, offline, producer
+from polgrad import collective, config, export, hooks, offline, producer, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -131,16 +135,18 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
             bar.set_postfix(
                 loss=f"{row.get('pg_loss', row.get('pref_loss', 0.0)):.3f}", acc=row.get("eval_accuracy", "")
             )
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        stop = stopping.requested()  # ^C / SIGTERM (on any rank): checkpoint this step, then stop
+        if stop or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             with hooks.phase("checkpoint"):
                 save_checkpoint(m, out_dir, state)
+        stopping.stop_if(stop, state.step)
 
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
     if m.vllm is not None:
         m.vllm.close()
     if m.producer is not None:
         m.producer.close()
-    summary = summarize(out_dir, wall_time_s=time.time() - t_start)
+    summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary["table5"] = algo.table_row()
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage)
     if rank == 0:
@@ -190,6 +196,7 @@ def rl_step(
     row = step_row(m, got.sampled, batch, state, {**prep_metrics, **got.info}, update_metrics)
     if m.producer is not None:  # staleness, the wait for rollouts, the IS weights π_old/π_behaviour
         row.update(m.producer.metrics(batch))
+    row["optimizer_steps"] = n_updates  # the denominator of the summary's skipped_frac
     if "kl_seq" in row:  # the per-sequence KL, the unit of the controllers' targets
         new_coef = algo.next_kl_coef(state.kl_coef, row["kl_seq"], n_steps=int(row["update_seqs"]))
         state = dataclasses.replace(state, kl_coef=new_coef)

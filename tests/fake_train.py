@@ -6,7 +6,8 @@ Parses the files and bindings with gin, writes DIR/config.gin, one metrics.jsonl
 (flushed), a checkpoint every `checkpoint_every` steps, and summary.json atomically at the end.
 Metrics are a deterministic function of (lr, kl, seed, step). `crash_at` makes it fail with a
 one-line `error: ...` on stderr; `sleep_s` slows each step down so tests can catch it running.
-`table5` (a dict, default None) goes into summary.json as the Table-5 row, as the trainer writes it.
+`table5` (a dict, default None) goes into summary.json as the Table-5 row, as the trainer writes it;
+`status = 'unstable'` makes summary.json say so, as the trainer does when too many steps were skipped.
 Every start appends a line to DIR/invocations.jsonl (resume flag, first step, OMP_NUM_THREADS,
 start and end time, pid, rank) so tests can count launches and see overlap. Imports only gin (fast start).
 
@@ -59,8 +60,10 @@ def settings(
     table5=None,
     zero_stage: int = 0,
     crash_rank=None,
+    status: str = "ok",
 ):
     return dict(
+        status=status,
         zero_stage=zero_stage,
         crash_rank=crash_rank,
         steps=steps,
@@ -168,7 +171,7 @@ def main(argv=None) -> int:
     last = _metrics(cfg, cfg["steps"] - 1)
     evals = [_metrics(cfg, s) for s in range(cfg["steps"])]
     summary = {
-        "status": "ok",
+        "status": cfg["status"],
         "steps": cfg["steps"],
         "final_train_reward": sum(_metrics(cfg, s)["reward_mean"] for s in range(cfg["steps"])[-2:])
         / min(2, cfg["steps"]),
@@ -181,6 +184,8 @@ def main(argv=None) -> int:
         "world_size": world_size,
         "zero_stage": cfg["zero_stage"],
     }
+    if cfg["status"] == "unstable":  # as polgrad.train says it (train.unstable_skip_frac)
+        summary["unstable"] = f"unstable: {cfg['steps'] - 1} of {cfg['steps']} optimizer steps skipped"
     if cfg["table5"] is not None:  # what polgrad.train writes: the Algorithm's Table-5 row
         summary["table5"] = cfg["table5"]
     with open(out / "invocations.jsonl", "a") as fh:

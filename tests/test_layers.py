@@ -22,11 +22,25 @@ PKG = REPO / "polgrad"
 # points (nothing imports them) and are exempt from the rule, not from the cycle test. The root
 # `polgrad/__init__.py` gathers the built-in parts, so it counts as the layer of the parts.
 LAYERS: list[list[str]] = [
-    ["polgrad.errors", "polgrad.registry", "polgrad.hooks", "polgrad.io", "polgrad.collective"],
+    [
+        "polgrad.errors",
+        "polgrad.registry",
+        "polgrad.hooks",
+        "polgrad.io",
+        "polgrad.collective",
+        "polgrad.stopping",
+    ],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks", "polgrad.checks"],
     ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation"],
-    ["polgrad.spec_checks", "polgrad.table5", "polgrad.algorithm", "polgrad.distributed", "polgrad.pretrain"],
+    [
+        "polgrad.spec_checks",
+        "polgrad.table5",
+        "polgrad.algorithm",
+        "polgrad.distributed",
+        "polgrad.checkpoints",
+        "polgrad.pretrain",
+    ],
     ["polgrad.config"],
     ["polgrad.export", "polgrad.producer", "polgrad.run", "polgrad.offline", "polgrad.trainer"]
     + ["polgrad.train"],

@@ -15,7 +15,8 @@ binding, value = its gin text, e.g. `Algorithm.kl` = `@kl.k3`), seed, the summar
 (final_train_reward, eval_accuracy, kl, entropy, tokens_per_s, wall_time_s, peak_mem_mb, steps),
 how the run was spread (world_size: data-parallel ranks; zero_stage: its DeepSpeed ZeRO stage),
 the run's Table-5 row (table5_method, table5_type, table5_reward_model, table5_value_function,
-table5_reference_policy, table5_core_loss), status (ok | failed), error, run_dir, and where it ran:
+table5_reference_policy, table5_core_loss), status (ok | unstable | failed; only ok rows are ranked
+and tested, unstable ones are listed apart), error (for unstable: why), run_dir, and where it ran:
 git_commit, python, torch, transformers, deepspeed, hostname, cpu_count, finished_at.
 
     >>> import polgrad.results

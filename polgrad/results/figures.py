@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polgrad.io import atomic_path
 from polgrad.results.compare import Key, against, by_seed, leader
 from polgrad.results.findings import kl_metric
 from polgrad.results.stats import t_ppf
@@ -143,13 +144,15 @@ def _mean_band(series: list[dict[int, float]]) -> tuple[list, list, list]:
 
 
 def _save(fig, path: Path) -> None:
+    """Write the PNG atomically (polgrad.io.atomic_path: no temp file left behind, a full disk is one
+    line naming the file, the PNG readable with the user's umask)."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")  # long configuration labels stay inside
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")  # long configuration labels stay inside
+    finally:
+        plt.close(fig)
 
 
 def curves_path(path: str | os.PathLike) -> Path:

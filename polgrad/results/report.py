@@ -23,6 +23,9 @@ from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path
 TABLE5 = tuple((col, col.removeprefix("table5_").replace("_", " ")) for col in TABLE5_COLUMNS)
 # The md's columns of how a group's runs were spread, (CSV column, header), before the Table-5 ones.
 RUN = tuple(zip(RUN_COLUMNS, ("world size", "ZeRO stage"), strict=True))
+# The status of a finished run that skipped too many optimizer steps (train.unstable_skip_frac): its
+# row is listed under its own heading, never ranked nor in the statistics (only 'ok' rows are).
+UNSTABLE = "unstable"
 
 
 def _float(text: Any) -> float:
@@ -41,24 +44,29 @@ def leaderboard(
 ) -> list[dict[str, Any]]:
     """One entry per group (same values in `group_columns`), aggregated over its seeds.
 
-    Each entry: `group` (dict column -> text), `n` (ok seeds), `n_failed`, `cells` (ids), and per
-    metric `(mean, half_width | None, n)`. Sorted by the primary metric's mean, best first;
-    groups with no finished seed go last.
+    Each entry: `group` (dict column -> text), `n` (ok seeds), `n_failed`, `n_unstable` (seeds whose
+    run skipped too many optimizer steps: neither ranked nor in the statistics), `cells` (ids), and per
+    metric `(mean, half_width | None, n)` over the ok seeds. Sorted by the primary metric's mean, best
+    first; groups with no ok seed go last.
     """
     groups: dict[tuple, dict[str, Any]] = {}
     for r in rows:
         key = tuple(str(r.get(c, "")) for c in group_columns)
         g = groups.setdefault(
-            key, {"group": dict(zip(group_columns, key, strict=True)), "ok": [], "n_failed": 0, "cells": []}
+            key,
+            {"group": dict(zip(group_columns, key, strict=True)), "ok": [], "n_failed": 0, "cells": []},
         )
         g["cells"].append(r.get("cell_id", ""))
         if r.get("status") == "ok":
             g["ok"].append(r)
+        elif r.get("status") == UNSTABLE:
+            g["n_unstable"] = g.get("n_unstable", 0) + 1
         else:
             g["n_failed"] += 1
     out = []
     for g in groups.values():
         entry = {"group": g["group"], "n": len(g["ok"]), "n_failed": g["n_failed"], "cells": g["cells"]}
+        entry["n_unstable"] = g.get("n_unstable", 0)
         for m in dict.fromkeys([*metrics, primary_metric]):
             entry[m] = mean_ci(_float(r.get(m)) for r in g["ok"])
         out.append(entry)
@@ -168,6 +176,7 @@ def markdown(
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     direction = "higher is better" if higher_is_better else "lower is better"
     n_ok = sum(r.get("status") == "ok" for r in rows)
+    n_unstable = sum(r.get("status") == UNSTABLE for r in rows)
     lines = [f"# {experiment}", ""]
     if question:
         lines += [f"**Question.** {question}", ""]
@@ -176,7 +185,9 @@ def markdown(
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
         f"commit {one('git_commit')} · {date} · command: `{command}`",
         "",
-        f"{len(rows)} cells ({n_ok} ok, {len(rows) - n_ok} failed) in {len(board)} groups (spec + swept "
+        f"{len(rows)} cells ({n_ok} ok, "
+        + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
+        + f"{len(rows) - n_ok - n_unstable} failed) in {len(board)} groups (spec + swept "
         f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly better than "
         "every other one (paired by seed, Holm-corrected: see below), so no group has ★ when the leaders are "
         "tied. Each value is "
@@ -208,7 +219,8 @@ def markdown(
     for i, e in enumerate(board):
         best = starred and tuple(e["group"][c] for c in group_columns) == best_key
         rank = f"**{i + 1} ★**" if best else str(i + 1)
-        seeds = f"{e['n']}" + (f" ({e['n_failed']} failed)" if e["n_failed"] else "")
+        notes = [f"{e[k]} {w}" for k, w in (("n_failed", "failed"), ("n_unstable", UNSTABLE)) if e[k]]
+        seeds = f"{e['n']}" + (f" ({', '.join(notes)})" if notes else "")
         g = e["group"]
         t5 = table5.get(tuple(g[c] for c in group_columns), {})
         if any(t5.get(k) for k in TABLE5_COLUMNS):
@@ -243,7 +255,13 @@ def markdown(
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
     lines += stats_lines
-    failed = [r for r in rows if r.get("status") != "ok"]
+    unstable = [r for r in rows if r.get("status") == UNSTABLE]
+    if unstable:
+        lines += ["", "## Unstable cells (not ranked)", ""]
+        lines += [
+            f"- `{r.get('cell_id')}`: {_md_escape(r.get('error', '')) or '(no message)'}" for r in unstable
+        ]
+    failed = [r for r in rows if r.get("status") not in ("ok", UNSTABLE)]
     if failed:
         lines += ["", "## Failed cells", ""]
         lines += [

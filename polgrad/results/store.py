@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from polgrad.errors import DataError
+from polgrad.errors import DataError, is_write_failure, write_error
 from polgrad.io import atomic_write_text
 
 # The metrics a trainer's summary.json carries, in the order they appear in the CSV and the table.
@@ -74,8 +74,14 @@ def _locked(path: Path) -> Iterator[None]:
     except ImportError:  # not POSIX: no lock, the os.replace below still keeps the file whole
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "a") as fh:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(str(path) + ".lock", "a")
+    except OSError as e:  # a read-only results folder: one line naming the CSV
+        if is_write_failure(e):
+            raise write_error(e, path) from e
+        raise
+    with fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield

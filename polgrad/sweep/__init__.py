@@ -96,18 +96,31 @@ missing include or spec, no seeds, an empty axis or grid.
 ## Running
 
     python -m polgrad.sweep experiments/X.gin [--dry-run] [--parallel N] [--executor local|ray]
-                            [--ray-address ADDR] [--results DIR]
+                            [--ray-address ADDR] [--results DIR] [--restart CELL_ID ...]
+                            [--restart-failed]
 
 `--dry-run` validates and prints the cells (id, spec, bindings, seed). Re-running the same file
-skips finished cells (summary.json with status ok), resumes unfinished ones (`--resume` when the
+skips finished cells (summary.json with status ok or unstable), resumes unfinished ones (`--resume` when the
 run folder has checkpoints) and re-runs failed ones. A crashing cell is recorded as failed with
 the last line of its stderr; the sweep goes on and exits 1 at the end with a summary (2 for a bad
-experiment file, 130 when interrupted). `--executor local` (default) runs cells one at a time, or
-N at a time with `--parallel N`, each with OMP_NUM_THREADS = cores // N (on a GPU node: each
-running cell gets its own CUDA_VISIBLE_DEVICES slice, see `slots.assign_gpu_slots`). `--executor ray`
-hands cells to Ray as tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address`
-of a cluster whose nodes share the results folder). POLGRAD_TRAIN_MODULE (or the hidden
-`--train-module`) replaces `polgrad.train` by another module that obeys the same command line.
+experiment file, 130 when interrupted: ^C or SIGTERM stops the running cells with SIGTERM, and each
+finishes its current step and checkpoints it, within 60 s, before the sweep exits). A cell whose
+trainer reports status `unstable` (more than `train.unstable_skip_frac` of its optimizer steps
+skipped for a non-finite loss or gradient) is finished, not failed: its row says why in `error`,
+the md lists it under "Unstable cells (not ranked)", and no ranking or test uses it. A cell whose
+checkpoints are all damaged fails with one line saying to start it over: `--restart CELL_ID ...`
+(or `--restart-failed`, every cell the CSV records as failed) moves its run folder to
+`runs/<cell-id>.old-<time>` and runs it from scratch; its CSV row, pointed at the moved folder,
+stays until the new run replaces it. A write that fails (disk full, read-only results folder) stops
+the sweep with one line naming the file; the CSV is replaced atomically, so no recorded row is
+lost, and a re-run records finished cells from their run folders.
+
+`--executor local` (default) runs cells one at a time, or N at a time with `--parallel N`, each
+with OMP_NUM_THREADS = cores // N (on a GPU node: each running cell gets its own
+CUDA_VISIBLE_DEVICES slice, see `slots.assign_gpu_slots`). `--executor ray` hands cells to Ray as
+tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address` of a cluster whose nodes
+share the results folder). POLGRAD_TRAIN_MODULE (or the hidden `--train-module`) replaces
+`polgrad.train` by another module that obeys the same command line.
 
 Results (see polgrad.results): results/<name>.csv (one row per cell, written atomically as
 each cell ends), results/<name>.md (leaderboard), results/<name>.png (forest plot of the

@@ -3,7 +3,9 @@
 `run` takes the experiment folder's lock, writes experiment.json, skips finished cells, hands the
 rest to the chosen executor (see `polgrad.sweep.executors.EXECUTORS`), records each cell's CSV row
 (`_row`: the cell, its metrics, its status, where it ran, its Table-5 row) as it ends and writes the
-report. Exit codes: 0 every cell ok, 1 some failed, 2 a bad experiment file, 130 interrupted.
+report. Exit codes: 0 every cell finished (ok, or unstable: listed in the md, not ranked), 1 some
+failed or a write failed (disk full, read-only folder: one line naming the file), 2 a bad experiment
+file or restart id, 130 interrupted (running cells checkpoint their current step first).
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
-from polgrad.errors import PolgradError
+from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.sweep import launch
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand, format_cells
-from polgrad.sweep.launch import is_finished, read_summary
+from polgrad.sweep.launch import FINISHED, is_finished, read_summary
 from polgrad.sweep.validation import validate
 
 
@@ -49,13 +51,21 @@ def run(
     train_module: str = DEFAULT_TRAIN_MODULE,
     ray_address: str | None = None,
     command: str = "",
+    restart: Sequence[str] = (),
+    restart_failed: bool = False,
 ) -> int:
-    """Run the cells not yet finished, record each in the CSV, write the report; 0 iff every cell is ok."""
+    """Run the cells not yet finished, record each in the CSV, write the report; 0 iff no cell failed.
+
+    `restart` (cell ids) and `restart_failed` (every cell the CSV records as failed) start cells over
+    from scratch: their run folders are moved aside (`_restart`), their CSV rows replaced when they end."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
+    _check_cell_ids(exp, cells, restart)
     exp_dir = Path(results_dir) / exp.name
     exp_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(exp_dir):
+        if restart or restart_failed:
+            _restart(exp, cells, Path(results_dir), restart, restart_failed)
         return _run(
             exp,
             cells,
@@ -66,6 +76,42 @@ def run(
             ray_address=ray_address,
             command=command,
         )
+
+
+def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) -> None:
+    valid = [c.id for c in cells]
+    for cid in ids:
+        if cid not in valid:
+            listed = f"valid: {', '.join(valid)}" if len(valid) <= 12 else f"--dry-run lists its {len(valid)}"
+            raise PolgradError(
+                f"--restart: {exp.file} has no cell '{cid}'{did_you_mean(cid, valid)} ({listed})"
+            )
+
+
+def _restart(exp: Experiment, cells: Sequence[Cell], results_dir: Path, ids, failed: bool) -> None:
+    """Move the run folder of each cell to restart to runs/<cell>.old-<time> (nothing is deleted) and
+    point its CSV row, if any, there: the old result stays in the CSV until the new run replaces it."""
+    csv_file = _results.csv_path(exp.name, results_dir)
+    rows = {r.get("cell_id"): r for r in _results.read_rows(csv_file)}
+    chosen = [c.id for c in cells if c.id in ids or (failed and rows.get(c.id, {}).get("status") == "failed")]
+    runs = results_dir / exp.name / "runs"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for cid in chosen:
+        run_dir = runs / cid
+        if not run_dir.exists():
+            print(f"restart {cid}: no run folder yet; it starts from scratch anyway", file=sys.stderr)
+            continue
+        launch._kill_stale_trainer(run_dir.resolve())  # a trainer left running would recreate it
+        old = runs / f"{cid}.old-{stamp}"
+        n = 1
+        while old.exists():
+            n += 1
+            old = runs / f"{cid}.old-{stamp}-{n}"
+        run_dir.rename(old)
+        if cid in rows:
+            moved = {**rows[cid], "run_dir": str(old.relative_to(results_dir))}
+            _results.upsert_row(csv_file, moved, order=[c.id for c in cells])
+        print(f"restart {cid}: moved its run folder to {old}; it starts from scratch", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -102,7 +148,7 @@ TABLE5_FIELDS = tuple(c.removeprefix("table5_") for c in _results.TABLE5_COLUMNS
 
 def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:
     summary = outcome.get("summary") or {}
-    ok = outcome["status"] == "ok"
+    ok = outcome["status"] in FINISHED  # an unstable run's metrics are recorded too (not ranked)
     row: dict[str, Any] = {
         "experiment": exp.name,
         "cell_id": cell.id,
@@ -178,13 +224,14 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     todo = []
     for cell in cells:
         if is_finished(run_dirs[cell.id]):
-            if rows.get(cell.id, {}).get("status") != "ok":
+            summary = read_summary(run_dirs[cell.id]) or {}
+            if rows.get(cell.id, {}).get("status") != summary.get("status"):
                 record(
                     cell,
                     {
-                        "status": "ok",
-                        "error": "",
-                        "summary": read_summary(run_dirs[cell.id]),
+                        "status": summary.get("status"),
+                        "error": str(summary.get("unstable", "")),
+                        "summary": summary,
                         "environment": _recorded_environment(run_dirs[cell.id]),
                     },
                 )
@@ -216,23 +263,38 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
                 ray_address=ray_address,
             )
     except KeyboardInterrupt:
+        progress.close()  # before the messages, so the bar does not overwrite them
+        print(f"{exp.name}: stopping; running cells checkpoint their current step", file=sys.stderr)
         launch.stop_trainers()
-        progress.close()  # before the message, so the bar does not overwrite it
         print(f"{exp.name}: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
+    except BaseException:  # e.g. the CSV could not be written: no cell may run on unrecorded
+        launch.stop_trainers()
+        raise
     finally:
         progress.close()
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
-    md, png = _results.write_report(exp.name, results_dir)
+    try:
+        md, png = _results.write_report(exp.name, results_dir)
+    except WriteError as e:
+        raise WriteError(
+            f"{e}; every cell is recorded in {csv_file}: free space, then write the report with "
+            f"python -m polgrad.results {exp.name} --results {results_dir}"
+        ) from e
     final = {r.get("cell_id"): r for r in _results.read_rows(csv_file)}
-    failed = [c for c in cells if final.get(c.id, {}).get("status") != "ok"]
+    failed = [c for c in cells if final.get(c.id, {}).get("status") not in FINISHED]
+    unstable = [c for c in cells if final.get(c.id, {}).get("status") == "unstable"]
+    n_ok = len(cells) - len(failed) - len(unstable)
     print(
-        f"{exp.name}: {len(cells) - len(failed)} ok, {len(failed)} failed of {len(cells)} cells; "
-        f"{csv_file}, {md}, {png}",
+        f"{exp.name}: {n_ok} ok, "
+        + (f"{len(unstable)} unstable (listed, not ranked), " if unstable else "")
+        + f"{len(failed)} failed of {len(cells)} cells; {csv_file}, {md}, {png}",
         file=sys.stderr,
     )
+    for c in unstable:
+        print(f"  unstable {c.id}: {final[c.id].get('error')}", file=sys.stderr)
     for c in failed:
         err = final.get(c.id, {}).get("error") or "not run"
         print(f"  failed {c.id}: {err}  (log: {run_dirs[c.id] / 'stdout.log'})", file=sys.stderr)
@@ -260,6 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=tuple(EXECUTORS), default="local")
     ap.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
     ap.add_argument("--results", default="results", metavar="DIR", help="results folder (default: results)")
+    ap.add_argument(
+        "--restart",
+        nargs="+",
+        default=[],
+        metavar="CELL_ID",
+        help="start these cells over from scratch (e.g. after 'no intact checkpoint'): their run folders "
+        "move to runs/<cell>.old-<time>, nothing is deleted; a CSV row stays until the new run replaces it",
+    )
+    ap.add_argument(
+        "--restart-failed",
+        action="store_true",
+        help="start every cell the CSV records as failed over, as --restart",
+    )
     ap.add_argument("--train-module", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.parallel is not None and args.parallel < 1:
@@ -281,7 +356,27 @@ def main(argv: list[str] | None = None) -> int:
             train_module=train_module,
             ray_address=args.ray_address,
             command=command,
+            restart=args.restart,
+            restart_failed=args.restart_failed,
         )
+    except WriteError as e:
+        print(f"error: {_kept(e)}", file=sys.stderr)
+        return 1
     except PolgradError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # e.g. a read-only results folder: mkdir or the lock file
+        if not is_write_failure(e):
+            raise
+        print(f"error: {_kept(write_error(e, None))}", file=sys.stderr)
+        return 1
+
+
+def _kept(e: WriteError) -> str:
+    """A failed write of the sweep, with what to do and what is safe: the CSV is written atomically,
+    and a re-run records the finished cells from their run folders."""
+    if "python -m polgrad.results" in str(e):  # the report step says what to do itself
+        return str(e)
+    return (
+        f"{e}; free space (or make the folder writable) and re-run the same command: finished cells are kept"
+    )

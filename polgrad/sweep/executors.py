@@ -68,6 +68,9 @@ class _Progress:
         if outcome["status"] == "ok":
             self.ok += 1
             self.bar.write(f"ok      {cell.id}", file=sys.stderr)
+        elif outcome["status"] == "unstable":  # finished, but listed apart and not ranked
+            self.ok += 1
+            self.bar.write(f"UNSTABLE {cell.id}: {outcome['error']}", file=sys.stderr)
         else:
             self.failed += 1
             self.bar.write(f"FAILED  {cell.id}: {outcome['error']}", file=sys.stderr)

@@ -80,15 +80,21 @@ def allow_trainers() -> None:
     _STOPPING.clear()
 
 
+# How long a stopped cell may take to end its step and checkpoint it (polgrad/stopping.py) before
+# it is killed (its last periodic checkpoint then stays the one it resumes from).
+STOP_GRACE_S = 60.0
+
+
 def stop_trainers() -> None:
-    """^C / SIGTERM: no new trainer may start; terminate the running ones, kill those that linger."""
+    """^C / SIGTERM: no new trainer may start; terminate the running ones (each finishes its step and
+    checkpoints it), kill those still running after STOP_GRACE_S."""
     with _RUNNING_LOCK:
         _STOPPING.set()
         running = list(_RUNNING.values())
     for r in running:
         r.signal(signal.SIGTERM)
     for r in running:
-        r.stop(grace=20)
+        r.stop(grace=STOP_GRACE_S)
 
 
 def _cell_pids(run_dir: Path) -> list[int]:
@@ -153,9 +159,14 @@ def _failed(cell: Cell, where: str, error: BaseException, limit: int | None = No
     }
 
 
+# The statuses of a run that ended with a result ('unstable': too many skipped optimizer steps, see
+# train.unstable_skip_frac; listed in the leaderboard but not ranked). A re-run skips these cells.
+FINISHED = ("ok", "unstable")
+
+
 def is_finished(run_dir: Path) -> bool:
     summary = read_summary(run_dir)
-    return summary is not None and summary.get("status") == "ok"
+    return summary is not None and summary.get("status") in FINISHED
 
 
 def has_checkpoints(run_dir: Path) -> bool:
@@ -314,8 +325,8 @@ def run_cell(
     rc = proc.returncode
     if timed_out:
         status, error = "failed", f"timed out after {timeout_s:g} s (Sweep.timeout_s)"
-    elif rc == 0 and summary is not None and summary.get("status") == "ok":
-        status, error = "ok", ""
+    elif rc == 0 and summary is not None and summary.get("status") in FINISHED:
+        status, error = summary["status"], str(summary.get("unstable", ""))  # why it is unstable
     elif rc == 0:
         status, error = "failed", "trainer exited 0 without a summary.json with status ok"
     else:
