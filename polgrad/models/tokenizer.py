@@ -8,6 +8,7 @@ per character followed by EOS and right-padded with PAD. Position ids always cou
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -55,11 +56,29 @@ def build_tokenizer(alphabet: str):
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved in a checkpoint directory (`AutoTokenizer.from_pretrained`)."""
+    """The tokenizer saved in a checkpoint directory (`AutoTokenizer.from_pretrained`), left-padding.
+
+    A tokenizer without a pad token (GPT-2 style) pads with its EOS token, with a one-line warning
+    on stderr: padding is always masked out (prompts by their attention mask, responses after
+    their EOS), so the two may share an id. One with neither is a one-line DataError.
+    """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
     tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise DataError(
+                f"the tokenizer of {path} has neither a pad nor an EOS token; add them "
+                "(tokenizer.add_special_tokens({'eos_token': ..., 'pad_token': ...})) and save it again"
+            )
+        tok.pad_token = tok.eos_token
+        print(
+            f"warning: the tokenizer of {path} has no pad token; padding with its EOS token "
+            f"{tok.eos_token!r} (id {tok.eos_token_id})",
+            file=sys.stderr,
+            flush=True,
+        )
     return tok
 
 
