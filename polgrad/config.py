@@ -33,6 +33,7 @@ from gin import config_parser
 from polgrad import registry, table5
 from polgrad.algorithm import Algorithm
 from polgrad.errors import ConfigError, PolgradError, did_you_mean
+from polgrad.tasks.rewards import check_policy
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASE = os.path.join("experiments", "base_tiny.gin")
@@ -58,6 +59,9 @@ class TrainConfig:
     start from the same policy: one warm start per experiment unless you sweep init_seed.
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
+    reward_errors: what a reward that raises or is not a finite number does: 'raise' (stop, naming
+    the task, the reward function and the sample), 'zero' (score it 0) or 'skip_group' (drop the
+    prompt's group from the update); polgrad.tasks.rewards.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -85,6 +89,7 @@ class TrainConfig:
     rm_steps: int | None = None
     measure_kl: bool = True
     rollout_backend: str = "hf"
+    reward_errors: str = "raise"
     threads: int | None = None
     resume: bool = False
     progress: bool = True
@@ -93,6 +98,7 @@ class TrainConfig:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"train.{name} must be one of {choices}, got {getattr(self, name)!r}")
+        check_policy(self.reward_errors)
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("checkpoint_every", self.checkpoint_every)
@@ -160,12 +166,25 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
     try:
         algo = Algorithm()
         cfg = TrainConfig()
+        _check_task_bindings(cfg)
         task = cfg.task()  # a task's own checks (e.g. task.file's path and columns)
     except PolgradError as e:
         raise ConfigError(_first_line(e)) from None
     except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
         raise ConfigError(_first_line(e)) from None
     return cfg, algo, task
+
+
+def _check_task_bindings(cfg: TrainConfig) -> None:
+    """A task parameter without a default must be bound (task.file.path): say which, by its binding."""
+    bound = gin.get_bindings(cfg.task)
+    for p in inspect.signature(cfg.task).parameters.values():
+        if p.default is inspect.Parameter.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            if p.name not in bound:
+                raise ConfigError(
+                    f"task.{cfg.task_name}.{p.name} is required (train.task = @task.{cfg.task_name}): "
+                    "bind it in a gin file or with --bind"
+                )
 
 
 def check_world_size(cfg: TrainConfig, world_size: int) -> None:

@@ -7,6 +7,7 @@
                          (the critic, see components/value_init.py, and the reward model)
     load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token
     cache                the on-disk cache of trained checkpoints and their polgrad.json
+    check_inputs         the task's prompts fit the model's positions and survive its tokenizer
 
 Training the policy's warm start and the reward model (which needs rollouts and tasks) lives one
 layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
@@ -27,6 +28,7 @@ from polgrad.models.cache import (
     write_info,
 )
 from polgrad.models.heads import HEAD_FILE, ScalarHeadModel, load_reward_model, sequence_scores
+from polgrad.models.inputs import check_inputs
 from polgrad.models.loading import check_dir, freeze, load_policy, load_reference
 from polgrad.models.threads import default_num_threads, seeded, torch_threads
 from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs
@@ -57,6 +59,7 @@ __all__ = [
     "build_tiny",
     "build_tokenizer",
     "check_dir",
+    "check_inputs",
     "checkpoint_fingerprint",
     "default_cache_dir",
     "default_num_threads",
