@@ -2,7 +2,8 @@
 
     tokenizer            character-level, one token per character of `task.alphabet` + 4 specials
     build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
-    load_policy(path)    trainable AutoModelForCausalLM;  load_reference(path): frozen, eval mode
+    load_policy(path)    trainable AutoModelForCausalLM, dropout off;  load_reference(path): frozen
+    load_tokenizer(path) left-padding; no pad token -> pads with EOS (warned)
     ScalarHeadModel      AutoModel backbone + Linear(hidden, 1): per-position scalars [B,S]
                          (the critic, see components/value_init.py, and the reward model)
     load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token

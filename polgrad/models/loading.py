@@ -1,4 +1,8 @@
-"""Loading checkpoints: the trainable policy, the frozen reference, and the directory check."""
+"""Loading checkpoints: the trainable policy (dropout off), the frozen reference, the directory check.
+
+Any causal LM checkpoint works as `train.policy_path`: its dropout is switched off on load
+(`no_dropout`), since RL compares log-probs of two forwards of the same policy.
+"""
 
 from __future__ import annotations
 
