@@ -261,3 +261,22 @@ def test_warm_start_time_is_reported_apart_from_the_rl_wall_time(tmp_path, monke
     assert summary["wall_time_s"] <= elapsed - 3.0
     assert rows[-1]["time_s"] <= elapsed - 3.0
     assert summary["wall_time_s"] + summary["warm_start_s"] == pytest.approx(elapsed, abs=1.0)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (1, (1.0, None)),
+        (True, (1.0, None)),
+        (torch.tensor(0.25), (0.25, None)),
+        ("1.0", (math.nan, "returned a non-number '1.0' (str)")),
+        ([1.0], (math.nan, "returned a non-number [1.0] (list)")),
+        (torch.tensor([1.0, 2.0]), (math.nan, "returned a non-number tensor([1., 2.]) (Tensor)")),
+        (-math.inf, (math.nan, "returned -inf")),
+    ],
+)
+def test_what_counts_as_a_reward(value, expected):
+    from polgrad.tasks.rewards import check_value
+
+    got = check_value(value)
+    assert got[1] == expected[1] and (got[0] == expected[0] or math.isnan(got[0]) and math.isnan(expected[0]))

@@ -49,11 +49,12 @@ def check_value(value: Any) -> tuple[float, str | None]:
     """(the reward as a float, None) if it is a finite number, else (nan, what is wrong with it)."""
     if value is None:
         return math.nan, "returned None"
-    if isinstance(value, Tensor) and value.numel() == 1:
-        value = value.item()
-    if not isinstance(value, numbers.Real):  # bool counts as a number (0/1), a str does not
+    try:  # a number: float, int, bool (0/1), numpy/torch scalars, Decimal; never a str
+        if not isinstance(value, numbers.Real) and not hasattr(value, "__float__"):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
         return math.nan, f"returned a non-number {repr(value)[:SHOW_CHARS]} ({type(value).__name__})"
-    number = float(value)
     if math.isnan(number):
         return math.nan, "returned NaN"
     if math.isinf(number):
