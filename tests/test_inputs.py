@@ -140,6 +140,17 @@ def test_what_the_tokenizer_loses_is_found_by_encoding_and_decoding():
     assert models.inputs.lost_characters(tok, "12+34=") == []
 
 
+def test_a_saved_character_tokenizer_reloads_as_it_was_trained(tmp_path):
+    """What SFT trains with (the tokenizer build_tiny makes) is what RL reads after reloading it:
+    transformers 5's AutoTokenizer took the model type's Qwen2Tokenizer and dropped the space."""
+    path = tiny_dir(tmp_path / "sort", Sort())
+    built = models.build_tokenizer(Sort().alphabet)
+    loaded = models.load_tokenizer(path)
+    for text in ["sort 31524=", "sort 00000=", "12345"]:
+        assert loaded(text)["input_ids"] == built(text)["input_ids"]
+    assert models.inputs.lost_characters(loaded, "sort 31524=") == []
+
+
 def test_a_tokenizer_that_covers_the_task_passes(tmp_path):
     tok = models.build_tokenizer(Sort().alphabet)
     models.check_inputs(Sort(), tok, models.build_tiny(Sort())[0].config, 6, path="x", name="sort")
