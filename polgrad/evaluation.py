@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,11 +29,22 @@ from polgrad.components.kl import full as exact_kl_part
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
 from polgrad.tasks.base import Example
+from polgrad.tasks.rewards import RewardGuard
 
 
 @torch.no_grad()
-def greedy_correct(model, tokenizer, task, examples: Sequence[Example], max_new_tokens: int) -> list[int]:
-    """1 where the greedy response to an example earns the full reward (== 1), else 0."""
+def greedy_correct(
+    model,
+    tokenizer,
+    task,
+    examples: Sequence[Example],
+    max_new_tokens: int,
+    rewards: RewardGuard | None = None,
+) -> list[int]:
+    """1 where the greedy response to an example earns the full reward (== 1), else 0.
+
+    `rewards` checks each reward (train.reward_errors; default 'raise'): a faulty one stops the
+    run in one line, or counts as wrong."""
     model.eval()
     rollout = hf_rollout.generate(
         model,
@@ -44,7 +55,8 @@ def greedy_correct(model, tokenizer, task, examples: Sequence[Example], max_new_
         max_new_tokens=max_new_tokens,
         generator_seed=0,
     )
-    return [int(task.reward(ex, t) >= 1.0) for ex, t in zip(rollout.examples, rollout.texts, strict=True)]
+    scores = (rewards or RewardGuard()).task_scores(task, rollout.examples, rollout.texts)
+    return [int(s >= 1.0) for s in scores.tolist()]  # NaN (a skipped faulty reward) is wrong
 
 
 @dataclass
@@ -56,6 +68,7 @@ class Evaluator:
     max_new_tokens: int
     out_dir: str
     write: bool = True  # only rank 0 writes
+    rewards: RewardGuard = field(default_factory=RewardGuard)  # train.reward_errors in evaluation
 
     @property
     def path(self) -> str:
@@ -85,10 +98,14 @@ class Evaluator:
 
         ws = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
         if ws == 1 or len(self.examples) < ws:  # too few prompts to share: every rank decodes all
-            return greedy_correct(model, tokenizer, self.task, self.examples, self.max_new_tokens)
+            return greedy_correct(
+                model, tokenizer, self.task, self.examples, self.max_new_tokens, self.rewards
+            )
 
         rank = collective.rank()
-        share = greedy_correct(model, tokenizer, self.task, self.examples[rank::ws], self.max_new_tokens)
+        share = greedy_correct(
+            model, tokenizer, self.task, self.examples[rank::ws], self.max_new_tokens, self.rewards
+        )
         shares: list[list[int] | None] = [None] * ws
         tdist.all_gather_object(shares, share)
         correct = [0] * len(self.examples)

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from polgrad.errors import DataError, PolgradError, WriteError, is_write_failure
 from polgrad.evaluation import Evaluator, read_evals
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
+from polgrad.tasks.rewards import RewardGuard
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
 
@@ -41,6 +43,8 @@ class Models:
     reward_model: torch.nn.Module | None = None
     rm_accuracy: float | None = None  # the reward model's held-out pairwise accuracy
     vllm: Any = None  # a vLLM sampler that gets the policy's weights after every step
+    rewards: RewardGuard = dataclasses.field(default_factory=RewardGuard)  # train.reward_errors
+    warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
     producer: Any = None  # async rollouts (train.async_rollouts): polgrad.producer.Producer
 
     def sample(self, examples, **kwargs) -> hf_rollout.Rollout:
@@ -51,18 +55,24 @@ class Models:
         return hf_rollout.generate(self.engine.module, self.tokenizer, examples, **kwargs)
 
     def score(self, rollout: hf_rollout.Rollout, task) -> Tensor:
-        """One scalar per sequence [B] float64: the reward model's, else the task's verifier's."""
+        """One scalar per sequence [B] float64: the reward model's, else the task's verifier's.
+
+        Each is checked by `self.rewards` (train.reward_errors): a reward that raises or is not a
+        finite number stops the run in one line, is scored 0, or is NaN ('skip_group': the loop
+        drops its group)."""
         if self.reward_model is not None:
-            return hf_rollout.rollout_scores(self.reward_model, rollout).double()
-        return torch.tensor(
-            [task.reward(ex, txt) for ex, txt in zip(rollout.examples, rollout.texts, strict=True)],
-            dtype=torch.float64,
-        )
+            scores = hf_rollout.rollout_scores(self.reward_model, rollout)
+            return self.rewards.checked(scores, rollout.examples, rollout.texts)
+        return self.rewards.task_scores(task, rollout.examples, rollout.texts)
 
 
 def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
-    """Policy (built and warm-started by cached SFT unless train.policy_path), then what the parts need."""
-    policy_path = cfg.policy_path
+    """Policy (built and warm-started by cached SFT unless train.policy_path), then what the parts need.
+
+    The inputs are checked against the policy before anything trains (`models.check_inputs`: the
+    task's prompts fit the model's positions and survive its tokenizer). `Models.warm_start_s` is
+    the time spent in polgrad.pretrain (SFT, reward model; ~0 when cached)."""
+    policy_path, t_pretrain = cfg.policy_path, time.perf_counter()
     if policy_path is None:
         sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
         policy_path = pretrain.warm_start(
@@ -71,16 +81,22 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
             cfg.model_kwargs,
             seed=cfg.init_seed,
             progress=cfg.progress,
+            reward_errors=cfg.reward_errors,
             **sft,
         )
+    warm_start_s = time.perf_counter() - t_pretrain
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
+    models.check_inputs(
+        task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
+    )
     # A reward model is trained (cached) when it scores the responses or initialises the critic.
     rm_path, rm_accuracy, reward_model = None, None, None
     if cfg.reward_source == "reward_model" or algo.needs_reward_model:
-        rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
+        rm, t_pretrain = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}, time.perf_counter()
         rm_path, rm_accuracy = pretrain.train_reward_model(
             policy_path, task, seed=cfg.init_seed, progress=cfg.progress, **rm
         )
+        warm_start_s += time.perf_counter() - t_pretrain
     if cfg.reward_source == "reward_model":
         reward_model = models.load_reward_model(rm_path)
     reference = models.load_reference(policy_path) if (algo.needs_reference or cfg.measure_kl) else None
@@ -104,7 +120,10 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
         vllm = VLLMRollout(policy_path, seed=cfg.seed)
-    return Models(engine, tokenizer, reference, critic_engine, reward_model, rm_accuracy, vllm)
+    rewards = RewardGuard(cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}")
+    return Models(
+        engine, tokenizer, reference, critic_engine, reward_model, rm_accuracy, vllm, rewards, warm_start_s
+    )
 
 
 # --------------------------------------------------------------------------- 2. loop state
@@ -210,7 +229,9 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
     """The run's summary: means over the last steps, the last and the starting eval accuracy.
 
     `status` is 'unstable' when more than `unstable_skip_frac` of the run's optimizer steps were
-    skipped for a non-finite loss or gradient (`skipped_frac`; `unstable` says so in words), else 'ok'."""
+    skipped for a non-finite loss or gradient (`skipped_frac`; `unstable` says so in words), else 'ok'.
+    `wall_time_s` is the RL run's (the trainer leaves the warm start out: its `warm_start_s`);
+    `reward_errors` counts the faulty rewards of every step (train.reward_errors)."""
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
     init = [e["accuracy"] for e in read_evals(out_dir) if e["step"] == 0]
@@ -237,6 +258,7 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
         "wall_time_s": wall_time_s,
         "peak_mem_mb": max((r.get("peak_mem_mb", 0.0) for r in rows), default=None),
         "skipped_steps": skipped,
+        "reward_errors": sum(int(r.get("reward_errors", 0)) for r in rows),
     }
 
 

@@ -84,6 +84,7 @@ from polgrad.run import (  # noqa: F401 - re-exported: the loop's surrounding pi
     start_or_resume,
     summarize,
 )
+from polgrad.tasks.rewards import RewardGuard
 
 
 def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = None) -> dict[str, Any]:
@@ -103,7 +104,9 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
 
     # 1. Build the models: the warm-started policy, and the reference, critic and reward model the parts need.
     m = build_models(cfg, algo, task)
+    t_start += m.warm_start_s  # the run's time_s and wall_time_s leave out the warm start (warm_start_s)
     evaluate = Evaluator(task, task.eval_examples(cfg.eval_size), cfg.max_new_tokens, out_dir, rank == 0)
+    evaluate.rewards = RewardGuard(cfg.reward_errors, cfg.task_name)
     # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
     state = start_or_resume(cfg, algo, m, out_dir, evaluate)
     m.producer = producer.start(
@@ -148,7 +151,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         m.producer.close()
     summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary["table5"] = algo.table_row()
-    summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage)
+    summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, warm_start_s=m.warm_start_s)
     if rank == 0:
         atomic_write_text(
             os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)
@@ -255,7 +258,11 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         rollout=rollout,
     )
     t_values = time.perf_counter()
-    return batch, {"time_gen": t_gen - t0, "time_ref": t_ref - t_gen, "time_values": t_values - t_ref}
+    return without_faulty_groups(batch), {
+        "time_gen": t_gen - t0,
+        "time_ref": t_ref - t_gen,
+        "time_values": t_values - t_ref,
+    }
 
 
 class Collected(NamedTuple):
@@ -282,7 +289,7 @@ def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed
     """
     if not algo.filters:
         batch, times = collect(cfg, algo, m, task, seed)
-        return Collected(batch, batch, times, {})
+        return Collected(batch, same_groups_on_every_rank(batch), times, {})
     need, pad_id = cfg.prompts_per_step, m.tokenizer.pad_token_id
     sampled, kept, times = [], [], {}
     for r in range(algo.max_sampling_rounds):
@@ -314,6 +321,26 @@ def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed
 
 def _n_groups(batch: Batch) -> int:
     return int(batch.group_ids.unique().numel())
+
+
+def without_faulty_groups(batch: Batch) -> Batch:
+    """The batch without the groups of its faulty rewards (NaN score or baseline score: what
+    `train.reward_errors = 'skip_group'` makes of them), so no group statistic sees them."""
+    bad = ~torch.isfinite(batch.scores)
+    if batch.baseline_scores is not None:
+        bad |= ~torch.isfinite(batch.baseline_scores)
+    if not bool(bad.any()):
+        return batch
+    return batch.select(~torch.isin(batch.group_ids, batch.group_ids[bad]))
+
+
+def same_groups_on_every_rank(batch: Batch) -> Batch:
+    """The first groups of `batch`, as many as the rank with the fewest has (groups dropped for a
+    faulty reward), so every rank runs the same optimizer steps; `batch` at world size 1."""
+    take = int(collective.all_min(torch.tensor(float(_n_groups(batch)))))
+    if take == _n_groups(batch):
+        return batch
+    return batch.select(torch.isin(batch.group_ids, batch.group_ids.unique()[:take]))
 
 
 # --------------------------------------------------------------------------- 5. update
@@ -407,7 +434,7 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
     if m.rm_accuracy is not None:
         row["rm_heldout_accuracy"] = m.rm_accuracy
     lengths = sampled.rollout.mask.sum(-1).double()
-    n, score_sum, correct, length_sum, update_seqs = collective.all_sum(
+    n, score_sum, correct, length_sum, update_seqs, reward_errors = collective.all_sum(
         torch.stack(
             [
                 torch.tensor(float(len(scores))),
@@ -415,9 +442,12 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
                 (scores >= 1.0).double().sum(),
                 lengths.sum(),
                 torch.tensor(float(batch.size)),
+                torch.tensor(float(m.rewards.take())),  # faulty rewards (train.reward_errors)
             ]
         )
     ).tolist()
+    row["reward_errors"] = int(reward_errors)
+    n = max(n, 1.0)  # every group dropped for a faulty reward: the means are 0
     mean = score_sum / n
     _, _, score_var = collective.moments(scores, ddof=1)
     if update_seqs == 0:

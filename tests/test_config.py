@@ -73,6 +73,17 @@ BAD_VALUES = [
     ("train.zero_stage = 4", r"train.zero_stage must be one of 0, 1, 2, 3"),
     ("train.reward_source = 'oracle'", r"train.reward_source must be one of"),
     ("train.task = @advantage.grpo", r"train.task must be a registered task"),
+    # issue 14: a bad learning rate is blamed on its binding (not on distributed.make_engine) ...
+    ("train.lr = 0.0", r"^train.lr must be a finite number > 0, got 0.0$"),
+    ("train.critic_lr = -1e-4", r"^train.critic_lr must be a finite number > 0, got -0.0001$"),
+    ("train.critic_lr = 1e400", r"^train.critic_lr must be a finite number > 0, got inf$"),
+    # ... a task parameter without a default names its binding ...
+    ("train.task = @task.file", r"^task.file.path is required \(train.task = @task.file\): bind it"),
+    # ... and the reward-fault policy lists its choices
+    (
+        "train.reward_errors = 'ignore'",
+        r"^train.reward_errors must be one of \('raise', 'zero', 'skip_group'\), got 'ignore'$",
+    ),
 ]
 
 

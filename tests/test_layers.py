@@ -37,6 +37,7 @@ LAYERS: list[list[str]] = [
         "polgrad.spec_checks",
         "polgrad.table5",
         "polgrad.algorithm",
+        "polgrad.train_config",
         "polgrad.distributed",
         "polgrad.checkpoints",
         "polgrad.pretrain",

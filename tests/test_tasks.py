@@ -84,7 +84,7 @@ def _is_eval(task, prompt):
 
 
 def test_every_registered_task_is_covered():
-    registered = set(names("task"))
+    registered = {n for n in names("task") if not n.startswith("test_")}  # test files' own tasks
     assert {"add", "sort", "reverse", "file"} <= registered
     covered = {k.split("_")[0] for k in VARIANTS}
     assert registered <= covered, f"add a VARIANTS entry for {registered - covered}"

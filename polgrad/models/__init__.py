@@ -2,11 +2,13 @@
 
     tokenizer            character-level, one token per character of `task.alphabet` + 4 specials
     build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
-    load_policy(path)    trainable AutoModelForCausalLM;  load_reference(path): frozen, eval mode
+    load_policy(path)    trainable AutoModelForCausalLM, dropout off;  load_reference(path): frozen
+    load_tokenizer(path) left-padding; no pad token -> pads with EOS (warned)
     ScalarHeadModel      AutoModel backbone + Linear(hidden, 1): per-position scalars [B,S]
                          (the critic, see components/value_init.py, and the reward model)
     load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token
     cache                the on-disk cache of trained checkpoints and their polgrad.json
+    check_inputs         the task's prompts fit the model's positions and survive its tokenizer
 
 Training the policy's warm start and the reward model (which needs rollouts and tasks) lives one
 layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
@@ -27,6 +29,7 @@ from polgrad.models.cache import (
     write_info,
 )
 from polgrad.models.heads import HEAD_FILE, ScalarHeadModel, load_reward_model, sequence_scores
+from polgrad.models.inputs import check_inputs
 from polgrad.models.loading import check_dir, freeze, load_policy, load_reference
 from polgrad.models.threads import default_num_threads, seeded, torch_threads
 from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs
@@ -57,6 +60,7 @@ __all__ = [
     "build_tiny",
     "build_tokenizer",
     "check_dir",
+    "check_inputs",
     "checkpoint_fingerprint",
     "default_cache_dir",
     "default_num_threads",

@@ -25,7 +25,9 @@ from typing import Any
 
 # Bump when a change in polgrad.models or polgrad.pretrain changes the weights that warm_start /
 # train_reward_model produce: it is part of every cache key, so stale entries are simply never hit again.
-MODEL_CODE_VERSION = 2
+# 3: load_tokenizer keeps the character tokenizer as saved (the reward model of task.sort/reverse now
+# reads the space of 'sort 31524=' that transformers 5's Qwen2Tokenizer dropped).
+MODEL_CODE_VERSION = 3
 
 POLGRAD_JSON = "polgrad.json"
 

