@@ -32,6 +32,7 @@ from gin import config_parser
 
 from polgrad import registry, table5
 from polgrad.algorithm import Algorithm
+from polgrad.components.tracker import check_loggers
 from polgrad.errors import ConfigError, PolgradError, did_you_mean
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,6 +94,7 @@ class TrainConfig:
     progress: bool = True
     async_rollouts: bool = False
     max_staleness: int = 1
+    loggers: list | tuple = ()  # trackers besides metrics.jsonl: ['tensorboard', 'mlflow', 'wandb']
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -119,6 +121,7 @@ class TrainConfig:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         _check_async(self)
+        check_loggers(self.loggers)  # registered names whose library is installed
         entry = registry.entry_of(self.task)
         if entry is None or entry.kind != "task":
             raise ConfigError(
@@ -234,7 +237,7 @@ _SEARCH_PATHS: set[str] = set()
 
 
 def _import_builtins() -> None:
-    import polgrad.components  # noqa: F401  (registers the built-in parts)
+    import polgrad.components  # noqa: F401  (registers the built-in parts, trackers included)
     import polgrad.tasks  # noqa: F401  (registers the built-in tasks)
 
 

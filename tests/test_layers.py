@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     ["polgrad.errors", "polgrad.registry", "polgrad.hooks", "polgrad.io", "polgrad.collective"],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks", "polgrad.checks"],
-    ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation"],
+    ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation", "polgrad.tracking"],
     ["polgrad.spec_checks", "polgrad.table5", "polgrad.algorithm", "polgrad.distributed", "polgrad.pretrain"],
     ["polgrad.config"],
     ["polgrad.export", "polgrad.producer", "polgrad.run", "polgrad.offline", "polgrad.trainer"]
