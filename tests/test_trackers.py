@@ -321,3 +321,90 @@ def test_the_dry_run_names_an_unknown_logger(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "train.loggers: unknown tracker 'tensorbord'" in err and "did you mean 'tensorboard'?" in err
     gin.clear_config()
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.mark.slow
+def test_a_two_cell_sweep_writes_one_tracker_run_per_cell_named_after_it(tmp_path, capsys):
+    """The real trainer under `python -m polgrad.sweep`: per cell, TensorBoard events, an MLflow run
+    in the experiment named after the sweep (one shared store) and a W&B offline run, each named
+    after the cell id, with the swept binding as a param, holding metrics.jsonl's numbers by step."""
+    from polgrad import sweep
+
+    store = (tmp_path / "mlruns").as_uri()
+    exp = tmp_path / "trk.gin"
+    exp.write_text(
+        "include 'experiments/base_tiny.gin'\n"
+        "train.steps = 2\ntrain.prompts_per_step = 2\ntrain.eval_every = 2\ntrain.eval_size = 8\n"
+        "train.checkpoint_every = 100\n"
+        "train.loggers = ['tensorboard', 'mlflow', 'wandb']\n"
+        f"tracker.mlflow.tracking_uri = '{store}'\n"
+        "Sweep.name = 'trk'\nSweep.specs = ['registry/grpo.gin']\n"
+        "Sweep.grid = {'clip.ppo.eps_high': [0.2, 0.28]}\nSweep.seeds = [0]\n"
+    )
+    results = tmp_path / "results"
+    assert sweep.main([str(exp), "--results", str(results)]) == 0, capsys.readouterr().err
+    _, cells = sweep.prepare(str(exp))
+    assert len(cells) == 2
+    mlflow_runs = {r["name"]: r for r in read_mlflow(store, "trk")}
+    assert set(mlflow_runs) == {c.id for c in cells}  # one run per cell, named after it
+    for cell in cells:
+        run_dir = results / "trk" / "runs" / cell.id
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        start = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])
+        assert [r["step"] for r in rows] == [1, 2] and start["step"] == 0
+        reward = [(r["step"], r["reward_mean"]) for r in rows]
+        accuracy = [(0, start["accuracy"]), (2, rows[-1]["eval_accuracy"])]
+        eps = dict(cell.swept)["clip.ppo.eps_high"]  # the swept value as the experiment file writes it
+
+        tb = read_tensorboard(run_dir)
+        assert tb["history"]["reward_mean"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in reward]
+        assert tb["history"]["eval_accuracy"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in accuracy]
+        assert f"| clip.ppo.eps_high | {eps} |" in tb["params_text"] and "| seed | 0 |" in tb["params_text"]
+
+        run = mlflow_runs[cell.id]
+        assert run["status"] == "FINISHED" and run["params"]["clip.ppo.eps_high"] == eps
+        assert run["history"]["reward_mean"] == reward and run["history"]["eval_accuracy"] == accuracy
+
+        (att,) = read_wandb(run_dir)
+        assert att["name"] == cell.id and att["group"] == "trk" and att["config"]["clip.ppo.eps_high"] == eps
+        assert att["history"]["reward_mean"] == reward and att["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_the_trainer_resumes_into_the_same_tracker_runs_without_logging_a_step_twice(tmp_path):
+    """The real trainer in-process: 2 steps, then resumed from its step-2 checkpoint to 4 steps."""
+    from polgrad.trainer import train
+
+    def run(steps: int, resume: bool) -> None:
+        gin.clear_config()
+        config.parse_config(
+            [str(REPO / "registry" / "grpo.gin")],
+            [
+                f"train.steps = {steps}",
+                "train.prompts_per_step = 2",
+                "train.eval_every = 2",
+                "train.eval_size = 8",
+                "train.checkpoint_every = 2",
+                "train.progress = False",
+                "train.loggers = ['tensorboard', 'mlflow', 'wandb']",
+            ],
+        )
+        train(str(tmp_path), resume=resume)
+
+    run(2, resume=False)
+    mlflow_id = json.loads((tmp_path / tracker_parts.STATE_FILE).read_text())["mlflow"]["run_id"]
+    run(4, resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    reward = [(r["step"], r["reward_mean"]) for r in rows]
+    assert [s for s, _ in reward] == [1, 2, 3, 4]
+
+    tb = read_tensorboard(tmp_path)["history"]
+    assert tb["reward_mean"] == [(s, pytest.approx(v, rel=1e-6)) for s, v in reward]
+    assert [s for s, _ in tb["eval_accuracy"]] == [0, 2, 4]
+    (run_,) = read_mlflow((tmp_path / "mlruns").as_uri(), tracking.DEFAULT_GROUP)
+    assert run_["id"] == mlflow_id and run_["history"]["reward_mean"] == reward
+    assert [s for s, _ in run_["history"]["eval_accuracy"]] == [0, 2, 4]
+    first, second = read_wandb(tmp_path)
+    assert first["id"] == second["id"] and first["name"] == second["name"] == tmp_path.name
+    assert first["history"]["reward_mean"] + second["history"]["reward_mean"] == reward
