@@ -117,7 +117,7 @@ _SEARCH_PATHS: set[str] = set()
 
 
 def _import_builtins() -> None:
-    import polgrad.components  # noqa: F401  (registers the built-in parts)
+    import polgrad.components  # noqa: F401  (registers the built-in parts, trackers included)
     import polgrad.tasks  # noqa: F401  (registers the built-in tasks)
 
 

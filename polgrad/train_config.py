@@ -15,6 +15,7 @@ from typing import Any
 import gin
 
 from polgrad import registry
+from polgrad.components.tracker import check_loggers
 from polgrad.errors import ConfigError
 from polgrad.tasks.rewards import check_policy
 
@@ -83,6 +84,7 @@ class TrainConfig:
     async_rollouts: bool = False
     max_staleness: int = 1
     unstable_skip_frac: float = 0.5
+    loggers: list | tuple = ()  # trackers besides metrics.jsonl: ['tensorboard', 'mlflow', 'wandb']
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -112,6 +114,7 @@ class TrainConfig:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         _check_async(self)
+        check_loggers(self.loggers)  # registered names whose library is installed
         entry = registry.entry_of(self.task)
         if entry is None or entry.kind != "task":
             raise ConfigError(

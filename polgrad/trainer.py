@@ -65,7 +65,7 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, offline, producer, stopping
+from polgrad import collective, config, export, hooks, offline, producer, stopping, tracking
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -112,6 +112,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     m.producer = producer.start(
         cfg, algo, m, task, out_dir, state.step, lambda s: step_seed(cfg.seed, s, rank)
     )
+    track = tracking.start(cfg, out_dir, algo.name, state.step, enabled=rank == 0)  # train.loggers
 
     # 3-5 of each step: sample, score, advantages, update (rl_step, below); a preference spec
     # (DPO) instead updates on the task's fixed preference pairs (polgrad/offline.py).
@@ -134,6 +135,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         if rank == 0:
             with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
+        track.log(row)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(
                 loss=f"{row.get('pg_loss', row.get('pref_loss', 0.0)):.3f}", acc=row.get("eval_accuracy", "")
@@ -157,6 +159,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
             os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)
         )
         atomic_write_text(os.path.join(out_dir, "operative_config.gin"), gin.operative_config_str())
+    track.finish(summary)
     # 8. The result as a model: out_dir/final/ (policy + tokenizer, critic, model card; polgrad/export.py).
     export.write_final(
         m, out_dir, name=algo.name, source=algo.source, config=gin.operative_config_str(), summary=summary

@@ -32,7 +32,7 @@ LAYERS: list[list[str]] = [
     ],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks", "polgrad.checks"],
-    ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation"],
+    ["polgrad.rollout", "polgrad.batch", "polgrad.evaluation", "polgrad.tracking"],
     [
         "polgrad.spec_checks",
         "polgrad.table5",

@@ -9,6 +9,7 @@ from polgrad.components import (  # noqa: F401
     kl_controller,
     preference,
     reward_shaping,
+    tracker,
     value_init,
     value_loss,
 )

@@ -226,6 +226,21 @@ class TaskFn(Protocol):
         ...
 
 
+class TrackerFn(Protocol):
+    def __call__(
+        self, run_dir: str, *, name: str, group: str, params: dict[str, str], resume_step: int
+    ) -> Any:
+        """tracker: .log(metrics, step), .summary(values, step), .close(ok)
+
+        A factory the run calls once, on rank 0, after its loop state is known (polgrad/tracking.py).
+        name and group: the run's and its experiment's names (in a sweep the cell id and
+        Sweep.name); params: what the run is (spec, train.* and a sweep's swept bindings) as
+        strings; resume_step: the steps the resumed checkpoint covers (0: a fresh start). metrics
+        and values are numbers only; step is the steps done (0: the starting policy's evaluation).
+        """
+        ...
+
+
 # --------------------------------------------------------------------------------------------
 # Kinds: Protocol + declared metadata keys
 # --------------------------------------------------------------------------------------------
@@ -299,6 +314,10 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
     "filter": {"needs_groups": _NEEDS_GROUPS, "formula": _FORMULA_LISTED},
     "preference": {"formula": _FORMULA},
     "task": {},
+    "tracker": {
+        "requires": MetaKey("the module the tracker imports; build() refuses it when missing", type=str),
+        "extra": MetaKey("the pip extra that installs it: pip install 'polgrad[<extra>]'", type=str),
+    },
 }
 
 PROTOCOLS: dict[str, type] = {
@@ -313,6 +332,7 @@ PROTOCOLS: dict[str, type] = {
     "filter": FilterFn,
     "preference": PreferenceFn,
     "task": TaskFn,
+    "tracker": TrackerFn,
 }
 
 # Shapes of the glossary's tensor names, used to render the signatures.

@@ -58,7 +58,10 @@ Every cell runs in a fresh process as
         --bind '<seed_binding> = <seed>' --out results/<name>/runs/<cell-id> [--resume]
 
 so later wins: the included files, then the spec, then the file's own bindings, then the cell's
-grid values, then its seed. `Sweep` lines never reach the trainer. Paths in `include` and
+grid values, then its seed. `Sweep` lines never reach the trainer; its environment carries
+POLGRAD_CELL_ID (the cell id), POLGRAD_EXPERIMENT (`Sweep.name`) and POLGRAD_CELL_PARAMS (JSON:
+the spec, the swept bindings as written, the seed), which name the cell's tracker runs when it
+sets `train.loggers` (polgrad/tracking.py). Paths in `include` and
 `Sweep.specs` are tried relative to the working directory, then to the experiment file's folder
 and its parents. The cell id is a readable prefix plus a hash of what the file says about the
 cell (includes, spec, bindings, seed): e.g. `grpo-k3-loss-s0-1a2b3c4d`. It does not change

@@ -192,6 +192,11 @@ def last_step(run_dir: Path) -> int | None:
     return None
 
 
+def _cell_params(cell: Cell) -> str:
+    """$POLGRAD_CELL_PARAMS: the spec, the swept bindings as the experiment file writes them, the seed."""
+    return json.dumps({"spec": cell.spec_name, **dict(cell.swept), "seed": cell.seed})
+
+
 def _kill_stale_trainer(run_dir: Path) -> None:
     """A cell's processes left running by a sweep that was killed alone (not its process group):
     every process whose command line has `--out <run_dir>`; stop them before the cell starts again."""
@@ -258,6 +263,9 @@ def run_cell(
             "POLGRAD_NUM_THREADS": str(threads),
             "PYTHONUNBUFFERED": "1",
             "POLGRAD_CELL_ID": cell.id,
+            # what the run's trackers (train.loggers) call it: polgrad/tracking.py
+            "POLGRAD_EXPERIMENT": experiment,
+            "POLGRAD_CELL_PARAMS": _cell_params(cell),
         }
     )
     for k, v in env_changes.items():
