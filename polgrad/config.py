@@ -58,6 +58,11 @@ class TrainConfig:
     start from the same policy: one warm start per experiment unless you sweep init_seed.
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
+    bf16: mixed precision as DeepSpeed's `bf16` config runs it: the policy's and critic's modules
+    (and the reference) hold bf16 weights, so every matmul of sampling, reference and training
+    forwards and of the backward runs in bf16, while the optimizer keeps fp32 master weights and
+    fp32 AdamW state; logits are cast to fp32 before the log-softmax and the loss math is float64
+    (polgrad/distributed.py, "Mixed precision").
     """
 
     task: Callable[..., Any] = gin.REQUIRED

@@ -78,6 +78,9 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     if cfg.reward_source == "reward_model":
         reward_model = models.load_reward_model(rm_path)
     reference = models.load_reference(policy_path) if (algo.needs_reference or cfg.measure_kl) else None
+    if reference is not None and cfg.bf16:
+        # The same bf16 weights as the policy's engine module at step 0 (KL exactly 0, as in fp32).
+        reference = reference.to(torch.bfloat16)
     critic = (
         algo.value_init(policy_path=policy_path, reward_model_path=rm_path) if algo.needs_critic else None
     )
