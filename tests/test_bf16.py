@@ -175,7 +175,8 @@ def test_a_bf16_grpo_run_learns(tmp_path):
     test: train reward of the last 10 steps beats the first 10. The reference is cast to bf16 like
     the policy, so the exact KL at the first step is 0 (an fp32 reference would differ from the bf16
     policy by bf16 rounding of every weight). The sampler/trainer approx_kl of the first (on-policy)
-    update is bf16 rounding only: > 0 and small."""
+    update is bf16 rounding only: small (measured 0.0 here: the warm-started policy's sampler and
+    trainer log-probs agree bit for bit; 6e-7 on the bench's random-init model)."""
     gin.clear_config()
     parse_config([GRPO], ["train.bf16 = True", "train.steps = 40", "train.prompts_per_step = 8",
                           "train.eval_every = 100", "train.eval_size = 16", "train.checkpoint_every = 100",
@@ -188,7 +189,7 @@ def test_a_bf16_grpo_run_learns(tmp_path):
         gin.clear_config()
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert rows[0]["kl_exact"] == 0.0
-    assert 0.0 < rows[0]["clip/approx_kl"] < 1e-3, rows[0]["clip/approx_kl"]
+    assert 0.0 <= rows[0]["clip/approx_kl"] < 1e-3, rows[0]["clip/approx_kl"]
     assert all(math.isfinite(r["pg_loss"]) and r["skipped_steps"] == 0 for r in rows)
     first = sum(r["reward_mean"] for r in rows[:10]) / 10
     last = sum(r["reward_mean"] for r in rows[-10:]) / 10
