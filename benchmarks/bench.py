@@ -2,16 +2,23 @@
 
 One command runs, interleaved A B / B A so that machine drift cancels within each pair:
 
-    compare      polgrad (`polgrad.trainer.train`, registry/grpo.gin) vs TRL (`trl.GRPOTrainer`), >= 5 pairs
+    compare      polgrad (`polgrad.trainer.train`, registry/grpo.gin) vs TRL (`trl.GRPOTrainer`), >= 5 rounds,
+                 at each `--precision` (fp32, bf16 or both: every round runs every framework x precision)
     numerics     one identical batch through TRL's `_compute_loss` and polgrad's `Algorithm.loss`
     composition  the composed `Algorithm.loss` vs one hand-fused GRPO loss function (same numbers)
     scaling      seconds per step vs group size G and vs completion length L, both frameworks
+    --scaling-large  the compare at 16 prompts x G=16 x 128 tokens (every precision), its own CSV
 
-and writes results/bench/ (override with --out):
+and writes results/bench/ for `--preset tiny`, results/bench/24m/ for `--preset 24m` (override with
+--out); a non-default `--omp-wait-policy X` is a labelled variant written to <that>/omp_X/:
 
-    grpo_vs_trl.csv        one row per interleaved pair: seconds per step, tokens/s (end to end and
-                           sampling alone), peak RSS, phases, speedup = TRL s/step / polgrad s/step
-                           (higher is better), load average before and after the pair
+    grpo_vs_trl.csv        one row per interleaved round: seconds per step, tokens/s (end to end and
+                           sampling alone), peak RSS, phases, model GFLOP/s and roofline fraction per
+                           run (columns `polgrad_*`, `trl_*` in fp32, `polgrad_bf16_*`, `trl_bf16_*`),
+                           the per-round ratios speedup = TRL s/step / polgrad s/step (fp32),
+                           speedup_bf16, polgrad_bf16_over_fp32 = polgrad fp32 s/step / bf16 s/step,
+                           polgrad's sampler/trainer approx_kl, load average before and after
+    scaling_large.csv      the same columns for the 16 x 16 x 128 workload (--scaling-large)
     grpo_vs_trl_runs.csv   one row per run (framework, pair, every step time, every phase median)
     numerics.json          polgrad vs TRL on one batch: loss functions, advantages, end to end
     composition.csv        composed vs fused loss timings (forward, forward+backward)
@@ -19,9 +26,14 @@ and writes results/bench/ (override with --out):
     summary.md             what the printout shows
 
 The workload (defaults; flags change G, L, prompts, model size, threads, pairs, steps):
-  model     one random-init Qwen2 from `polgrad.models.build_tiny` (hidden 128, 4 layers, 4 query / 2 kv
-            heads, SwiGLU 256, tied embeddings: 594k parameters) and its character tokenizer, saved
-            once with `save_pretrained`; both frameworks load policy and reference from it (fp32, sdpa).
+  model     one random-init Qwen2 from `polgrad.models.build_tiny` and its character tokenizer (vocab
+            16), saved once with `save_pretrained`; both frameworks load policy and reference from it
+            (fp32, sdpa). `--preset tiny`: hidden 128, 4 layers, 4 query / 2 kv heads (head_dim 32),
+            SwiGLU 256, tied embeddings: 594k parameters. `--preset 24m`: hidden 512, 8 layers, 8 / 4
+            heads (head_dim 64), SwiGLU 1408: 23.6M parameters. --hidden etc. override the preset.
+  precision fp32, or bf16 as each framework's users switch it on: polgrad `train.bf16 = True`
+            (DeepSpeed bf16: bf16 module, fp32 master weights and AdamW state), TRL `bf16=True`
+            (fp32 model, Accelerate's bf16 autocast); both cast logits to fp32 for the log-softmax.
   data      prompts of polgrad's `add` task (digits=2); 8 prompts x G=8 samples per step = 64 rows.
   sampling  temperature 1, top_p 1, no top_k, exactly L=32 new tokens per completion (EOS below).
   loss      GRPO: group advantages (r - mean) / (std + 1e-4), Bessel's std (TRL's eps; polgrad's spec
@@ -34,11 +46,14 @@ The workload (defaults; flags change G, L, prompts, model size, threads, pairs, 
             1.0 (each framework's own AdamW: polgrad torch AdamW via DeepSpeed, TRL adamw_torch_fused).
   reward    the task's verifiable reward with partial credit (task.add.partial=True), the same
             function for both (so advantages are not all zero); its cost is negligible.
-  threads   torch.set_num_threads(2) and OMP/MKL_NUM_THREADS=2 in each run's process, and
-            OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`): with libgomp's default spinning, a
-            2-thread run stalls 5-20x whenever another process competes for the 2 cores (measured
-            here), which swamps any comparison; passive waiting costs both frameworks alike on a
-            quiet machine (~1.9x on every step) and keeps the ratio stable under load.
+  threads   torch.set_num_threads(2) and OMP/MKL_NUM_THREADS=2 in each run's process. OMP_WAIT_POLICY
+            is the environment's own (`--omp-wait-policy default`): what `python -m polgrad.train`
+            gets, so that is the headline. `passive` / `active` set it for every run and write a
+            labelled variant: passive keeps a shared, oversubscribed CPU from stalling 2-thread runs
+            5-20x (libgomp's spinning threads), but slows both frameworks on a quiet machine
+            (polgrad 0.269 vs 0.185 s/step on the tiny workload, TRL more), so it is never the headline.
+  roofline  model FLOPs per step from the workload (formula in benchmarks/roofline.py), and the
+            fp32 and bf16 torch.mm peaks measured in the same run on the same threads.
 
 EOS: a random-init model emits its EOS token now and then, and the two frameworks would then stop
 different rows at different times. To give both exactly L tokens per completion without touching
@@ -91,9 +106,10 @@ from benchmarks.report import (
     scaling_report,
     write_csv,
 )
+from benchmarks.roofline import matmul_peak, roofline_report, step_flops
 from benchmarks.trl_run import run_trl, trl_available
-from benchmarks.workers import interleaved, loadavg, run_worker
-from benchmarks.workload import OMP_WAIT_POLICIES, TRL_PIN, Workload, make_model
+from benchmarks.workers import env_omp_wait_policy, interleaved, loadavg, run_worker
+from benchmarks.workload import OMP_WAIT_POLICIES, PRECISIONS, PRESETS, TRL_PIN, Workload, make_model
 from polgrad.io import atomic_write_text
 
 
@@ -120,7 +136,9 @@ WORKERS: dict[str, Callable[..., Any]] = {
     "trl": run_trl,
     "numerics": loss_numerics,
     "composition": composition_worker,
+    "peak": matmul_peak,
 }
+LARGE = dict(prompts=16, group_size=16, max_new_tokens=128)  # --scaling-large
 
 
 def _ints(s: str) -> list[int]:
@@ -138,19 +156,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", "-G", type=int, default=8)
     ap.add_argument("--max-new-tokens", "-L", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=256)
+    ap.add_argument("--preset", choices=tuple(PRESETS), default="tiny", help="the model (see above)")
+    for flag in ("--hidden", "--layers", "--heads", "--kv-heads", "--intermediate"):
+        ap.add_argument(flag, type=int, default=None, help="overrides the preset")
+    ap.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32, bf16 or fp32,bf16 (every round runs each framework at each)",
+    )
+    ap.add_argument("--bf16", action="store_true", help="same as --precision bf16")
     ap.add_argument("--eos", choices=("never", "natural"), default="never")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--omp-wait-policy",
         choices=OMP_WAIT_POLICIES,
-        default="passive",
-        help="OMP_WAIT_POLICY for every run (passive: idle OpenMP threads sleep instead of spinning, which "
-        "keeps a shared, oversubscribed CPU from stalling both frameworks; 'default': leave it unset)",
+        default="default",
+        help="OMP_WAIT_POLICY for every run ('default': the environment's own, the headline; passive/active: "
+        "a labelled variant written to <out>/omp_<policy>/)",
     )
     ap.add_argument(
         "--only",
@@ -161,19 +183,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scaling-group-sizes", default="2,4,8,16")
     ap.add_argument("--scaling-lengths", default="16,32,64,128")
     ap.add_argument("--scaling-pairs", type=int, default=1)
+    ap.add_argument(
+        "--scaling-large", action="store_true", help="also the compare at 16 prompts x G=16 x 128 tokens"
+    )
+    ap.add_argument("--scaling-large-pairs", type=int, default=1)
     ap.add_argument("--composition-shape", default="64x512", help="BxT of the loss micro-benchmark")
     ap.add_argument("--composition-blocks", type=int, default=150, help="interleaved rounds of 5 calls each")
-    ap.add_argument("--out", default=os.path.join("results", "bench"))
+    ap.add_argument("--out", default=None, help="default results/bench[/<preset>][/omp_<policy>]")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return _worker_main(args.worker)
 
     parts = set(_ints_or_names(args.only))
+    precisions = ["bf16"] if args.bf16 else _precisions(args.precision)
     frameworks = [f for f in args.frameworks.split(",") if f]
     if "trl" in frameworks and not trl_available():
         print(f"TRL is not importable: polgrad side only (pip install '{TRL_PIN}' or the `bench` extra)")
         frameworks = [f for f in frameworks if f != "trl"]
+    model = {
+        k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()
+    }
     w = Workload(
         prompts=args.prompts,
         group_size=args.group_size,
@@ -181,51 +211,90 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         steps=args.steps,
         warmup=args.warmup,
-        hidden=args.hidden,
-        layers=args.layers,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
+        **model,
         eos=args.eos,
         seed=args.seed,
         omp_wait_policy=args.omp_wait_policy,
     )
-    out = args.out
+    out = args.out or default_out(args.preset, w.omp_wait_policy)
     os.makedirs(out, exist_ok=True)
+    omp = env_omp_wait_policy() if w.omp_wait_policy == "default" else w.omp_wait_policy.upper()
     report: list[str] = [
-        "# polgrad bench",
+        "# polgrad bench" + ("" if w.omp_wait_policy == "default" else f" (variant: OMP_WAIT_POLICY={omp})"),
         "",
         f"`python -m benchmarks.bench {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(
             "  ", " "
         ),
         "",
-        f"versions: {_versions()}; torch threads {w.threads}; OMP_WAIT_POLICY {w.omp_wait_policy}; "
-        f"load average at start {loadavg():.2f}",
-    ]
+        f"versions: {_versions()}; torch threads {w.threads}; OMP_WAIT_POLICY {omp}"
+        + (" (the environment's, as `python -m polgrad.train` gets it)" if w.omp_wait_policy == "default" else
+           " (set by the bench: a variant, not what `python -m polgrad.train` gets by default)")
+        + f"; load average at start {loadavg():.2f}",
+    ]  # fmt: skip
 
     def say(line: str = "") -> None:
         print(line, flush=True)
 
-    longest = max(w.max_new_tokens, *(_ints(args.scaling_lengths) if "scaling" in parts else [0]))
+    longest = max(
+        w.max_new_tokens,
+        *(_ints(args.scaling_lengths) if "scaling" in parts else [0]),
+        LARGE["max_new_tokens"] if args.scaling_large else 0,
+    )
     with tempfile.TemporaryDirectory(prefix="polgrad-bench-") as tmp:
         info = make_model(os.path.join(tmp, "model"), w.replace(max_new_tokens=longest))
         model_dir = info["model_dir"]
         log_dir = os.path.join(tmp, "logs")
         report += [
-            f"model: random-init Qwen2 from build_tiny({w.model_kwargs}), {info['n_params']} parameters, "
-            f"vocab {info['vocab']}, EOS id {info['eos_id']} ({w.eos})",
+            f"model: --preset {args.preset}, random-init Qwen2 from build_tiny({w.model_kwargs}), "
+            f"{info['n_params']} parameters, vocab {info['vocab']}, EOS id {info['eos_id']} ({w.eos}); "
+            f"precision {', '.join(precisions)}",
         ]
         say("\n".join(report))
 
+        peak = None
+        if "compare" in parts or args.scaling_large:
+            say("\n[peak] torch.mm fp32 / bf16 ...")
+            peak = run_worker("peak", w, model_dir, log_dir)
+            flops = step_flops(w, info["vocab"], info["prompt_len"])
+            lines = roofline_report(w, flops, peak, info["prompt_len"])
+            report += ["", *lines]
+            say("\n".join(lines))
+
         if "compare" in parts:
-            say(f"\n[compare] {args.pairs} interleaved pairs of {w.warmup}+{w.steps} steps ...")
-            pairs = interleaved(w, model_dir, log_dir, args.pairs, frameworks, progress=say)
-            rows = pair_rows(w, pairs, info["n_params"])
+            say(f"\n[compare] {args.pairs} interleaved rounds of {w.warmup}+{w.steps} steps ...")
+            pairs = interleaved(
+                w, model_dir, log_dir, args.pairs, frameworks, progress=say, precisions=precisions
+            )
+            rows = pair_rows(w, pairs, info["n_params"], flops["total"], peak)
             write_csv(os.path.join(out, "grpo_vs_trl.csv"), rows)
             write_csv(os.path.join(out, "grpo_vs_trl_runs.csv"), run_rows(pairs, frameworks))
             lines = compare_report(w, rows, frameworks)
             report += ["", *lines]
             say("\n" + "\n".join(lines))
+
+        if args.scaling_large:
+            lw = w.replace(**LARGE)
+            lflops = step_flops(lw, info["vocab"], info["prompt_len"])["total"]
+            say(f"\n[scaling-large] {args.scaling_large_pairs} round(s) at {lw.prompts} x G={lw.group_size} "
+                f"x {lw.max_new_tokens} tokens ({lflops / 1e9:.0f} GFLOP per step) ...")  # fmt: skip
+            pairs = interleaved(
+                lw,
+                model_dir,
+                log_dir,
+                args.scaling_large_pairs,
+                frameworks,
+                progress=say,
+                precisions=precisions,
+            )
+            rows = pair_rows(lw, pairs, info["n_params"], lflops, peak)
+            write_csv(os.path.join(out, "scaling_large.csv"), rows)
+            lines = [
+                f"## Scaling: {lflops / 1e9:.0f} GFLOP per step",
+                "",
+                *compare_report(lw, rows, frameworks),
+            ]
+            report += ["", *lines]
+            say("\n".join(lines))
 
         if "numerics" in parts and "trl" in frameworks:
             say("\n[numerics] one batch through both losses ...")
@@ -264,6 +333,20 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(os.path.join(out, "summary.md"), "\n".join(report) + "\n")
     say(f"\nwrote {out}/")
     return 0
+
+
+def default_out(preset: str, omp_wait_policy: str) -> str:
+    """results/bench (tiny) or results/bench/<preset>, and omp_<policy>/ inside for a variant."""
+    out = os.path.join("results", "bench", *([] if preset == "tiny" else [preset]))
+    return out if omp_wait_policy == "default" else os.path.join(out, f"omp_{omp_wait_policy}")
+
+
+def _precisions(s: str) -> list[str]:
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in PRECISIONS]
+    if bad or not names:
+        raise SystemExit(f"error: --precision {s!r}: valid: {', '.join(PRECISIONS)} (comma-separated)")
+    return names
 
 
 def _ints_or_names(s: str) -> list[str]:

@@ -60,6 +60,7 @@ def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
         f"train.grad_clip = {w.grad_clip!r}",
         f"train.micro_batch_size = {w.batch}",
         f"train.threads = {w.threads}",
+        f"train.bf16 = {w.bf16}",
         f"train.seed = {w.seed}",
         "train.eval_every = 1000000000",  # eval still runs after the last step, which is not measured
         "train.eval_size = 1",
@@ -101,5 +102,8 @@ def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     res = summarise("polgrad", w, intervals, [clock.steps[k] for k in idx], tokens)
     res["metrics_phases"] = {p: median([rows[k][p] for k in idx]) for p in POLGRAD_METRIC_PHASES}
     res["min_tokens_per_completion"] = min(rows[k]["response_len"] for k in idx)
+    # One epoch of one minibatch: the update's ratio is trainer / sampler log-probs of the same
+    # weights, so its approx_kl is the sampler/trainer mismatch (fp32 ~1e-14; bf16: rounding).
+    res["approx_kl"] = median([rows[k]["clip/approx_kl"] for k in idx])
     shutil.rmtree(out, ignore_errors=True)
     return res

@@ -7,9 +7,10 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.roofline import roofline_columns
 from benchmarks.timing import median
 from benchmarks.workers import interleaved
-from benchmarks.workload import FRAMEWORKS, PHASES, POLGRAD_METRIC_PHASES, Workload
+from benchmarks.workload import FRAMEWORKS, PHASES, POLGRAD_METRIC_PHASES, PRECISIONS, Workload, arm
 from polgrad.io import atomic_write_text
 
 
@@ -21,7 +22,22 @@ def _check_lengths(w: Workload, run: dict[str, Any]) -> None:
         )
 
 
-def pair_rows(w: Workload, pairs: list[dict[str, Any]], n_params: int) -> list[dict[str, Any]]:
+def arms_in(pair: dict[str, Any]) -> list[str]:
+    """The arm keys (framework x precision, `workload.arm`) one round holds, in a fixed order."""
+    return [arm(fw, p) for p in PRECISIONS for fw in FRAMEWORKS if arm(fw, p) in pair]
+
+
+SPEEDUPS = ("speedup", "speedup_bf16", "polgrad_bf16_over_fp32", "trl_bf16_over_fp32")
+
+
+def pair_rows(
+    w: Workload,
+    pairs: list[dict[str, Any]],
+    n_params: int,
+    flops: float | None = None,
+    peak: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per round: every arm's s/step, tokens/s, RSS, phases, GFLOP/s and roofline fraction."""
     rows = []
     for p in pairs:
         row: dict[str, Any] = {
@@ -30,27 +46,29 @@ def pair_rows(w: Workload, pairs: list[dict[str, Any]], n_params: int) -> list[d
             "load_before": round(p["load_before"], 2),
             "load_after": round(p["load_after"], 2),
         }
-        for fw in FRAMEWORKS:
-            if fw not in p:
-                continue
-            r = p[fw]
+        for key in arms_in(p):
+            r = p[key]
             _check_lengths(w, r)
             row.update(
                 {
-                    f"{fw}_s_per_step": r["s_per_step"],
-                    f"{fw}_tokens_per_s": r["tokens_per_s"],
-                    f"{fw}_gen_tokens_per_s": r["gen_tokens_per_s"],
-                    f"{fw}_tokens_per_step": r["tokens_per_step"],
-                    f"{fw}_peak_rss_mb": r["peak_rss_mb"],
+                    f"{key}_s_per_step": r["s_per_step"],
+                    f"{key}_tokens_per_s": r["tokens_per_s"],
+                    f"{key}_gen_tokens_per_s": r["gen_tokens_per_s"],
+                    f"{key}_tokens_per_step": r["tokens_per_step"],
+                    f"{key}_peak_rss_mb": r["peak_rss_mb"],
                 }
             )
+            if flops is not None and peak is not None:
+                precision = "bf16" if key.endswith("_bf16") else "fp32"
+                cols = roofline_columns(flops, r["s_per_step"], peak[f"{precision}_gflops"])
+                row.update({f"{key}_{k}": v for k, v in cols.items()})
             for ph in PHASES:
-                row[f"{fw}_{ph}_s"] = r["phases"][ph]
-            if fw == "polgrad":
+                row[f"{key}_{ph}_s"] = r["phases"][ph]
+            if key.startswith("polgrad"):
                 for ph in POLGRAD_METRIC_PHASES:
-                    row[f"polgrad_metrics_{ph}_s"] = r["metrics_phases"][ph]
-        if "speedup" in p:
-            row["speedup"] = p["speedup"]
+                    row[f"{key}_metrics_{ph}_s"] = r["metrics_phases"][ph]
+                row[f"{key}_approx_kl"] = r["approx_kl"]
+        row.update({k: p[k] for k in SPEEDUPS if k in p})
         row.update(
             prompts=w.prompts,
             group_size=w.group_size,
@@ -62,6 +80,10 @@ def pair_rows(w: Workload, pairs: list[dict[str, Any]], n_params: int) -> list[d
             eos=w.eos,
             omp_wait_policy=w.omp_wait_policy,
         )
+        if flops is not None:
+            row["model_gflop_per_step"] = flops / 1e9
+        if peak is not None:
+            row.update(peak_fp32_gflops=peak["fp32_gflops"], peak_bf16_gflops=peak["bf16_gflops"])
         rows.append(row)
     return rows
 
@@ -84,41 +106,61 @@ def _stats(xs: Sequence[float]) -> str:
 
 
 def compare_report(w: Workload, rows: list[dict[str, Any]], frameworks: Sequence[str]) -> list[str]:
+    keys = [k for k in (arm(fw, p) for p in PRECISIONS for fw in frameworks) if f"{k}_s_per_step" in rows[0]]
     lines = [
         f"## polgrad vs TRL GRPOTrainer: {w.prompts} prompts x G={w.group_size}, "
         f"{w.max_new_tokens} new tokens, "
-        f"{w.threads} threads, {len(rows)} interleaved pairs, {w.steps} measured steps per run",
+        f"{w.threads} threads, {len(rows)} interleaved rounds, {w.steps} measured steps per run",
         "",
-        "| framework | s/step (median of pair medians) | tokens/s end to end | tokens/s sampling alone "
-        "| peak RSS MB |",
-        "|---|---|---|---|---|",
+        "| run | s/step (median of run medians) | tokens/s end to end | tokens/s sampling alone "
+        "| peak RSS MB | GFLOP/s | roofline |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for fw in frameworks:
+
+    def med(col: str, fmt: str) -> str:
+        return format(median([r[col] for r in rows]), fmt) if col in rows[0] else "-"
+
+    for k in keys:
         lines.append(
-            f"| {fw} | {median([r[f'{fw}_s_per_step'] for r in rows]):.3f} | "
-            f"{median([r[f'{fw}_tokens_per_s'] for r in rows]):.0f} | "
-            f"{median([r[f'{fw}_gen_tokens_per_s'] for r in rows]):.0f} | "
-            f"{median([r[f'{fw}_peak_rss_mb'] for r in rows]):.0f} |"
+            f"| {k} | {med(f'{k}_s_per_step', '.3f')} | {med(f'{k}_tokens_per_s', '.0f')} | "
+            f"{med(f'{k}_gen_tokens_per_s', '.0f')} | {med(f'{k}_peak_rss_mb', '.0f')} | "
+            f"{med(f'{k}_gflops', '.1f')} | {med(f'{k}_roofline', '.3f')} |"
         )
-    if "speedup" in rows[0]:
-        sp = [r["speedup"] for r in rows]
-        lines += ["", f"speedup = TRL s/step / polgrad s/step per pair: {_stats(sp)}  (bar: >= 1.5)"]
-    loads = [r["load_before"] for r in rows] + [r["load_after"] for r in rows]
-    lines += [f"load average (1 min) over the pairs: {min(loads):.2f} .. {max(loads):.2f}", ""]
-    lines += ["Phase medians (seconds per step; `sample` is inside `gen`):", ""]
-    lines += ["| phase | " + " | ".join(frameworks) + " |", "|---|" + "---|" * len(frameworks)]
-    for ph in PHASES:
-        vals = [median([r[f"{fw}_{ph}_s"] for r in rows]) for fw in frameworks]
-        lines.append(f"| {ph} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
-    if "polgrad" in frameworks:
+    names = {
+        "speedup": "TRL / polgrad s/step, fp32",
+        "speedup_bf16": "TRL / polgrad s/step, bf16",
+        "polgrad_bf16_over_fp32": "polgrad fp32 / polgrad bf16 s/step",
+        "trl_bf16_over_fp32": "TRL fp32 / TRL bf16 s/step",
+    }
+    speedups = [k for k in SPEEDUPS if k in rows[0]]
+    if speedups:
+        lines += ["", "Per round (each ratio from runs of the same round; higher is better):", ""]
+        lines += [f"- {names[k]}: {_stats([r[k] for r in rows])}" for k in speedups]
+    kls = [k for k in keys if f"{k}_approx_kl" in rows[0]]
+    if kls:
         lines += [
             "",
-            "polgrad metrics.jsonl phases (median s): "
-            + ", ".join(
-                f"{ph}={median([r[f'polgrad_metrics_{ph}_s'] for r in rows]):.4f}"
-                for ph in POLGRAD_METRIC_PHASES
-            ),
+            "sampler/trainer approx_kl (polgrad, first update of each step: k3 of the trainer's log-probs "
+            "against the sampler's, same weights): "
+            + ", ".join(f"{k} {median([r[f'{k}_approx_kl'] for r in rows]):.2e}" for k in kls),
         ]
+    loads = [r["load_before"] for r in rows] + [r["load_after"] for r in rows]
+    lines += [f"load average (1 min) over the rounds: {min(loads):.2f} .. {max(loads):.2f}", ""]
+    lines += ["Phase medians (seconds per step; `sample` is inside `gen`):", ""]
+    lines += ["| phase | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for ph in PHASES:
+        vals = [median([r[f"{k}_{ph}_s"] for r in rows]) for k in keys]
+        lines.append(f"| {ph} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
+    for k in keys:
+        if k.startswith("polgrad"):
+            lines += [
+                "",
+                f"{k} metrics.jsonl phases (median s): "
+                + ", ".join(
+                    f"{ph}={median([r[f'{k}_metrics_{ph}_s'] for r in rows]):.4f}"
+                    for ph in POLGRAD_METRIC_PHASES
+                ),
+            ]
     return lines
 
 
@@ -211,15 +253,16 @@ def scaling_report(rows: list[dict[str, Any]], frameworks: Sequence[str]) -> lis
 
 
 def run_rows(pairs: list[dict[str, Any]], frameworks: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per run (framework, pair, every step time, every phase median): grpo_vs_trl_runs.csv."""
+    """One row per run (arm, pair, every step time, every phase median): grpo_vs_trl_runs.csv."""
     runs = []
     for p in pairs:
-        for fw in frameworks:
-            r = p[fw]
+        for key in arms_in(p):
+            r = p[key]
             runs.append(
                 {
                     "pair": p["pair"],
-                    "framework": fw,
+                    "framework": key.split("_")[0],
+                    "precision": "bf16" if key.endswith("_bf16") else "fp32",
                     "s_per_step": r["s_per_step"],
                     "tokens_per_s": r["tokens_per_s"],
                     "gen_tokens_per_s": r["gen_tokens_per_s"],

@@ -16,7 +16,11 @@ from benchmarks.workload import Workload, bench_task
 
 
 def trl_config(w: Workload, out_dir: str, steps: int):
-    """The GRPOConfig of the bench workload (CPU, no vLLM, no logging, no saving)."""
+    """The GRPOConfig of the bench workload (CPU, no vLLM, no logging, no saving).
+
+    With `w.bf16`, TRL's own `bf16=True`: the model stays fp32 (fp32 master weights and AdamW state,
+    as polgrad's train.bf16) and Accelerate runs its forwards, generation included, under bf16 autocast.
+    """
     import torch
     from trl import GRPOConfig
 
@@ -55,7 +59,7 @@ def trl_config(w: Workload, out_dir: str, steps: int):
         disable_tqdm=True,
         log_completions=False,
         seed=w.seed,
-        bf16=False,
+        bf16=w.bf16,
         fp16=False,
         dataloader_num_workers=0,
     )

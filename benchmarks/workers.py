@@ -1,8 +1,8 @@
 """Fresh-process runs: each framework's run (and each numerics/composition job) in its own worker.
 
 `run_worker(kind, ...)` starts `python -m benchmarks.bench --worker SPEC` from the repository root
-with the workload's threads and OMP_WAIT_POLICY; `interleaved` runs the frameworks A B / B A so that
-machine drift cancels within each pair.
+with the workload's threads and OMP_WAIT_POLICY; `interleaved` runs the arms (framework x precision)
+A B C D / D C B A so that machine drift cancels within each pair.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from benchmarks.workload import REPO_ROOT, Workload
+from benchmarks.workload import REPO_ROOT, Workload, arm
 
 # Set by a launcher, or left behind by polgrad.distributed.setup() (LOCAL_RANK=0) in a process that
 # trained in-process before; a worker is always one process, and accelerate (TRL) takes any of these
@@ -29,8 +29,11 @@ def worker_env(w: Workload) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLGRAD_NUM_THREADS"):
         env[var] = str(w.threads)
-    env.pop("OMP_WAIT_POLICY", None)
-    if w.omp_wait_policy != "default":
+    # A fresh single process: no launcher variables (polgrad's setup() leaves LOCAL_RANK=0 in the
+    # parent, which would make Accelerate in a TRL worker wait for an env:// rendezvous).
+    for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    if w.omp_wait_policy != "default":  # a labelled variant; 'default' keeps the user's environment
         env["OMP_WAIT_POLICY"] = w.omp_wait_policy.upper()
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONWARNINGS"] = "ignore"
@@ -78,32 +81,58 @@ def loadavg() -> float:
         return float("nan")
 
 
+def env_omp_wait_policy() -> str:
+    """What the headline runs with: the environment's OMP_WAIT_POLICY, or libgomp's default if unset."""
+    return os.environ.get("OMP_WAIT_POLICY") or "unset (libgomp default)"
+
+
 def interleaved(
-    w: Workload, model_dir: str, log_dir: str, pairs: int, frameworks: Sequence[str], progress=print
+    w: Workload,
+    model_dir: str,
+    log_dir: str,
+    pairs: int,
+    frameworks: Sequence[str],
+    progress=print,
+    precisions: Sequence[str] = ("fp32",),
 ) -> list[dict[str, Any]]:
-    """`pairs` pairs of runs, order A B then B A alternately; one dict per pair with both results."""
+    """`pairs` rounds over every arm (framework x precision), in order then reversed alternately.
+
+    One dict per round ("pair") with each arm's result under its key (`arm(fw, precision)`), and
+    per-round speedups: `speedup` (fp32) / `speedup_bf16` = TRL s/step / polgrad s/step, and
+    `{fw}_bf16_over_fp32` = fp32 s/step / bf16 s/step of one framework.
+    """
+    arms = [(fw, p) for p in precisions for fw in frameworks]
     out = []
     for i in range(pairs):
-        order = list(frameworks) if i % 2 == 0 else list(reversed(frameworks))
+        order = arms if i % 2 == 0 else arms[::-1]
         load_before = loadavg()
         res = {}
-        for fw in order:
-            res[fw] = run_worker(fw, w.replace(seed=w.seed + i), model_dir, log_dir)
+        for fw, p in order:
+            res[arm(fw, p)] = run_worker(fw, w.replace(seed=w.seed + i, bf16=p == "bf16"), model_dir, log_dir)
         pair = {
             "pair": i + 1,
-            "order": ",".join(order),
+            "order": ",".join(arm(fw, p) for fw, p in order),
             "load_before": load_before,
             "load_after": loadavg(),
             **res,
         }
-        if "trl" in res and "polgrad" in res:
-            pair["speedup"] = res["trl"]["s_per_step"] / res["polgrad"]["s_per_step"]
+        pair.update(pair_speedups(res))
         out.append(pair)
-        msg = (
-            f"  pair {i + 1}/{pairs} ({pair['order']}, load {load_before:.2f}->{pair['load_after']:.2f}): "
-            + ", ".join(f"{fw} {res[fw]['s_per_step']:.3f} s/step" for fw in order)
-        )
-        if "speedup" in pair:
-            msg += f", speedup {pair['speedup']:.2f}x"
+        msg = f"  pair {i + 1}/{pairs} ({pair['order']}, load {load_before:.2f}->{pair['load_after']:.2f}): "
+        msg += ", ".join(f"{k} {res[k]['s_per_step']:.3f} s/step" for k in res)
+        msg += "".join(f", {k} {v:.2f}x" for k, v in pair_speedups(res).items())
         progress(msg)
+    return out
+
+
+def pair_speedups(res: dict[str, Any]) -> dict[str, float]:
+    """The ratios of one round's arms (keys as in `interleaved`; higher is better for the later name)."""
+    out = {}
+    for p in ("fp32", "bf16"):
+        a, b = arm("trl", p), arm("polgrad", p)
+        if a in res and b in res:
+            out["speedup" if p == "fp32" else f"speedup_{p}"] = res[a]["s_per_step"] / res[b]["s_per_step"]
+    for fw in ("polgrad", "trl"):
+        if fw in res and f"{fw}_bf16" in res:
+            out[f"{fw}_bf16_over_fp32"] = res[fw]["s_per_step"] / res[f"{fw}_bf16"]["s_per_step"]
     return out

@@ -11,7 +11,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ("polgrad", "trl")
 TRL_PIN = "trl==1.16.0"  # the `bench` extra; tested with torch 2.13.0, transformers 5.19.0
 NEVER_EOS = "<|never|>"
-OMP_WAIT_POLICIES = ("passive", "active", "default")
+OMP_WAIT_POLICIES = ("default", "passive", "active")  # default: the user's environment, untouched
+PRECISIONS = ("fp32", "bf16")
+# `--preset`: the model; the workload (prompts, G, L) is the same. 24m: 23.6M parameters, head_dim 64.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256),
+    "24m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408),
+}
 # Phases timed in both frameworks (see benchmarks/bench.py's docstring); `sample` is inside `gen`.
 PHASES = ("gen", "sample", "reward", "ref", "policy_fwd", "loss", "backward", "optim", "other")
 # polgrad's own per-step timings in metrics.jsonl.
@@ -40,7 +46,8 @@ class Workload:
     grad_clip: float = 1.0
     seed: int = 0
     eos: str = "never"  # 'never': exactly max_new_tokens per completion; 'natural': the model's EOS
-    omp_wait_policy: str = "passive"  # OMP_WAIT_POLICY of each run's process ('default': leave unset)
+    omp_wait_policy: str = "default"  # OMP_WAIT_POLICY of each run ('default': the environment's own)
+    bf16: bool = False  # polgrad train.bf16 / TRL bf16=True (fp32 master weights in both)
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps < 1:
@@ -53,6 +60,10 @@ class Workload:
             raise ValueError(
                 f"omp_wait_policy must be one of {OMP_WAIT_POLICIES}, got {self.omp_wait_policy!r}"
             )
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp32"
 
     @property
     def batch(self) -> int:
@@ -105,7 +116,13 @@ def make_model(out_dir: str, w: Workload) -> dict[str, Any]:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     n_params = sum(p.numel() for p in model.parameters())
-    return {"model_dir": out_dir, "n_params": n_params, "vocab": vocab, "eos_id": tok.eos_token_id}
+    return {
+        "model_dir": out_dir,
+        "n_params": n_params,
+        "vocab": vocab,
+        "eos_id": tok.eos_token_id,
+        "prompt_len": 1 + int(task.max_prompt_chars),  # BOS + the longest prompt (rows are left-padded)
+    }
 
 
 def grpo_bindings(w: Workload) -> list[str]:
@@ -117,3 +134,8 @@ def grpo_bindings(w: Workload) -> list[str]:
         f"clip.ppo.eps_high = {w.clip_eps!r}",
         f"advantage.grpo.eps = {w.adv_eps!r}",
     ]
+
+
+def arm(framework: str, precision: str) -> str:
+    """The column prefix of one framework at one precision: 'polgrad', 'trl' (fp32), 'polgrad_bf16', ..."""
+    return framework if precision == "fp32" else f"{framework}_{precision}"

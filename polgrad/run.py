@@ -100,6 +100,11 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     if cfg.reward_source == "reward_model":
         reward_model = models.load_reward_model(rm_path)
     reference = models.load_reference(policy_path) if (algo.needs_reference or cfg.measure_kl) else None
+    if reference is not None and cfg.bf16:
+        # The policy's engine module at step 0, exactly (KL 0, as in fp32): DeepSpeed's bf16 casts
+        # the parameters only (buffers such as RoPE's inv_freq stay fp32, as in a bf16 HF load).
+        for p in reference.parameters():
+            p.data = p.data.to(torch.bfloat16)
     critic = (
         algo.value_init(policy_path=policy_path, reward_model_path=rm_path) if algo.needs_critic else None
     )

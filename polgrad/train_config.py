@@ -41,6 +41,11 @@ class TrainConfig:
     start from the same policy: one warm start per experiment unless you sweep init_seed.
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
+    bf16: mixed precision as DeepSpeed's `bf16` config runs it: the policy's and critic's modules
+    (and the reference) hold bf16 weights, so every matmul of sampling, reference and training
+    forwards and of the backward runs in bf16, while the optimizer keeps fp32 master weights and
+    fp32 AdamW state; logits are cast to fp32 before the log-softmax and the loss math is float64
+    (polgrad/distributed.py, "Mixed precision").
     async_rollouts: a producer thread samples the next batches while the trainer updates, step s
     from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
     the synchronous loop exactly.
@@ -50,6 +55,8 @@ class TrainConfig:
     reward_errors: what a reward that raises or is not a finite number does: 'raise' (stop, naming
     the task, the reward function and the sample), 'zero' (score it 0) or 'skip_group' (drop the
     prompt's group from the update); polgrad.tasks.rewards.
+    loggers: trackers fed besides metrics.jsonl, e.g. ['tensorboard', 'mlflow', 'wandb'] (the
+    registered kind "tracker"; polgrad/tracking.py).
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -84,7 +91,7 @@ class TrainConfig:
     async_rollouts: bool = False
     max_staleness: int = 1
     unstable_skip_frac: float = 0.5
-    loggers: list | tuple = ()  # trackers besides metrics.jsonl: ['tensorboard', 'mlflow', 'wandb']
+    loggers: list | tuple = ()
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):

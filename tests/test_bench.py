@@ -108,6 +108,60 @@ def test_workload_rejects_bad_settings():
     assert Workload(prompts=3, group_size=4).batch == 12
 
 
+def test_step_flops_known_value():
+    """hidden 64, 1 layer, 2 query / 1 kv heads (head_dim 32), SwiGLU 64, vocab 16, by hand:
+    N = 64*(64 + 2*32) + 64*64 + 3*64*64 = 24576 linear weights; F(rows, S, n) = rows*(2*N*S +
+    4*layers*d_attn*S(S+1)/2 + 2*V*H*n) with d_attn = 64. B = 2 rows, P = 1, L = 1:
+    gen F(2, 1, 1) = 2*(49152 + 256 + 2048) = 102912; ref F(2, 2, 1) = 2*(98304 + 768 + 2048) = 202240;
+    train 3*202240 = 606720; total 911872."""
+    from benchmarks.roofline import step_flops
+
+    w = Workload(prompts=1, group_size=2, max_new_tokens=1, hidden=64, layers=1, heads=2, kv_heads=1,
+                 intermediate=64)  # fmt: skip
+    f = step_flops(w, vocab=16, prompt_len=1)
+    assert (f["gen"], f["ref"], f["train"], f["total"]) == (102912, 202240, 606720, 911872)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "24m"])
+def test_presets_match_the_built_model(preset):
+    """--preset's model: the 24m preset has 23.6M parameters, and the roofline's N is the built model's
+    count of decoder linear weights (biases and norms excluded), counted here from its modules."""
+    from benchmarks.roofline import model_shape
+    from benchmarks.workload import PRESETS, bench_task
+    from polgrad import models
+
+    w = Workload(**PRESETS[preset])
+    model, _ = models.build_tiny(bench_task(), **w.model_kwargs)
+    linear = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    assert model_shape(w, model.config.vocab_size)["N"] == linear
+    if preset == "24m":
+        assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 23.6
+        assert model.config.head_dim == 64
+
+
+def test_output_folders_and_precision_flag():
+    """The headline (default OMP policy) goes to results/bench[/<preset>]; a set policy is a variant."""
+    assert bench.default_out("tiny", "default") == os.path.join("results", "bench")
+    assert bench.default_out("24m", "default") == os.path.join("results", "bench", "24m")
+    assert bench.default_out("24m", "passive") == os.path.join("results", "bench", "24m", "omp_passive")
+    assert bench._precisions("fp32,bf16") == ["fp32", "bf16"]
+    with pytest.raises(SystemExit, match="valid: fp32, bf16"):
+        bench._precisions("fp16")
+    assert Workload().omp_wait_policy == "default"
+
+
+def test_worker_env_keeps_the_users_omp_policy(monkeypatch):
+    from benchmarks.workers import worker_env
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("LOCAL_RANK", "0")  # what polgrad's setup() leaves in a process that trained
+    assert "LOCAL_RANK" not in worker_env(Workload())
+    assert worker_env(Workload())["OMP_WAIT_POLICY"] == "ACTIVE"  # default: the environment's own
+    assert worker_env(Workload(omp_wait_policy="passive"))["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert "OMP_WAIT_POLICY" not in worker_env(Workload())
+
+
 def test_phase_clock_and_patches_restore():
     class Obj:
         def f(self, x):
@@ -160,6 +214,8 @@ def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
         "--threads",
         "1",
         *TINY,
+        "--precision",
+        "fp32,bf16",
         "--composition-shape",
         "4x8",
         "--composition-blocks",
@@ -175,8 +231,17 @@ def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
         assert float(rows[0][f"{fw}_s_per_step"]) > 0
         assert float(rows[0][f"{fw}_tokens_per_step"]) == 2 * 2 * 4  # every completion exactly L tokens
         assert float(rows[0][f"{fw}_peak_rss_mb"]) > 0
+    for key in (*fws, *(f"{fw}_bf16" for fw in fws)):  # every framework at both precisions
+        assert float(rows[0][f"{key}_s_per_step"]) > 0
+        assert 0 < float(rows[0][f"{key}_roofline"]) < 1, key  # achieved GFLOP/s over the measured peak
+    assert float(rows[0]["peak_fp32_gflops"]) > 0 and float(rows[0]["peak_bf16_gflops"]) > 0
+    assert 0 <= float(rows[0]["polgrad_approx_kl"]) < 1e-9  # fp32 sampler and trainer agree to rounding
+    assert 0 <= float(rows[0]["polgrad_bf16_approx_kl"]) < 1e-3  # bf16: rounding (0 on short rows)
+    assert float(rows[0]["polgrad_bf16_over_fp32"]) > 0
     if "trl" in fws:
-        assert float(rows[0]["speedup"]) > 0
+        assert float(rows[0]["speedup"]) > 0 and float(rows[0]["speedup_bf16"]) > 0
+    summary = open(out / "summary.md").read()
+    assert "## Roofline" in summary and "OMP_WAIT_POLICY" in summary and "variant" not in summary
     comp = list(csv.DictReader(open(out / "composition.csv")))
     assert [r["pass"] for r in comp] == ["forward", "forward+backward"]
     assert os.path.getsize(out / "summary.md") > 0
