@@ -29,10 +29,6 @@ def worker_env(w: Workload) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLGRAD_NUM_THREADS"):
         env[var] = str(w.threads)
-    # A fresh single process: no launcher variables (polgrad's setup() leaves LOCAL_RANK=0 in the
-    # parent, which would make Accelerate in a TRL worker wait for an env:// rendezvous).
-    for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
     if w.omp_wait_policy != "default":  # a labelled variant; 'default' keeps the user's environment
         env["OMP_WAIT_POLICY"] = w.omp_wait_policy.upper()
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

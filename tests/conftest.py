@@ -39,3 +39,21 @@ def _clean_gin():
     gin.clear_config()
     yield
     gin.clear_config()
+
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_launcher_env():
+    """A test that trains in-process leaves LOCAL_RANK=0 (polgrad.distributed.setup), and TRL's
+    accelerate, seeing it, writes RANK and WORLD_SIZE into os.environ; a later test's subprocess
+    would take them for a launcher's and wait for an env:// rendezvous (MASTER_ADDR) that never
+    comes. Each test ends with the launcher variables it started with."""
+    before = {k: os.environ.get(k) for k in LAUNCHER_VARS}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
