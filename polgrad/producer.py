@@ -82,10 +82,16 @@ class Producer:
         start: int,
         draw: Callable[[int], tuple[list, dict[str, Any]]],
         saved: dict[int, Weights] | None = None,
+        vllm: Any = None,
     ):
         """draw(step) -> (examples, generate() kwargs) of the step's first sampling round, as the
-        trainer's collect asks for them; saved: the versions of a resumed run's checkpoint."""
-        self.model = copy.deepcopy(module).eval()
+        trainer's collect asks for them; saved: the versions of a resumed run's checkpoint; vllm: the
+        run's VLLMRollout, which then samples instead of a copy of `module` and must hold version
+        `start` (the run's starting weights, or those start_or_resume synced on a resume)."""
+        self.vllm = vllm
+        self.model = copy.deepcopy(module).eval() if vllm is None else None
+        self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
+        self.reloads: list[int] = []  # the versions loaded into the vLLM engine, in order
         self.tokenizer, self.k, self.steps, self.draw = tokenizer, int(max_staleness), int(steps), draw
         self.versions: dict[int, Weights] = dict(saved or {})
         self.first = max(start - self.k, 0)
@@ -192,12 +198,24 @@ class Producer:
         try:
             if previous is not None:
                 previous.join()
+            if self.vllm is not None:
+                req.rollout = self._vllm_sample(req)
+                return
             self.model.load_state_dict(req.weights)
             req.rollout = hf_rollout.generate(
                 self.model, self.tokenizer, req.examples, own_threads=False, **req.kwargs
             )
         except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
             req.error = e
+
+    def _vllm_sample(self, req: _Request) -> Any:
+        """Load version req.version into the vLLM engine unless it holds it already, then sample."""
+        if self.engine_version != req.version:
+            self.engine_version = None  # a failed load leaves the engine's weights unknown
+            self.vllm.load_weights(req.weights)
+            self.engine_version = req.version
+            self.reloads.append(req.version)
+        return self.vllm.generate(req.examples, own_threads=False, **req.kwargs)
 
 
 def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[str, Any]:
@@ -226,7 +244,7 @@ def start(
 
     saved = load_saved(os.path.join(out_dir, "checkpoints", "sampler"), step) if step else {}
     kw = dict(max_staleness=cfg.max_staleness, steps=cfg.steps, start=step, draw=draw, saved=saved)
-    return Producer(m.engine.module, m.tokenizer, **kw)
+    return Producer(m.engine.module, m.tokenizer, vllm=m.vllm, **kw)
 
 
 def load_saved(directory: str, step: int) -> dict[int, Weights]:

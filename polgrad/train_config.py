@@ -158,10 +158,10 @@ def _check_async(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
     if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
-    if cfg.async_rollouts and (cfg.rollout_backend != "hf" or cfg.zero_stage == 3):
-        raise ConfigError(  # the producer copies the whole weights into its own HF module
-            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
-            f"(got {cfg.rollout_backend!r}, {cfg.zero_stage}): a separate vLLM engine is not implemented"
+    if cfg.async_rollouts and cfg.zero_stage == 3:
+        raise ConfigError(
+            f"train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got {cfg.zero_stage}: the "
+            "producer snapshots the policy's whole weights every step, and ZeRO-3 partitions them"
         )
 
 

@@ -147,10 +147,10 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         stopping.stop_if(stop, state.step)
 
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
+    if m.producer is not None:  # first: its thread may still be sampling with the vLLM engine
+        m.producer.close()
     if m.vllm is not None:
         m.vllm.close()
-    if m.producer is not None:
-        m.producer.close()
     summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary["table5"] = algo.table_row()
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, warm_start_s=m.warm_start_s)
@@ -193,7 +193,7 @@ def rl_step(
     times = {**got.times, "time_adv": time.perf_counter() - t0 - sum(got.times.values())}
     # 5. Update: ppo_epochs x minibatches optimizer steps on this batch.
     update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed)
-    if m.vllm is not None and n_updates:
+    if m.vllm is not None and m.producer is None and n_updates:  # async: the producer owns the engine
         with hooks.phase("sync"):
             m.vllm.sync_weights(m.engine.module)
     times["time_update"] = time.perf_counter() - t0 - sum(times.values())

@@ -175,16 +175,14 @@ def _decode_phase():
         (["train.max_staleness = -1"], "train.max_staleness must be an integer >= 0, got -1"),
         (["train.max_staleness = 1.5"], "train.max_staleness must be an integer >= 0, got 1.5"),
         (["train.async_rollouts = 1"], "train.async_rollouts must be True or False, got 1"),
-        (
-            ["train.async_rollouts = True", "train.zero_stage = 3"],
-            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
-            "(got 'hf', 3): a separate vLLM engine is not implemented",
-        ),
-        (
-            ["train.async_rollouts = True", "train.rollout_backend = 'vllm'"],
-            "train.async_rollouts = True needs train.rollout_backend = 'hf' and train.zero_stage 0-2 "
-            "(got 'vllm', 0): a separate vLLM engine is not implemented",
-        ),
+        *[
+            (
+                ["train.async_rollouts = True", f"train.rollout_backend = '{b}'", "train.zero_stage = 3"],
+                "train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got 3: the producer "
+                "snapshots the policy's whole weights every step, and ZeRO-3 partitions them",
+            )
+            for b in ("hf", "vllm")
+        ],
     ],
 )
 def test_bad_async_bindings_are_one_line_config_errors(bindings, message):
@@ -192,6 +190,14 @@ def test_bad_async_bindings_are_one_line_config_errors(bindings, message):
     with pytest.raises(ConfigError) as info:
         config.build()
     assert str(info.value) == message
+
+
+def test_async_rollouts_are_accepted_with_either_backend():
+    for backend in ("hf", "vllm"):  # the vLLM engine is the producer's (tests/test_async_vllm.py)
+        gin.clear_config()
+        parse_config([GRPO], ["train.async_rollouts = True", f"train.rollout_backend = '{backend}'"])
+        cfg, _, _ = config.build()
+        assert (cfg.async_rollouts, cfg.rollout_backend) == (True, backend)
 
 
 def test_async_is_refused_for_a_preference_spec_and_at_world_size_two():

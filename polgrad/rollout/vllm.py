@@ -58,7 +58,7 @@ import gc
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,7 @@ class VLLMRollout:
         top_p: float,
         max_new_tokens: int,
         seeds: list[int],
+        own_threads: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One request per prompt -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B])."""
         from vllm import SamplingParams
@@ -197,7 +198,7 @@ class VLLMRollout:
             )
             for s in seeds
         ]
-        with _global_rng_kept(), torch_threads(self.num_threads):
+        with _global_rng_kept(), torch_threads(self.num_threads if own_threads else None):
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         rows = [o.outputs[0] for o in outs]
         width = max(len(c.token_ids) for c in rows)
@@ -233,12 +234,16 @@ class VLLMRollout:
         max_new_tokens: int,
         greedy_baseline: bool = False,
         generator_seed: int,
+        own_threads: bool = True,
     ) -> Rollout:
         """Sample `group_size` responses per example: hf.generate's arguments, result and semantics.
 
         Deterministic given `generator_seed` (same weights, examples and arguments -> identical rollout).
         `temperature=0` decodes greedily. With `greedy_baseline`, also decodes one greedy response per
         prompt into `rollout.baseline` / `rollout.baseline_texts`. top_p < 1 is refused (module docstring).
+        `own_threads=False` decodes with the calling thread's torch thread count instead of `num_threads`
+        (as hf.generate's): torch.set_num_threads is process-wide, so the async producer, which calls
+        from its own thread while the trainer trains, must not swap it (polgrad/producer.py).
         """
         hf.check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
         if top_p < 1:
@@ -268,11 +273,17 @@ class VLLMRollout:
             top_p=float(top_p),
             max_new_tokens=max_new_tokens,
             seeds=seeds,
+            own_threads=own_threads,
         )
         baseline = None
         if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows
             greedy = self._sample(
-                prompts, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seeds=[0] * len(prompts)
+                prompts,
+                temperature=0.0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                seeds=[0] * len(prompts),
+                own_threads=own_threads,
             )
             baseline = hf.assemble_rollout(
                 self.tokenizer,
@@ -321,16 +332,25 @@ class VLLMRollout:
         Call after every optimizer step, before the next `generate`. Returns the seconds it took.
         Parameters partitioned by ZeRO-3 must be gathered by the caller first (this raises on them).
         """
-        t0 = time.perf_counter()
         hf_model = _unwrap(model)
         if any(hasattr(p, "ds_id") and p.numel() == 0 for p in hf_model.parameters()):
             raise ConfigError(
                 "sync_weights: the model's parameters are ZeRO-3 partitioned; gather them "
                 "(deepspeed.zero.GatheredParameters) around the call"
             )
-        weights = ((name, t.detach()) for name, t in hf_model.state_dict().items())
+        return self.load_weights(hf_model.state_dict())
+
+    def load_weights(self, weights: Mapping[str, Tensor]) -> float:
+        """Copy a state dict with the HF model's names (`model.state_dict()`, or a clone of one) into vLLM.
+
+        What `sync_weights` does with its model's state dict; the async producer (polgrad/producer.py)
+        feeds the snapshot of the version it samples with, never the module the trainer is updating.
+        Returns the seconds it took.
+        """
+        t0 = time.perf_counter()
+        items = ((name, t.detach()) for name, t in weights.items())
         with torch.no_grad():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return time.perf_counter() - t0
 
