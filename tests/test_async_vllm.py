@@ -25,6 +25,7 @@ else:
     vllm = pytest.importorskip("vllm")
 
 import polgrad  # noqa: E402
+from polgrad import hooks  # noqa: E402
 from polgrad.config import parse_config  # noqa: E402
 from polgrad.models import build_tiny, load_policy  # noqa: E402
 from polgrad.producer import Producer, load_saved  # noqa: E402
@@ -211,8 +212,13 @@ def _equal_weights(a, b) -> bool:
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_async_vllm_with_staleness_zero_is_the_synchronous_vllm_run_exactly(tmp_path):
-    sync, w_sync = _train(tmp_path, "sync", [])
-    asy, w_async = _train(tmp_path, "async", ["train.async_rollouts = True", "train.max_staleness = 0"])
+    phases: list[str] = []
+    with hooks.listen(on_phase=lambda path, dt: phases.append(path)):
+        sync, w_sync = _train(tmp_path, "sync", [])
+        synced, phases[:] = phases.count("sync"), []
+        asy, w_async = _train(tmp_path, "async", ["train.async_rollouts = True", "train.max_staleness = 0"])
+    # the synchronous trainer syncs the engine after every step; async, the producer alone loads it
+    assert (synced, phases.count("sync")) == (4, 0)
     assert [r["staleness_max"] for r in asy] == [0.0] * 4
     assert [set(r) - set(s) for r, s in zip(asy, sync, strict=True)] == [ASYNC_KEYS] * 4
     assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
