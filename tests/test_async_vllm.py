@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 
@@ -216,7 +217,12 @@ def test_async_vllm_with_staleness_zero_is_the_synchronous_vllm_run_exactly(tmp_
     with hooks.listen(on_phase=lambda path, dt: phases.append(path)):
         sync, w_sync = _train(tmp_path, "sync", [])
         synced, phases[:] = phases.count("sync"), []
+        rng_sync = torch.get_rng_state(), random.getstate()
         asy, w_async = _train(tmp_path, "async", ["train.async_rollouts = True", "train.max_staleness = 0"])
+    # vLLM's sampler draws from torch's global RNG in the producer's thread, inside a kept state, and
+    # the trainer draws nothing from it during the loop: the run leaves the global RNGs where the
+    # synchronous one does
+    assert torch.equal(torch.get_rng_state(), rng_sync[0]) and random.getstate() == rng_sync[1]
     # the synchronous trainer syncs the engine after every step; async, the producer alone loads it
     assert (synced, phases.count("sync")) == (4, 0)
     assert [r["staleness_max"] for r in asy] == [0.0] * 4
