@@ -42,7 +42,7 @@ class Models:
     critic: Any = None  # the critic's DeepSpeed engine
     reward_model: torch.nn.Module | None = None
     rm_accuracy: float | None = None  # the reward model's held-out pairwise accuracy
-    vllm: Any = None  # a vLLM sampler that gets the policy's weights after every step
+    vllm: Any = None  # a vLLM sampler: the policy's weights after every step (async: the producer's)
     rewards: RewardGuard = dataclasses.field(default_factory=RewardGuard)  # train.reward_errors
     warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
     producer: Any = None  # async rollouts (train.async_rollouts): polgrad.producer.Producer
