@@ -4,6 +4,8 @@
     build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
     load_policy(path)    trainable AutoModelForCausalLM, dropout off;  load_reference(path): frozen
     load_tokenizer(path) left-padding; no pad token -> pads with EOS (warned)
+    lora                 LoRA through peft: adapter on the frozen backbone, reference = adapter
+                         disabled, a critic on the same backbone, merged export (train.lora_r)
     ScalarHeadModel      AutoModel backbone + Linear(hidden, 1): per-position scalars [B,S]
                          (the critic, see components/value_init.py, and the reward model)
     load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token
@@ -19,6 +21,7 @@ Modules: tokenizer (token layout, encode_prompts / encode_sequences), tiny (the 
 layer; transformers is imported inside the functions that need it.
 """
 
+from polgrad.models import lora
 from polgrad.models.cache import (
     MODEL_CODE_VERSION,
     POLGRAD_JSON,
@@ -72,6 +75,7 @@ __all__ = [
     "load_reference",
     "load_reward_model",
     "load_tokenizer",
+    "lora",
     "position_ids_from_mask",
     "read_info",
     "resolved_model_kwargs",
