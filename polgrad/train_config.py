@@ -175,11 +175,11 @@ def _check_async(cfg: TrainConfig) -> None:
         )
 
 
-LORA_ZERO_STAGES = (0, 1, 2)  # peft adapters under ZeRO-3: see _check_lora
-
-
 def _check_lora(cfg: TrainConfig) -> None:
-    """train.lora_*: one-line errors for a bad value or what LoRA does not run with."""
+    """train.lora_*: one-line errors for a bad value or what LoRA does not run with.
+
+    Every ZeRO stage runs with LoRA (0-3 at world size 1, 2 and 3 at world size 2 checked; the
+    frozen backbone is partitioned like any parameter at stage 3), and bf16 too."""
     if not _is_int(cfg.lora_r) or cfg.lora_r < 0:
         raise ConfigError(f"train.lora_r must be an integer >= 0 (0: LoRA off), got {cfg.lora_r!r}")
     if not _is_real(cfg.lora_alpha) or not 0 < cfg.lora_alpha < math.inf:
@@ -194,11 +194,6 @@ def _check_lora(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
     if cfg.lora_r == 0:
         return
-    if cfg.zero_stage not in LORA_ZERO_STAGES:
-        raise ConfigError(
-            f"train.zero_stage = {cfg.zero_stage} is not supported with train.lora_r > 0; valid choices: "
-            f"{', '.join(map(str, LORA_ZERO_STAGES))}"
-        )
     if cfg.async_rollouts or cfg.rollout_backend != "hf":
         raise ConfigError(
             "train.lora_r > 0 needs train.rollout_backend = 'hf' and train.async_rollouts = False (the "
