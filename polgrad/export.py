@@ -9,6 +9,10 @@ Every run ends with `<out_dir>/final/`:
     final/critic/           the critic, where the run has one: `ScalarHeadModel.save_pretrained`
                             (backbone + value_head.safetensors, the reward model's format); loads
                             with `polgrad.models.ScalarHeadModel.from_pretrained(final/critic)`.
+    final/adapter/policy/   with LoRA (train.lora_r > 0): the adapter in peft's format; final/ itself
+                            is then the adapter merged into the weights, W + (alpha/r) B A (peft's
+                            merge_and_unload on a copy), still a plain causal LM, and a LoRA critic's
+                            final/critic/ is its adapter merged into a backbone copy + its head.
     final/README.md         model card: the spec's name and source (`Algorithm.name`,
                             `Algorithm.source`), the step, the metrics (summary.json), the
                             operative gin config.

@@ -17,7 +17,8 @@ out_dir:
                           kept; a resume loads the newest intact one (polgrad/checkpoints.py), and
                           ^C / SIGTERM writes one of the step it ends (polgrad/stopping.py)
     model/                the policy's config + tokenizer and the spec's name (what polgrad.export needs)
-    final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py)
+    final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py);
+                          with LoRA the adapter merged in, and adapter/
 
 Loop state: the step, the KL coefficient (a controller may move it; the spec never changes) and
 the count of skipped optimizer steps. It is saved in every checkpoint and restored on resume

@@ -352,6 +352,10 @@ def test_lora_trains_through_every_zero_stage(tmp_path, stage, value_init):
     final = tmp_path / "run" / "final"
     assert (final / "model.safetensors").is_file() and (final / "critic" / "value_head.safetensors").is_file()
     assert (final / "adapter" / "policy" / "adapter_config.json").is_file()
+    from safetensors.torch import load_file
+
+    head = load_file(final / "critic" / "value_head.safetensors")["weight"]
+    assert bool((head != 0).any())  # zero at the start: the value loss reached the head through the engine
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
 
 Modules: tokenizer (token layout, encode_prompts / encode_sequences), tiny (the preset), threads
 (thread count, seeding), cache (cache dir, keys, entries), loading (policy / reference), heads
-(ScalarHeadModel). This package imports only torch, transformers, safetensors and polgrad's bottom
-layer; transformers is imported inside the functions that need it.
+(ScalarHeadModel), lora (peft adapters). This package imports only torch, transformers, safetensors,
+peft and polgrad's bottom layer; transformers and peft are imported inside the functions that need them.
 """
 
 from polgrad.models import lora
