@@ -103,14 +103,21 @@ def test_reference_is_the_backbone_bit_for_bit_after_the_adapter_trained(trained
     assert list(ref.parameters()) == []  # no weights of its own: no second copy
 
 
-def test_the_reference_forward_keeps_what_the_engines_train(trained_pair):
-    """peft's disable_adapter() freezes every adapter and re-enables only the active one; the
-    reference restores the flags it found, so a critic's own adapter stays trainable."""
-    _, peft_model = trained_pair
+def test_the_reference_and_critic_forwards_keep_what_the_engines_train():
+    """peft's disable_adapter() freezes every adapter and re-enables only the active one, and its
+    set_adapter() freezes the inactive ones: with a critic of its own adapter, either would leave
+    the critic's (or the actor's) adapter frozen after one forward. Both forwards restore the flags
+    they found, so both adapters stay trainable."""
+    peft_model = lora.add_policy_adapter(_tiny(), _cfg())
+    critic = lora.add_critic(peft_model, own_adapter=True)
     before = {n: p.requires_grad for n, p in peft_model.named_parameters()}
+    assert all(before[n] for n in _lora_params(peft_model, "critic"))
+    batch = _batch(1)
     with torch.no_grad():
-        lora.AdapterDisabled(peft_model)(**_batch(1))
-    assert {n: p.requires_grad for n, p in peft_model.named_parameters()} == before
+        lora.AdapterDisabled(peft_model)(**batch)
+        assert {n: p.requires_grad for n, p in peft_model.named_parameters()} == before
+        critic(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        assert {n: p.requires_grad for n, p in peft_model.named_parameters()} == before
 
 
 # ----------------------------------------------------------------------------- (b) the critic's gradients
