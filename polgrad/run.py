@@ -104,15 +104,27 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
         )
         policy = models.lora.add_policy_adapter(policy, lora_cfg)
     # A reward model is trained (cached) when it scores the responses or initialises the critic.
+    # With LoRA it is an adapter + head on the policy's backbone, unless a part (value_init.reward_model)
+    # reads the reward model's own checkpoint: then it is the full model, as without LoRA.
     rm_path, rm_accuracy, reward_model = None, None, None
+    lora_rm = bool(cfg.lora_r) and not algo.needs_reward_model
     if cfg.reward_source == "reward_model" or algo.needs_reward_model:
         rm, t_pretrain = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}, time.perf_counter()
+        if lora_rm:
+            rm["lora"] = dict(
+                r=cfg.lora_r,
+                alpha=cfg.lora_alpha,
+                target_modules=list(cfg.lora_target_modules),
+                dropout=cfg.lora_dropout,
+            )
         rm_path, rm_accuracy = pretrain.train_reward_model(
             policy_path, task, seed=cfg.init_seed, progress=cfg.progress, **rm
         )
         warm_start_s += time.perf_counter() - t_pretrain
     if cfg.reward_source == "reward_model":
-        reward_model = models.load_reward_model(rm_path)
+        reward_model = (
+            models.lora.add_reward_model(policy, rm_path) if lora_rm else models.load_reward_model(rm_path)
+        )
     reference = None
     if algo.needs_reference or cfg.measure_kl:
         # With LoRA the reference is the policy's own module with its adapter disabled: no second copy.

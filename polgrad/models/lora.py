@@ -19,6 +19,8 @@ One run holds ONE copy of the backbone's weights:
                 differ only by their heads) or with its own adapter 'critic' on the same backbone,
                 + a value head Linear(hidden, 1) registered on the policy module (so the policy's
                 DeepSpeed engine trains it)
+    reward      `add_reward_model`: the backbone + the frozen adapter 'reward' and regression head of a
+                reward model trained as LoRA (polgrad.pretrain.train_reward_model(lora=...))
 
 `merged_causal_lm` folds an adapter into the weights (peft `merge_and_unload` on a copy built from
 a state dict), the form `final/` is written in.
@@ -42,7 +44,10 @@ from polgrad.models.tokenizer import position_ids_from_mask
 
 POLICY_ADAPTER = "policy"
 CRITIC_ADAPTER = "critic"
+REWARD_ADAPTER = "reward"
 VALUE_HEAD = "value_head"  # the critic's head, a submodule of the peft policy module
+REWARD_HEAD = "reward_head"  # the LoRA reward model's head, frozen, on the peft policy module
+REWARD_FILE = "reward_adapter.safetensors"  # a LoRA reward model's adapter (decoder-relative names)
 LORA_FILE = "lora.json"  # RUN_DIR/model/lora.json: the adapters' peft configs, for polgrad.export
 
 
@@ -145,10 +150,14 @@ class LoraCritic(nn.Module):
 
     in_policy_engine = True  # Models.critic_engine is None: the policy's engine trains it
 
-    def __init__(self, peft_model: nn.Module, adapter: str):
+    def __init__(
+        self, peft_model: nn.Module, adapter: str, head_name: str = VALUE_HEAD, frozen: bool = False
+    ):
         super().__init__()
         self._policy = (peft_model,)
         self.adapter = adapter
+        self.head_name = head_name
+        self.frozen = frozen  # a reward model: no graph (its adapter and head never train)
         self.config = peft_model.config
 
     @property
@@ -157,7 +166,7 @@ class LoraCritic(nn.Module):
 
     @property
     def head(self) -> nn.Linear:
-        return getattr(self._policy[0], VALUE_HEAD)
+        return getattr(self._policy[0], self.head_name)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         policy = self._policy[0]
@@ -166,7 +175,8 @@ class LoraCritic(nn.Module):
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
         backbone = policy.get_base_model().base_model  # e.g. Qwen2Model: no LM head
-        with adapter_active(policy, self.adapter):
+        no_grad = torch.no_grad() if self.frozen else contextlib.nullcontext()
+        with no_grad, adapter_active(policy, self.adapter):
             hidden = backbone(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             ).last_hidden_state
@@ -195,6 +205,46 @@ def add_critic(
             if f".{CRITIC_ADAPTER}." in name:
                 p.requires_grad_(True)
     return LoraCritic(peft_model, CRITIC_ADAPTER if own_adapter else POLICY_ADAPTER)
+
+
+def adapter_state(decoder: nn.Module, adapter: str) -> dict[str, torch.Tensor]:
+    """Adapter `adapter`'s A and B, keyed by their names in `decoder` (the transformer without LM
+    head, e.g. Qwen2Model: 'layers.0.self_attn.q_proj.lora_A.reward.weight'), so that a reward
+    model trained on an AutoModel backbone loads into the causal LM's decoder."""
+    return {n: p.detach().clone().contiguous() for n, p in decoder.named_parameters() if f".{adapter}." in n}
+
+
+def add_reward_model(peft_model: nn.Module, path) -> LoraCritic:
+    """The reward model at `path` (trained as LoRA: REWARD_FILE + the head's value_head.safetensors)
+    on the policy's backbone: adapter 'reward' (the policy's LoraConfig, the trained A and B) and head
+    `reward_head`, both frozen (requires_grad False: no engine trains them). Its forward maps
+    (input_ids [B,S], attention_mask [B,S]) -> scores [B,S] under no_grad; read at the EOS by
+    `heads.sequence_scores`."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from polgrad.models.heads import HEAD_FILE
+
+    p = Path(path)
+    weights, head_state = load_file(str(p / REWARD_FILE)), load_file(str(p / HEAD_FILE))
+    with _same_requires_grad(peft_model):
+        peft_model.add_adapter(REWARD_ADAPTER, peft_model.peft_config[POLICY_ADAPTER])
+    decoder = peft_model.get_base_model().base_model
+    own = dict(decoder.named_parameters())
+    if set(weights) != {n for n in own if f".{REWARD_ADAPTER}." in n}:
+        raise ValueError(f"{p / REWARD_FILE}: its adapter does not match train.lora_* of this run")
+    with torch.no_grad():
+        for name, value in weights.items():
+            own[name].copy_(value)
+            own[name].requires_grad_(False)
+    head = nn.Linear(peft_model.config.hidden_size, 1, dtype=next(peft_model.parameters()).dtype)
+    with torch.no_grad():
+        head.weight.copy_(head_state["weight"])
+        head.bias.copy_(head_state["bias"])
+    head.requires_grad_(False)
+    peft_model.add_module(REWARD_HEAD, head)
+    return LoraCritic(peft_model, REWARD_ADAPTER, head_name=REWARD_HEAD, frozen=True)
 
 
 def critic_parameters(peft_model: nn.Module) -> list[nn.Parameter]:
@@ -233,7 +283,8 @@ def merged_causal_lm(config, state: dict[str, torch.Tensor], configs: dict[str, 
             model = get_peft_model(base, lcfg, adapter_name=name)
         else:
             model.add_adapter(name, lcfg)
-    weights = {k: v.float() for k, v in state.items() if not k.startswith(f"{VALUE_HEAD}.")}
+    heads = (f"{VALUE_HEAD}.", f"{REWARD_HEAD}.")
+    weights = {k: v.float() for k, v in state.items() if not k.startswith(heads)}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"base_model.model.lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
