@@ -460,3 +460,42 @@ def _rm_dirs():
     from polgrad.models import default_cache_dir
 
     return sorted((default_cache_dir() / "rm").glob("sort-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+TIMING = {
+    "time_gen",
+    "time_ref",
+    "time_values",
+    "time_adv",
+    "time_update",
+    "tokens_per_s",
+    "time_s",
+    "peak_mem_mb",
+}
+
+
+@pytest.mark.slow
+def test_a_resumed_lora_run_ends_where_an_uninterrupted_one_ends(tmp_path):
+    """The adapter, the critic's head and their AdamW state live in the policy engine's checkpoint:
+    stopped after step 2 and resumed to 4, a shared-LoRA PPO run writes the rows of a straight run."""
+    common = ["train.checkpoint_every = 2", "train.eval_every = 100", "train.prompts_per_step = 8"]
+    _, full = _run(tmp_path, [*common, "train.steps = 4"], name="full")
+    _run(tmp_path, [*common, "train.steps = 2"], name="cut")
+    from polgrad import hooks
+    from polgrad.config import parse_config
+    from polgrad.trainer import train
+
+    steps_run = []
+    gin.clear_config()
+    parse_config([PPO_LORA], [*FAST, *common, "train.steps = 4"])
+    try:
+        with hooks.listen(on_event=lambda name: steps_run.append(name) if name == "step" else None):
+            train(str(tmp_path / "cut"), resume=True)
+    finally:
+        gin.clear_config()
+    assert len(steps_run) == 2  # it did resume from the step-2 checkpoint
+    resumed = [json.loads(line) for line in open(tmp_path / "cut" / "metrics.jsonl")]
+    strip = TIMING | {"eval_accuracy"}
+    assert [{k: v for k, v in r.items() if k not in strip} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in strip} for r in full
+    ]
