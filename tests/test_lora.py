@@ -366,7 +366,8 @@ def test_lora_trains_through_every_zero_stage(tmp_path, stage, value_init):
 
 
 @pytest.mark.slow
-def test_lora_final_loads_as_a_plain_model_and_equals_the_adapted_policy(tmp_path):
+@pytest.mark.parametrize("stage", [0, 3])
+def test_lora_final_loads_as_a_plain_model_and_equals_the_adapted_policy(tmp_path, stage):
     """final/ (the adapter merged by peft's merge_and_unload) loads with AutoModelForCausalLM and
     gives the logits of the warm-start backbone + final/adapter/ (peft) up to float reassociation
     ((W + sBA)x vs Wx + sB(Ax); tolerance derived below). final/critic/ loads as a ScalarHeadModel, and
@@ -379,6 +380,7 @@ def test_lora_final_loads_as_a_plain_model_and_equals_the_adapted_policy(tmp_pat
     from polgrad.models import ScalarHeadModel, load_policy
 
     binds = ["Algorithm.value_init = @value_init.lora", "train.steps = 2", "train.checkpoint_every = 2"]
+    binds.append(f"train.zero_stage = {stage}")  # ZeRO-3: gathered for final/, consolidated for export
     _run(tmp_path, [*binds, "train.prompts_per_step = 8", "train.eval_every = 100"])
     final = tmp_path / "run" / "final"
     merged = AutoModelForCausalLM.from_pretrained(final).eval()
