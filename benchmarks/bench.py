@@ -395,7 +395,7 @@ def _versions() -> str:
     import importlib.metadata as md
 
     out = []
-    for pkg in ("torch", "transformers", "deepspeed", "trl", "accelerate"):
+    for pkg in ("torch", "transformers", "deepspeed", "peft", "trl", "accelerate"):
         with contextlib.suppress(md.PackageNotFoundError):
             out.append(f"{pkg} {md.version(pkg)}")
     return ", ".join(out)
