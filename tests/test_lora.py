@@ -519,3 +519,14 @@ def test_zero3_with_micro_batches_is_the_zero0_run(tmp_path):
     for a, b in zip(z0, z3, strict=True):
         for key in ("pg_loss", "value_loss", "kl_exact", "reward_mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-9), (key, a["step"])
+
+
+def test_sampling_never_takes_the_lean_decoder_that_would_skip_the_adapter():
+    """rollout/static_decode.py's lean decode step reads the backbone's weights directly (W only, no
+    adapter branch): a peft policy must fall back to the HF forward, which applies W + (alpha/r) B A."""
+    from polgrad.rollout.static_decode import StaticDecoder
+
+    base = _tiny()
+    assert StaticDecoder.unsupported(base) is None  # the plain model takes the lean path
+    peft_model = lora.add_policy_adapter(base, _cfg())
+    assert StaticDecoder.unsupported(peft_model) is not None
