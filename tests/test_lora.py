@@ -530,3 +530,23 @@ def test_sampling_never_takes_the_lean_decoder_that_would_skip_the_adapter():
     assert StaticDecoder.unsupported(base) is None  # the plain model takes the lean path
     peft_model = lora.add_policy_adapter(base, _cfg())
     assert StaticDecoder.unsupported(peft_model) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "spec, bindings",
+    [
+        ("grpo.gin", []),  # no critic: the actor's adapter and the adapter-disabled reference only
+        ("ppo.gin", []),  # value_init.policy: a full critic copy in its own engine beside a LoRA actor
+        ("dpo.gin", []),  # the offline step: the reference is the adapter disabled too
+    ],
+)
+def test_other_specs_train_with_lora(tmp_path, spec, bindings):
+    binds = ["train.lora_r = 4", "train.steps = 2", "train.prompts_per_step = 4", "train.eval_every = 100"]
+    summary, rows = _run(tmp_path, [*binds, *bindings], spec=os.path.join(REPO, "registry", spec))
+    assert summary["status"] == "ok" and len(rows) == 2
+    for r in rows:
+        assert all(math.isfinite(v) for k, v in r.items() if k.endswith("_loss") and isinstance(v, float))
+    final = tmp_path / "run" / "final"
+    assert (final / "model.safetensors").is_file() and (final / "adapter" / "policy").is_dir()
+    assert (final / "critic").is_dir() == (spec == "ppo.gin")
