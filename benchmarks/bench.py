@@ -7,6 +7,8 @@ One command runs, interleaved A B / B A so that machine drift cancels within eac
     numerics     one identical batch through TRL's `_compute_loss` and polgrad's `Algorithm.loss`
     composition  the composed `Algorithm.loss` vs one hand-fused GRPO loss function (same numbers)
     scaling      seconds per step vs group size G and vs completion length L, both frameworks
+    lora         (--only lora, not in the default) PPO with full copies vs PPO with a shared LoRA:
+                 peak RSS and s/step side by side (benchmarks/lora_bench.py), --lora-pairs rounds
     --scaling-large  the compare at 16 prompts x G=16 x 128 tokens (every precision), its own CSV
 
 and writes results/bench/ for `--preset tiny`, results/bench/24m/ for `--preset 24m` (override with
@@ -23,6 +25,8 @@ and writes results/bench/ for `--preset tiny`, results/bench/24m/ for `--preset 
     numerics.json          polgrad vs TRL on one batch: loss functions, advantages, end to end
     composition.csv        composed vs fused loss timings (forward, forward+backward)
     scaling.csv            one row per run of the G and L sweeps
+    lora.csv               one row per round of --only lora: each arm's s/step, peak RSS, trainable
+                           parameters, and the ratios full / LoRA
     summary.md             what the printout shows
 
 The workload (defaults; flags change G, L, prompts, model size, threads, pairs, steps):
@@ -94,6 +98,8 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.composition import composition_worker
+from benchmarks.lora_bench import ARMS as LORA_ARMS
+from benchmarks.lora_bench import lora_report, lora_rows, run_ppo, trainable_params
 from benchmarks.numerics import loss_numerics
 from benchmarks.polgrad_run import run_polgrad
 from benchmarks.report import (
@@ -137,6 +143,7 @@ WORKERS: dict[str, Callable[..., Any]] = {
     "numerics": loss_numerics,
     "composition": composition_worker,
     "peak": matmul_peak,
+    **{a: (lambda w, model_dir, work, a=a: run_ppo(w, model_dir, work, a)) for a in LORA_ARMS},
 }
 LARGE = dict(prompts=16, group_size=16, max_new_tokens=128)  # --scaling-large
 
@@ -177,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         default="compare,numerics,composition,scaling",
-        help="comma list of parts to run: compare, numerics, composition, scaling",
+        help="comma list of parts to run: compare, numerics, composition, scaling, lora (PPO with full "
+        "copies vs shared LoRA: <out>/lora.csv; not in the default)",
     )
     ap.add_argument("--frameworks", default="polgrad,trl", help="'polgrad' alone skips TRL")
+    ap.add_argument("--lora-pairs", type=int, default=3, help="interleaved rounds of --only lora")
     ap.add_argument("--scaling-group-sizes", default="2,4,8,16")
     ap.add_argument("--scaling-lengths", default="16,32,64,128")
     ap.add_argument("--scaling-pairs", type=int, default=1)
@@ -330,9 +339,32 @@ def main(argv: list[str] | None = None) -> int:
             report += ["", *lines]
             say("\n".join(lines))
 
-    atomic_write_text(os.path.join(out, "summary.md"), "\n".join(report) + "\n")
+        if "lora" in parts:
+            say(f"\n[lora] {args.lora_pairs} interleaved rounds: PPO full copies vs shared LoRA ...")
+            pairs = interleaved(w, model_dir, log_dir, args.lora_pairs, LORA_ARMS, progress=say)
+            rows = lora_rows(pairs, trainable_params(model_dir))
+            write_csv(os.path.join(out, "lora.csv"), rows)
+            lora_lines = lora_report(rows, info["n_params"])
+            report += ["", *lora_lines]
+            say("\n".join(lora_lines))
+
+    summary_path = os.path.join(out, "summary.md")
+    if parts == {"lora"} and os.path.exists(summary_path):  # keep the rest of the bench's summary
+        report = merge_section(open(summary_path).read(), lora_lines)
+    atomic_write_text(summary_path, "\n".join(report) + "\n")
     say(f"\nwrote {out}/")
     return 0
+
+
+def merge_section(summary: str, section: list[str]) -> list[str]:
+    """`summary`'s lines with its section titled like `section[0]` (up to the next '## ') replaced
+    by `section`, or `section` appended: `--only lora` adds to the bench's summary.md."""
+    lines = summary.rstrip("\n").split("\n")
+    if section[0] in lines:
+        start = lines.index(section[0])
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        return [*lines[:start], *section, *([""] + lines[end:] if end < len(lines) else [])]
+    return [*lines, "", *section]
 
 
 def default_out(preset: str, omp_wait_policy: str) -> str:
@@ -351,9 +383,11 @@ def _precisions(s: str) -> list[str]:
 
 def _ints_or_names(s: str) -> list[str]:
     names = [x.strip() for x in s.split(",") if x.strip()]
-    bad = [n for n in names if n not in ("compare", "numerics", "composition", "scaling")]
+    bad = [n for n in names if n not in ("compare", "numerics", "composition", "scaling", "lora")]
     if bad:
-        raise SystemExit(f"error: unknown --only parts {bad}; valid: compare, numerics, composition, scaling")
+        raise SystemExit(
+            f"error: unknown --only parts {bad}; valid: compare, numerics, composition, scaling, lora"
+        )
     return names
 
 
@@ -361,7 +395,7 @@ def _versions() -> str:
     import importlib.metadata as md
 
     out = []
-    for pkg in ("torch", "transformers", "deepspeed", "trl", "accelerate"):
+    for pkg in ("torch", "transformers", "deepspeed", "peft", "trl", "accelerate"):
         with contextlib.suppress(md.PackageNotFoundError):
             out.append(f"{pkg} {md.version(pkg)}")
     return ", ".join(out)

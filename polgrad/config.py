@@ -57,6 +57,12 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
         raise ConfigError(_first_line(e)) from None
     if cfg.async_rollouts and algo.offline:
         raise ConfigError(f"train.async_rollouts = True: {algo.name} samples nothing (Algorithm.preference)")
+    value_init = algo.parts.get("Algorithm.value_init")
+    if value_init is not None and value_init.meta.get("lora") and cfg.lora_r == 0:
+        raise ConfigError(
+            f"Algorithm.value_init = @{value_init.full_name} needs a LoRA policy: bind train.lora_r > 0 "
+            "(or use @value_init.policy)"
+        )
     return cfg, algo, task
 
 

@@ -9,6 +9,10 @@ Every run ends with `<out_dir>/final/`:
     final/critic/           the critic, where the run has one: `ScalarHeadModel.save_pretrained`
                             (backbone + value_head.safetensors, the reward model's format); loads
                             with `polgrad.models.ScalarHeadModel.from_pretrained(final/critic)`.
+    final/adapter/policy/   with LoRA (train.lora_r > 0): the adapter in peft's format; final/ itself
+                            is then the adapter merged into the weights, W + (alpha/r) B A (peft's
+                            merge_and_unload on a copy), still a plain causal LM, and a LoRA critic's
+                            final/critic/ is its adapter merged into a backbone copy + its head.
     final/README.md         model card: the spec's name and source (`Algorithm.name`,
                             `Algorithm.source`), the step, the metrics (summary.json), the
                             operative gin config.
@@ -67,6 +71,10 @@ def save_run_model_files(m: Any, out_dir: str, name: str, source: str) -> None:
     m.tokenizer.save_pretrained(root / "policy")
     if m.critic is not None:
         m.critic.module.config.save_pretrained(root / "critic")
+    if _is_peft(policy):  # LoRA: the adapters' configs, to merge them into the weights on export
+        critic_adapter = getattr(m.critic, "adapter", None) if m.critic is not None else None
+        lora_json = {"adapters": _lora().peft_configs(policy), "critic_adapter": critic_adapter}
+        atomic_write_text(str(root / _lora().LORA_FILE), json.dumps(lora_json, indent=2, sort_keys=True))
     atomic_write_text(str(root / "spec.json"), json.dumps({"name": name, "source": source}, indent=2))
 
 
@@ -75,9 +83,12 @@ def write_final(m: Any, out_dir: str, *, name: str, source: str, config: str, su
 
     Collective: every rank calls it (ZeRO-3 gathers the parameters); rank 0 writes."""
     final = Path(out_dir) / FINAL_DIR
-    _save_gathered(m.engine.module, final)
-    if m.critic is not None:
-        _save_gathered(m.critic.module, final / "critic")
+    if _is_peft(m.engine.module):
+        _save_lora_gathered(m, final)
+    else:
+        _save_gathered(m.engine.module, final)
+    if m.critic_engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
+        _save_gathered(m.critic_engine.module, final / "critic")
     if collective.rank() == 0:
         m.tokenizer.save_pretrained(final)
         card = model_card(name, source, summary.get("steps"), config, summary)
@@ -92,6 +103,54 @@ def _save_gathered(module: torch.nn.Module, path: Path) -> None:
     with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
         if collective.rank() == 0:
             module.save_pretrained(path)
+
+
+def _lora():
+    from polgrad.models import lora
+
+    return lora
+
+
+def _is_peft(module: Any) -> bool:
+    return _lora().is_peft(module)
+
+
+def _save_lora_gathered(m: Any, final: Path) -> None:
+    """A LoRA run's final/: the policy with its adapter merged (W + (alpha/r) B A; loads with
+    AutoModelForCausalLM), the adapter itself in final/adapter/ (peft's format) and, with a LoRA
+    critic, final/critic/ (its adapter merged into a backbone copy + its head). Gathered under ZeRO-3."""
+    import deepspeed
+
+    module = m.engine.module
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        if collective.rank() == 0:
+            state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+            adapter = final / "adapter"
+            module.save_pretrained(str(adapter), selected_adapters=[_lora().POLICY_ADAPTER])
+    if collective.rank() == 0:
+        critic = getattr(m.critic, "adapter", None) if m.critic is not None else None
+        write_lora_model(
+            module.config, state, _lora().peft_configs(module), critic, module.generation_config, final
+        )
+
+
+def write_lora_model(config, state, configs: dict, critic_adapter: str | None, generation_config, dest: Path):
+    """`dest`: the policy adapter merged into the weights (save_pretrained of a plain causal LM) and,
+    with `critic_adapter`, dest/critic/ as a ScalarHeadModel (that adapter merged + the value head)."""
+    from polgrad.models import ScalarHeadModel
+
+    lora = _lora()
+    merged = lora.merged_causal_lm(config, state, configs, lora.POLICY_ADAPTER)
+    if generation_config is not None:
+        merged.generation_config = generation_config
+    merged.save_pretrained(str(dest))
+    if critic_adapter is not None:
+        backbone = lora.merged_causal_lm(config, state, configs, critic_adapter).base_model
+        critic = ScalarHeadModel(backbone)
+        with torch.no_grad():
+            critic.head.weight.copy_(state[f"{lora.VALUE_HEAD}.weight"])
+            critic.head.bias.copy_(state[f"{lora.VALUE_HEAD}.bias"])
+        critic.save_pretrained(dest / "critic")
 
 
 def model_card(name: str, source: str, step: int | None, config: str, metrics: dict) -> str:
@@ -168,13 +227,27 @@ def export_checkpoint(run_dir: str | os.PathLike, step: int | None = None, out: 
         )
     tag = checkpoint_tag(run, step)
     dest = Path(out) if out else run / f"export-{tag}"
-    policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files / "policy"))
-    _load(policy, checkpoint_state_dict(run / "checkpoints" / "policy", tag), run / "checkpoints" / "policy")
+    generation_config = None
     if (files / "policy" / "generation_config.json").is_file():
         from transformers import GenerationConfig
 
-        policy.generation_config = GenerationConfig.from_pretrained(files / "policy")
-    policy.save_pretrained(dest)
+        generation_config = GenerationConfig.from_pretrained(files / "policy")
+    lora_file = files / _lora().LORA_FILE
+    if lora_file.is_file():  # a LoRA run: merge the adapter(s) of the checkpoint's peft module
+        lora_json = json.loads(lora_file.read_text())
+        state = checkpoint_state_dict(run / "checkpoints" / "policy", tag)
+        config = AutoConfig.from_pretrained(files / "policy")
+        write_lora_model(
+            config, state, lora_json["adapters"], lora_json["critic_adapter"], generation_config, dest
+        )
+    else:
+        policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files / "policy"))
+        _load(
+            policy, checkpoint_state_dict(run / "checkpoints" / "policy", tag), run / "checkpoints" / "policy"
+        )
+        if generation_config is not None:
+            policy.generation_config = generation_config
+        policy.save_pretrained(dest)
     AutoTokenizer.from_pretrained(files / "policy").save_pretrained(dest)
     critic_ckpt = run / "checkpoints" / "critic"
     if (critic_ckpt / tag).is_dir():

@@ -47,6 +47,12 @@ class Models:
     warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
     producer: Any = None  # async rollouts (train.async_rollouts): polgrad.producer.Producer
 
+    @property
+    def critic_engine(self) -> Any:
+        """The critic's own DeepSpeed engine, or None: no critic, or a LoRA critic, whose head (and
+        adapter) the policy's engine trains (`critic.in_policy_engine`, polgrad/models/lora.py)."""
+        return None if getattr(self.critic, "in_policy_engine", False) else self.critic
+
     def sample(self, examples, **kwargs) -> hf_rollout.Rollout:
         if self.producer is not None:
             return self.producer.sample(examples, **kwargs)
@@ -89,25 +95,52 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     models.check_inputs(
         task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
     )
+    if cfg.lora_r:  # the backbone is frozen; the actor trains its adapter (polgrad/models/lora.py)
+        lora_cfg = models.lora.lora_config(
+            r=cfg.lora_r,
+            alpha=cfg.lora_alpha,
+            target_modules=cfg.lora_target_modules,
+            dropout=cfg.lora_dropout,
+        )
+        policy = models.lora.add_policy_adapter(policy, lora_cfg)
     # A reward model is trained (cached) when it scores the responses or initialises the critic.
+    # With LoRA it is an adapter + head on the policy's backbone, unless a part (value_init.reward_model)
+    # reads the reward model's own checkpoint: then it is the full model, as without LoRA.
     rm_path, rm_accuracy, reward_model = None, None, None
+    lora_rm = bool(cfg.lora_r) and not algo.needs_reward_model
     if cfg.reward_source == "reward_model" or algo.needs_reward_model:
         rm, t_pretrain = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}, time.perf_counter()
+        if lora_rm:
+            rm["lora"] = dict(
+                r=cfg.lora_r,
+                alpha=cfg.lora_alpha,
+                target_modules=list(cfg.lora_target_modules),
+                dropout=cfg.lora_dropout,
+            )
         rm_path, rm_accuracy = pretrain.train_reward_model(
             policy_path, task, seed=cfg.init_seed, progress=cfg.progress, **rm
         )
         warm_start_s += time.perf_counter() - t_pretrain
     if cfg.reward_source == "reward_model":
-        reward_model = models.load_reward_model(rm_path)
-    reference = models.load_reference(policy_path) if (algo.needs_reference or cfg.measure_kl) else None
-    if reference is not None and cfg.bf16:
+        reward_model = (
+            models.lora.add_reward_model(policy, rm_path) if lora_rm else models.load_reward_model(rm_path)
+        )
+    reference = None
+    if algo.needs_reference or cfg.measure_kl:
+        # With LoRA the reference is the policy's own module with its adapter disabled: no second copy.
+        reference = models.lora.AdapterDisabled(policy) if cfg.lora_r else models.load_reference(policy_path)
+    if reference is not None and cfg.bf16 and not cfg.lora_r:
         # The policy's engine module at step 0, exactly (KL 0, as in fp32): DeepSpeed's bf16 casts
         # the parameters only (buffers such as RoPE's inv_freq stay fp32, as in a bf16 HF load).
         for p in reference.parameters():
             p.data = p.data.to(torch.bfloat16)
-    critic = (
-        algo.value_init(policy_path=policy_path, reward_model_path=rm_path) if algo.needs_critic else None
-    )
+    critic, lr_groups = None, ()
+    if algo.needs_critic:
+        lora_critic = algo.parts["Algorithm.value_init"].meta.get("lora", False)
+        on_policy = {"policy": policy} if lora_critic else {}  # a `lora` part builds on the peft policy
+        critic = algo.value_init(policy_path=policy_path, reward_model_path=rm_path, **on_policy)
+        if lora_critic:  # its head (and own adapter) train in the policy's engine, at the critic's lr
+            lr_groups = ((models.lora.critic_parameters(policy), cfg.critic_lr),)
 
     ds = dict(
         zero_stage=cfg.zero_stage,
@@ -116,9 +149,9 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
         bf16=cfg.bf16,
         grad_clip=cfg.grad_clip,
     )
-    engine = dist_lib.make_engine(policy, lr=cfg.lr, eps=cfg.adam_eps, **ds)
-    critic_engine = None
-    if critic is not None:
+    engine = dist_lib.make_engine(policy, lr=cfg.lr, eps=cfg.adam_eps, lr_groups=lr_groups, **ds)
+    critic_engine = critic
+    if critic is not None and not getattr(critic, "in_policy_engine", False):
         critic_engine = dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds)
     vllm = None
     if cfg.rollout_backend == "vllm":
@@ -152,13 +185,13 @@ def start_or_resume(
     ckpt = os.path.join(out_dir, "checkpoints")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     # The newest checkpoint that is intact (checked first; a damaged newer one is a warning line).
-    parts = ("policy", "critic") if m.critic is not None else ("policy",)
+    parts = ("policy", "critic") if m.critic_engine is not None else ("policy",)
     tag = checkpoints.resume_tag(ckpt, parts, warn=bool(writer)) if cfg.resume else None
     if tag is not None:
         # Our counters live under one key: DeepSpeed keeps its own (e.g. 'skipped_steps') beside them.
         saved = _load(m.engine, os.path.join(ckpt, "policy"), tag)["polgrad"]
-        if m.critic is not None:
-            _load(m.critic, os.path.join(ckpt, "critic"), tag)
+        if m.critic_engine is not None:
+            _load(m.critic_engine, os.path.join(ckpt, "critic"), tag)
         state = LoopState(step=saved["step"], kl_coef=saved["kl_coef"], skipped_steps=saved["skipped_steps"])
         if writer:
             _truncate_metrics(metrics_path, state.step)
@@ -201,7 +234,7 @@ def save_checkpoint(m: Models, out_dir: str, state: LoopState) -> None:
     ckpt, tag = os.path.join(out_dir, "checkpoints"), f"step{state.step}"
     if m.producer is not None:  # async rollouts: the older weights the next steps sample with, first
         m.producer.save(os.path.join(ckpt, "sampler"), state.step)
-    for part, engine in (("policy", m.engine), ("critic", m.critic)):
+    for part, engine in (("policy", m.engine), ("critic", m.critic_engine)):
         if engine is None:
             continue
         try:

@@ -59,6 +59,11 @@ class TrainConfig:
     prompt's group from the update); polgrad.tasks.rewards.
     loggers: trackers fed besides metrics.jsonl, e.g. ['tensorboard', 'mlflow', 'wandb'] (the
     registered kind "tracker"; polgrad/tracking.py).
+    lora_r: 0 (off) trains every weight of the policy; r > 0 trains a LoRA adapter of rank r on the
+    frozen backbone instead, W + (lora_alpha / r) B A on each Linear layer named in
+    lora_target_modules, with lora_dropout (Hu et al. 2021; polgrad/models/lora.py). The reference is
+    then the policy with its adapter disabled (no second copy), and a `lora` value_init
+    (@value_init.shared_lora, @value_init.lora) puts the critic on the same backbone.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -94,6 +99,10 @@ class TrainConfig:
     max_staleness: int = 1
     unstable_skip_frac: float = 0.5
     loggers: list | tuple = ()
+    lora_r: int = 0
+    lora_alpha: float = 32.0
+    lora_target_modules: list | tuple = ("q_proj", "v_proj")
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -123,6 +132,7 @@ class TrainConfig:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         _check_async(self)
+        _check_lora(self)
         check_loggers(self.loggers)  # registered names whose library is installed
         entry = registry.entry_of(self.task)
         if entry is None or entry.kind != "task":
@@ -164,6 +174,32 @@ def _check_async(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got {cfg.zero_stage}: the "
             "producer snapshots the policy's whole weights every step, and ZeRO-3 partitions them"
+        )
+
+
+def _check_lora(cfg: TrainConfig) -> None:
+    """train.lora_*: one-line errors for a bad value or what LoRA does not run with.
+
+    Every ZeRO stage runs with LoRA (0-3 at world size 1, 2 and 3 at world size 2 checked; the
+    frozen backbone is partitioned like any parameter at stage 3), and bf16 too."""
+    if not _is_int(cfg.lora_r) or cfg.lora_r < 0:
+        raise ConfigError(f"train.lora_r must be an integer >= 0 (0: LoRA off), got {cfg.lora_r!r}")
+    if not _is_real(cfg.lora_alpha) or not 0 < cfg.lora_alpha < math.inf:
+        raise ConfigError(f"train.lora_alpha must be a finite number > 0, got {cfg.lora_alpha!r}")
+    mods = cfg.lora_target_modules
+    if isinstance(mods, str) or not mods or not all(isinstance(m, str) and m for m in mods):
+        raise ConfigError(
+            f"train.lora_target_modules must be a non-empty list of layer names, e.g. ['q_proj', 'v_proj'], "
+            f"got {mods!r}"
+        )
+    if not _is_real(cfg.lora_dropout) or not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
+    if cfg.lora_r == 0:
+        return
+    if cfg.async_rollouts or cfg.rollout_backend != "hf":
+        raise ConfigError(
+            "train.lora_r > 0 needs train.rollout_backend = 'hf' and train.async_rollouts = False (the "
+            "sampler would need the adapter: not implemented)"
         )
 
 

@@ -17,7 +17,8 @@ out_dir:
                           kept; a resume loads the newest intact one (polgrad/checkpoints.py), and
                           ^C / SIGTERM writes one of the step it ends (polgrad/stopping.py)
     model/                the policy's config + tokenizer and the spec's name (what polgrad.export needs)
-    final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py)
+    final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py);
+                          with LoRA the adapter merged in, and adapter/
 
 Loop state: the step, the KL coefficient (a controller may move it; the spec never changes) and
 the count of skipped optimizer steps. It is saved in every checkpoint and restored on resume
@@ -374,8 +375,8 @@ def update(
                     totals[k] = totals.get(k, 0.0) + float(v)
             with hooks.phase("optim"):
                 applied = dist_lib.step(m.engine)
-                if m.critic is not None:
-                    dist_lib.step(m.critic)
+                if m.critic_engine is not None:  # a LoRA critic steps with the policy's engine
+                    dist_lib.step(m.critic_engine)
             skipped += applied is False
             n_updates += 1
     # Each micro-batch metric is a share of its step's mean (denominators of the whole step over
@@ -423,9 +424,15 @@ def micro_step(
     # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the whole step,
     # which DeepSpeed then skips on every rank (see distributed.py).
     with hooks.phase("backward"):
-        dist_lib.backward(m.engine, policy_loss, boundary=last)
-        if m.critic is not None:
-            dist_lib.backward(m.critic, value_loss, boundary=last)
+        if m.critic is not None and m.critic_engine is None:
+            # A LoRA critic (train.lora_r) is trained by the policy's engine: one backward of the sum,
+            # so a shared adapter gets both losses' gradient in one optimizer step (an own adapter
+            # and the head get the value loss's only: the policy's forward never touches them).
+            dist_lib.backward(m.engine, policy_loss + value_loss, boundary=last)
+        else:
+            dist_lib.backward(m.engine, policy_loss, boundary=last)
+            if m.critic is not None:
+                dist_lib.backward(m.critic, value_loss, boundary=last)
     return metrics
 
 

@@ -45,7 +45,10 @@ BINDINGS = [
 
 
 # A case is a spec name, or "<spec>+<variant>" with the variant's extra bindings.
-VARIANTS = {"rwhiten": ["Algorithm.reward_shaping = [@reward_shaping.whiten]"]}
+VARIANTS = {
+    "rwhiten": ["Algorithm.reward_shaping = [@reward_shaping.whiten]"],
+    "own": ["Algorithm.value_init = @value_init.lora"],  # ppo_lora with the critic's own adapter
+}
 
 
 def build(case: str, stage: int):
@@ -75,7 +78,7 @@ def step(cfg, algo, m, collected, sampled, seed: int) -> dict:
     from polgrad.trainer import LoopState, step_row, update
 
     batch, prep = algo.prepare(collected, kl_coef=algo.kl_coef)
-    params = list(m.engine.module.named_parameters())
+    params = [(n, p) for n, p in m.engine.module.named_parameters() if p.requires_grad]  # LoRA: adapter, head
     grads: dict = {}
 
     def on_phase(path: str, _dt: float) -> None:

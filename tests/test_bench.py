@@ -369,3 +369,33 @@ def test_worker_env_drops_launcher_variables(monkeypatch):
     env = worker_env(Workload())
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(env)
     assert env["POLGRAD_KEEP_ME"] == "1"
+
+
+def test_cli_lora_smoke(tmp_path):
+    """--only lora: one interleaved round of PPO with full copies vs shared LoRA (fresh processes, one
+    measured step each) writes lora.csv and adds its section to an existing summary.md, keeping the rest
+    (a re-run replaces its section: test_merge_section_replaces_or_appends)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.md").write_text("# polgrad bench\n\n## Roofline\n\nkept\n")
+    argv = ["--only", "lora", "--lora-pairs", "1", "--steps", "1", "--warmup", "1", "-G", "2", "-L", "4",
+            "--prompts", "2", "--threads", "1", *TINY, "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(open(out / "lora.csv")))
+    assert len(rows) == 1
+    for arm in ("ppo_full", "ppo_lora"):
+        assert float(rows[0][f"{arm}_s_per_step"]) > 0 and float(rows[0][f"{arm}_peak_rss_mb"]) > 0
+    # LoRA trains the adapter (r 4 on q and v of 1 layer: 4 (64 + 64) + 4 (64 + 32)) and the head (65)
+    assert int(rows[0]["ppo_lora_trainable_params"]) == 4 * (64 + 64) + 4 * (64 + 32) + 65
+    assert int(rows[0]["ppo_full_trainable_params"]) > 10 * int(rows[0]["ppo_lora_trainable_params"])
+    summary = open(out / "summary.md").read()
+    assert (
+        "## Roofline\n\nkept" in summary
+        and "## LoRA: PPO with full copies vs PPO with a shared LoRA" in summary
+    )
+
+
+def test_merge_section_replaces_or_appends():
+    s = "# t\n\n## A\n\na\n\n## B\n\nb\n"
+    assert bench.merge_section(s, ["## A", "", "new"]) == ["# t", "", "## A", "", "new", "", "## B", "", "b"]
+    assert bench.merge_section(s, ["## C", "c"])[-2:] == ["## C", "c"]

@@ -52,7 +52,16 @@ LR, ADAM_EPS = 1e-3, 1e-4  # the worker's train.lr and train.adam_eps
 # spec -> ZeRO stages: GRPO (group statistics, KL in the loss) at every stage; the others where
 # their batch statistics, critic and dynamic sampling meet the partitioned and unpartitioned cases.
 # reinforce+rwhiten: REINFORCE with the task scores whitened over the batch first (reward_shaping.whiten).
-CASES = {"grpo": "0,1,2,3", "ppo": "0,3", "reinforce_pp": "0,3", "dapo": "0,3", "reinforce+rwhiten": "2"}
+# ppo_lora: the LoRA critic in the policy's engine (shared adapter; +own: the critic's own adapter).
+CASES = {
+    "grpo": "0,1,2,3",
+    "ppo": "0,3",
+    "reinforce_pp": "0,3",
+    "dapo": "0,3",
+    "reinforce+rwhiten": "2",
+    "ppo_lora": "0,3",
+    "ppo_lora+own": "2",
+}
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 900) -> None:

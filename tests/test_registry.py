@@ -150,6 +150,7 @@ def test_cli_table_prints_every_spec():
         "gspo",
         "cispo",
         "dpo",
+        "ppo_lora",
     }
 
 

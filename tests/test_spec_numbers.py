@@ -237,6 +237,35 @@ TABLES: dict[str, dict[str, object]] = {
         "Algorithm.ppo_epochs": 2,
         "Algorithm.minibatches": 2,
     },
+    # PPO with LoRA: registry/ppo.gin's numbers unchanged (the rows above), the critic sharing the
+    # actor's adapter (ours, header). Hu et al. 2021 (LoRA), GPT-2 E2E (microsoft/LoRA examples/NLG
+    # --lora_dim 4 --lora_alpha 32): rank 4, alpha 32 on the query and value projections; adapter
+    # dropout 0 (header deviation: the paper's 0.1 would make the on-policy ratio differ from 1).
+    "ppo_lora": {
+        "Algorithm.advantage": "advantage.gae",
+        "advantage.gae.gamma": 1.0,
+        "advantage.gae.lam": 0.95,
+        "advantage.gae.whiten": True,
+        "advantage.gae.eps": 1e-8,
+        "Algorithm.clip": "clip.ppo",
+        "clip.ppo.eps_low": 0.2,
+        "clip.ppo.eps_high": 0.2,
+        "Algorithm.aggregate": "aggregate.token_mean",
+        "Algorithm.kl": "kl.k1",
+        "Algorithm.kl_placement": "reward",
+        "Algorithm.kl_coef": 0.05,
+        "Algorithm.value_init": "value_init.shared_lora",  # ours: actor and critic differ by their heads
+        "Algorithm.value_loss": "value_loss.clipped",
+        "value_loss.clipped.clip_eps": 0.2,
+        "Algorithm.vf_coef": 0.5,
+        "Algorithm.group_size": 1,
+        "Algorithm.ppo_epochs": 2,
+        "Algorithm.minibatches": 2,
+        "train.lora_r": 4,  # Hu et al. 2021, GPT-2 E2E
+        "train.lora_alpha": 32.0,  # Hu et al. 2021, GPT-2 E2E
+        "train.lora_target_modules": ["q_proj", "v_proj"],  # W_q and W_v, as the paper's GPT-2 runs
+        "train.lora_dropout": 0.0,  # deviation (paper: 0.1)
+    },
 }
 
 PART_BINDINGS = (

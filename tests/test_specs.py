@@ -30,6 +30,7 @@ def test_the_registry_holds_these_specs():
         "gspo",
         "cispo",
         "dpo",
+        "ppo_lora",
     }
 
 

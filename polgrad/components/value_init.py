@@ -89,3 +89,61 @@ def random(
 def _check_std(name: str, std: float) -> None:
     if not std >= 0:
         raise ConfigError(f"value_init.{name}.head_init_std = {std} must be >= 0")
+
+
+@register("value_init", "shared_lora", lora=True)
+def shared_lora(
+    *,
+    policy_path: str,
+    reward_model_path: str | None = None,
+    policy=None,
+    head_init_std: float = 0.0,
+    seed: int = 0,
+):
+    """Critic = the actor itself (backbone + the actor's LoRA adapter) + a fresh value head.
+
+    The actor and the critic differ only by their heads: V(s_t) = w . h_L(s_t) + b on the last hidden
+    state of the backbone with the actor's adapter W + (alpha/r) B A (Hu et al. 2021, "LoRA:
+    Low-Rank Adaptation of Large Language Models"). Policy and value losses go through one optimizer
+    step of the policy's engine, so the value loss's gradient reaches the shared adapter (the head
+    at train.critic_lr, the adapter at train.lr). Needs train.lora_r > 0; the head starts as in
+    `value_init.policy` (zero unless head_init_std > 0). No second copy of the backbone.
+
+    Shapes: the returned LoraCritic maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    """
+    _check_std("shared_lora", head_init_std)
+    return _lora_critic("shared_lora", policy, own_adapter=False, head_init_std=head_init_std, seed=seed)
+
+
+@register("value_init", "lora", lora=True)
+def lora(
+    *,
+    policy_path: str,
+    reward_model_path: str | None = None,
+    policy=None,
+    head_init_std: float = 0.0,
+    seed: int = 0,
+):
+    """Critic = the policy's frozen backbone + its OWN LoRA adapter ('critic') + a fresh value head.
+
+    Same backbone weights as the actor (one copy in memory), a second adapter with the actor's
+    rank, alpha and target modules (W + (alpha/r) B_c A_c, Hu et al. 2021) that only the critic's
+    forward uses: the value loss's gradient reaches the critic's adapter and head and never the
+    actor's adapter. Trained in the policy's engine (one optimizer, the critic's parameters at
+    train.critic_lr; gradient clipping is over the joint gradient). Needs train.lora_r > 0.
+
+    Shapes: the returned LoraCritic maps (input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    """
+    _check_std("lora", head_init_std)
+    return _lora_critic("lora", policy, own_adapter=True, head_init_std=head_init_std, seed=seed)
+
+
+def _lora_critic(name: str, policy, *, own_adapter: bool, head_init_std: float, seed: int):
+    from polgrad.models import lora as lora_lib
+
+    if policy is None or not lora_lib.is_peft(policy):
+        raise ConfigError(
+            f"Algorithm.value_init = @value_init.{name} needs a LoRA policy: bind train.lora_r > 0 "
+            "(or use @value_init.policy)"
+        )
+    return lora_lib.add_critic(policy, own_adapter=own_adapter, head_init_std=head_init_std, seed=seed)

@@ -4,6 +4,8 @@
     build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
     load_policy(path)    trainable AutoModelForCausalLM, dropout off;  load_reference(path): frozen
     load_tokenizer(path) left-padding; no pad token -> pads with EOS (warned)
+    lora                 LoRA through peft: adapter on the frozen backbone, reference = adapter
+                         disabled, a critic on the same backbone, merged export (train.lora_r)
     ScalarHeadModel      AutoModel backbone + Linear(hidden, 1): per-position scalars [B,S]
                          (the critic, see components/value_init.py, and the reward model)
     load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token
@@ -15,10 +17,11 @@ layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
 
 Modules: tokenizer (token layout, encode_prompts / encode_sequences), tiny (the preset), threads
 (thread count, seeding), cache (cache dir, keys, entries), loading (policy / reference), heads
-(ScalarHeadModel). This package imports only torch, transformers, safetensors and polgrad's bottom
-layer; transformers is imported inside the functions that need it.
+(ScalarHeadModel), lora (peft adapters). This package imports only torch, transformers, safetensors,
+peft and polgrad's bottom layer; transformers and peft are imported inside the functions that need them.
 """
 
+from polgrad.models import lora
 from polgrad.models.cache import (
     MODEL_CODE_VERSION,
     POLGRAD_JSON,
@@ -72,6 +75,7 @@ __all__ = [
     "load_reference",
     "load_reward_model",
     "load_tokenizer",
+    "lora",
     "position_ids_from_mask",
     "read_info",
     "resolved_model_kwargs",

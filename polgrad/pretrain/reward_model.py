@@ -87,6 +87,7 @@ def train_reward_model(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     threads: int | None = None,
+    lora: dict | None = None,
 ) -> tuple[str, float]:
     """Bradley-Terry reward model on `task.preference_pairs`; returns (checkpoint dir, held-out accuracy).
 
@@ -101,6 +102,11 @@ def train_reward_model(
 
     Measured accuracies with the defaults are next to RM_STEPS: 0.94 on task.sort, but near chance
     on task.add, whose preference pairs need the sum itself to be told apart.
+
+    `lora` (keywords of `polgrad.models.lora.lora_config`: r, alpha, target_modules, dropout) trains
+    the reward model as a LoRA adapter 'reward' on the frozen backbone + the head instead: the
+    directory then holds the adapter (`lora.REWARD_FILE`), the head and the config, no backbone
+    weights, and loads onto a LoRA policy with `lora.add_reward_model` (one backbone in the run).
     """
     if isinstance(task, str):
         task = make_task(task, None)
@@ -128,6 +134,7 @@ def train_reward_model(
             "lr": lr,
             "batch_size": batch_size,
             "heldout_pairs": heldout_pairs,
+            **({"lora": lora} if lora else {}),  # absent without LoRA: the keys of before
         },
         "seed": seed,
         "data": digest([train, heldout]),
@@ -139,13 +146,25 @@ def train_reward_model(
             return str(final), float(read_info(final)["stats"]["heldout_pairwise_accuracy"])
         with torch_threads(threads or default_num_threads()):
             acc = _train_rm(
-                task, policy, train, heldout, steps, batch_size, lr, seed, progress, key_fields, key, tmp
+                task,
+                policy,
+                train,
+                heldout,
+                steps,
+                batch_size,
+                lr,
+                seed,
+                progress,
+                key_fields,
+                key,
+                tmp,
+                lora,
             )
     return str(final), acc
 
 
 def _train_rm(
-    task, policy, train, heldout, steps, batch_size, lr, seed, progress, key_fields, key, tmp
+    task, policy, train, heldout, steps, batch_size, lr, seed, progress, key_fields, key, tmp, lora=None
 ) -> float:
     """The Bradley-Terry run behind `train_reward_model`: train, evaluate, write into `tmp`."""
     from tqdm.auto import tqdm
@@ -153,8 +172,17 @@ def _train_rm(
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(policy)
     model = ScalarHeadModel.from_backbone(policy)
+    if lora:  # the backbone frozen, adapter 'reward' + the head trained
+        from peft import get_peft_model
+
+        from polgrad.models import lora as lora_lib
+
+        cfg = lora_lib.lora_config(**lora)
+        cfg.task_type = None  # an AutoModel backbone (no LM head)
+        model.backbone = get_peft_model(model.backbone, cfg, adapter_name=lora_lib.REWARD_ADAPTER)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then(steps, max(1, steps // 20), decay=True))
     order = list(range(len(train)))
     rng = random.Random(seed)
@@ -175,14 +203,31 @@ def _train_rm(
         loss = -nn.functional.logsigmoid(chosen - rejected).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     bar.close()
     acc = pairwise_accuracy(model, tokenizer, heldout)
-    model.save_pretrained(tmp)
+    if lora:
+        from safetensors.torch import save_file
+
+        from polgrad.models import HEAD_FILE
+        from polgrad.models import lora as lora_lib
+
+        decoder = model.backbone.get_base_model()
+        save_file(
+            lora_lib.adapter_state(decoder, lora_lib.REWARD_ADAPTER), os.path.join(tmp, lora_lib.REWARD_FILE)
+        )
+        head = {
+            "weight": model.head.weight.detach().contiguous(),
+            "bias": model.head.bias.detach().contiguous(),
+        }
+        save_file(head, os.path.join(tmp, HEAD_FILE))
+        decoder.config.save_pretrained(tmp)
+    else:
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tail = losses[-10:]
     write_info(

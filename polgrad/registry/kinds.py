@@ -170,7 +170,7 @@ class ValueInitFn(Protocol):
         """critic nn.Module: (input_ids, attention_mask) -> [B,S]
 
         A factory called once per run; reward_model_path is None unless a part declares
-        needs_reward_model.
+        needs_reward_model. A part that declares `lora` is also passed `policy=` (the peft policy).
         """
         ...
 
@@ -305,6 +305,10 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
     "value_loss": {"formula": _FORMULA_LISTED},
     "value_init": {
         "needs_reward_model": MetaKey("a reward model is trained (cached) and its path passed in"),
+        "lora": MetaKey(
+            "the critic sits on the policy's LoRA backbone (train.lora_r > 0): the part is also passed "
+            "`policy=` (the peft policy module) and returns a polgrad.models.lora.LoraCritic"
+        ),
     },
     "kl_controller": {
         "constant": MetaKey("never moves the coefficient: with kl_coef = 0 no reference model is loaded"),
