@@ -7,7 +7,8 @@ first that is intact in every part; each damaged one skipped on the way is one w
 is intact (`problem` returns None) when its folder exists and holds a `*model_states.pt`, the ZeRO
 shards `zero_pp_rank_<r>_...` are numbered 0..R without a gap, and every `.pt` file is a complete
 zip archive whose members pass their CRC check (torch.save's format: a truncated or overwritten file
-fails here, with its path, instead of deep inside torch.load). `latest` is not trusted: a `latest`
+fails here, with its path, instead of deep inside torch.load; a file that is neither a zip archive
+nor a pickle stream, torch's legacy format, fails too). `latest` is not trusted: a `latest`
 naming a missing tag is reported, and the tags themselves decide.
 
 No intact tag at all is a one-line `DataError` naming the folder and how to start over.
@@ -65,8 +66,15 @@ def _file_problem(path: Path) -> str | None:
             head = fh.read(4)
         if not head:
             return "is empty"
-        if head != b"PK\x03\x04":  # torch's legacy (non-zip) format: nothing to check cheaply
-            return None
+        if head != b"PK\x03\x04":
+            # torch's legacy (non-zip) format is a pickle stream, whose first byte is the PROTO opcode
+            # 0x80: nothing more to check cheaply. Anything else (e.g. a file overwritten by other
+            # bytes) is not a torch checkpoint, and torch.load would fail on it with no path.
+            return (
+                None
+                if head[:1] == b"\x80"
+                else "is not a torch checkpoint (neither a zip archive nor a pickle)"
+            )
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:

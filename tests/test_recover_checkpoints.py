@@ -57,6 +57,22 @@ def test_the_newest_intact_tag_is_chosen_and_each_damaged_one_is_a_warning(tmp_p
     assert all(f"resuming from the intact {ckpt / 'policy' / 'step2'}" in ln for ln in lines)
 
 
+def test_a_file_overwritten_with_other_bytes_is_damaged_but_a_legacy_pickle_is_not(tmp_path, capsys):
+    # Found by hand: 1000 random bytes over step25's model states passed the check (not a zip, taken
+    # for torch's legacy format) and the resume died in torch.load instead of falling back.
+    ckpt = tmp_path / "checkpoints"
+    for s in (1, 2):
+        _tag(ckpt / "policy", s)
+    (ckpt / "policy" / "step2" / MODEL).write_bytes(b"garbage, not a checkpoint" * 40)
+    assert checkpoints.resume_tag(ckpt) == "step1"
+    err = capsys.readouterr().err
+    assert f"{MODEL} is not a torch checkpoint (neither a zip archive nor a pickle)" in err
+    legacy = tmp_path / "legacy" / "policy"
+    d = _tag(legacy, 3)
+    torch.save({"w": torch.ones(3)}, d / MODEL, _use_new_zipfile_serialization=False)
+    assert checkpoints.problem(legacy, "step3") is None
+
+
 def test_a_dangling_latest_is_reported_and_the_tags_decide(tmp_path, capsys):
     ckpt = tmp_path / "checkpoints"
     _tag(ckpt / "policy", 2)
