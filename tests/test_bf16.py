@@ -16,6 +16,7 @@ import gin
 import pytest
 import torch
 import torch.nn.functional as F
+from learning import assert_learns
 
 from polgrad import distributed as dist_lib
 from polgrad import models
@@ -172,14 +173,14 @@ def test_bf16_keeps_fp32_master_weights_and_optimizer_state(tiny, stage):
 @pytest.mark.slow
 def test_a_bf16_grpo_run_learns(tmp_path):
     """GRPO with train.bf16 on the base task, the fixed seed and budget of test_trainer's learning
-    test: train reward of the last 10 steps beats the first 10. The reference is cast to bf16 like
-    the policy, so the exact KL at the first step is 0 (an fp32 reference would differ from the bf16
-    policy by bf16 rounding of every weight). The sampler/trainer approx_kl of the first (on-policy)
-    update is bf16 rounding only: small (measured 0.0 here: the warm-started policy's sampler and
-    trainer log-probs agree bit for bit; 6e-7 on the bench's random-init model)."""
+    test: the final policy solves more held-out prompts than its warm start (paired). The reference
+    is cast to bf16 like the policy, so the exact KL at the first step is 0 (an fp32 reference would
+    differ from the bf16 policy by bf16 rounding of every weight). The sampler/trainer approx_kl of
+    the first (on-policy) update is bf16 rounding only: small (measured 0.0 here: the warm-started
+    policy's sampler and trainer log-probs agree bit for bit; 6e-7 on the bench's random-init model)."""
     gin.clear_config()
     parse_config([GRPO], ["train.bf16 = True", "train.steps = 40", "train.prompts_per_step = 8",
-                          "train.eval_every = 100", "train.eval_size = 16", "train.checkpoint_every = 100",
+                          "train.eval_every = 100", "train.eval_size = None", "train.checkpoint_every = 100",
                           "train.progress = False"])  # fmt: skip
     from polgrad.trainer import train
 
@@ -191,7 +192,7 @@ def test_a_bf16_grpo_run_learns(tmp_path):
     assert rows[0]["kl_exact"] == 0.0
     assert 0.0 <= rows[0]["clip/approx_kl"] < 1e-3, rows[0]["clip/approx_kl"]
     assert all(math.isfinite(r["pg_loss"]) and r["skipped_steps"] == 0 for r in rows)
-    first = sum(r["reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
-    print(f"bf16 GRPO: reward {first:.3f} -> {last:.3f}; step-1 approx_kl {rows[0]['clip/approx_kl']:.3g}")
-    assert last > first + 0.03, (first, last)
+    print(f"bf16 GRPO: step-1 approx_kl {rows[0]['clip/approx_kl']:.3g}")
+    # learned: the final policy beats its own warm start on the same held-out prompts, paired
+    # (tests/learning.py; a fixed rise of the train reward failed on an AVX2 CPU's warm start)
+    assert_learns(tmp_path / "run")

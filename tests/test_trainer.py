@@ -254,17 +254,25 @@ def _policy_after(tmp_path, spec, steps: int, out=None) -> dict:
 
 
 @pytest.mark.slow
-def test_reward_improves_over_a_small_budget(tmp_path):
-    """Smoke test of learning: GRPO on the base task, fixed seed, 40 steps of 8 prompts x 8.
-    Train reward of the last 10 steps beats the first 10 (measured: ~0.17 -> ~0.25)."""
+def test_grpo_beats_its_warm_start_on_held_out_prompts(tmp_path):
+    """Smoke test of learning: GRPO on the base task, fixed seed, 40 steps of 8 prompts x 8, then
+    greedy accuracy on every held-out prompt against the warm start's on the same prompts, paired
+    (tests/learning.py: an exact sign test, so the check holds whatever warm start the machine's CPU
+    produces; a fixed rise of the train reward did not)."""
+    from learning import assert_learns
+
     rows = run(
         tmp_path,
         os.path.join(REPO, "registry", "grpo.gin"),
-        ["train.steps = 40", "train.prompts_per_step = 8", "train.eval_every = 100"],
+        [
+            "train.steps = 40",
+            "train.prompts_per_step = 8",
+            "train.eval_every = 100",
+            "train.eval_size = None",
+        ],
     )
-    first = sum(r["reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
-    assert last > first + 0.03, (first, last)
+    assert len(rows) == 40 and all(r["skipped_steps"] == 0 for r in rows)
+    assert_learns(tmp_path / "run")
 
 
 def test_step_counts_are_global_in_the_loop():
