@@ -12,6 +12,10 @@ nor a pickle stream, torch's legacy format, fails too). `latest` is not trusted:
 naming a missing tag is reported, and the tags themselves decide.
 
 No intact tag at all is a one-line `DataError` naming the folder and how to start over.
+`python -m polgrad.export` runs the same check (`damage`) on the tag it exports.
+
+DeepSpeed writes a tag's files itself; the `latest` file beside them is written by polgrad
+(`polgrad.distributed.save_checkpoint`) atomically, once every file of the tag is written.
 """
 
 from __future__ import annotations
@@ -89,6 +93,20 @@ def _latest(part_dir: Path) -> str | None:
         return None
 
 
+def damage(ckpt_dir: str | os.PathLike, tag: str, parts: Sequence[str] = ("policy",)) -> str | None:
+    """Why checkpoint `tag` of `ckpt_dir` is damaged ('checkpoint <part folder>/<tag> is damaged: ...',
+    naming the file), or None when it is intact in every part. Shared by resume and polgrad.export."""
+    ckpt = Path(ckpt_dir)
+    why = next(((p, w) for p in parts if (w := problem(ckpt / p, tag))), None)
+    return None if why is None else f"checkpoint {ckpt / why[0] / tag} is damaged: {why[1]}"
+
+
+def newest_intact(ckpt_dir: str | os.PathLike, parts: Sequence[str] = ("policy",)) -> str | None:
+    """The newest tag intact in every part of `ckpt_dir`, or None."""
+    first = Path(ckpt_dir) / parts[0]
+    return next((f"step{s}" for s in tag_steps(first) if damage(ckpt_dir, f"step{s}", parts) is None), None)
+
+
 def resume_tag(
     ckpt_dir: str | os.PathLike, parts: Sequence[str] = ("policy",), *, warn: bool = True
 ) -> str | None:
@@ -103,13 +121,13 @@ def resume_tag(
         damaged.append(f"{first / 'latest'} names {latest}, which does not exist")
     for step in tag_steps(first):
         tag = f"step{step}"
-        why = next(((p, w) for p in parts if (w := problem(ckpt / p, tag))), None)
+        why = damage(ckpt, tag, parts)
         if why is None:
             if warn:
                 for d in damaged:
                     print(f"warning: {d}; resuming from the intact {first / tag} instead", file=sys.stderr)
             return tag
-        damaged.append(f"checkpoint {ckpt / why[0] / tag} is damaged: {why[1]}")
+        damaged.append(why)
     if not damaged:
         return None
     cell = os.environ.get("POLGRAD_CELL_ID")

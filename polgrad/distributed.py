@@ -92,6 +92,7 @@ import torch
 
 from polgrad import collective
 from polgrad.errors import ConfigError, DataError, PolgradError
+from polgrad.io import atomic_write_text
 
 if TYPE_CHECKING:  # deepspeed is imported lazily: DS_ACCELERATOR must be set before its import
     from deepspeed import DeepSpeedEngine
@@ -388,8 +389,9 @@ def save_checkpoint(
     """DeepSpeed's `engine.save_checkpoint` plus every rank's RNG states (python, numpy, torch).
 
     Collective: every rank must call it, between optimizer steps. DeepSpeed writes `client_state`
-    once (rank 0's copy) and a `latest` file naming `tag`; the RNG states of all ranks are gathered
-    into it under a private key, so that a resume at the same world size continues bit-identically.
+    once (rank 0's copy); the RNG states of all ranks are gathered into it under a private key, so
+    that a resume at the same world size continues bit-identically. The `latest` file naming `tag`
+    is written by rank 0 once every rank has written its files, atomically (never empty or half).
     """
     import torch.distributed as tdist
 
@@ -405,7 +407,12 @@ def save_checkpoint(
     if _RNG_KEY in state:
         raise ConfigError(f"save_checkpoint: client_state key {_RNG_KEY!r} is reserved for RNG states")
     state[_RNG_KEY] = states
-    engine.save_checkpoint(str(dir), tag=tag, client_state=state)
+    # DeepSpeed writes `latest` with a plain open(); ours is written atomically, after every rank has
+    # written its files of the tag (a crash leaves the old `latest` or the new, never an empty one).
+    engine.save_checkpoint(str(dir), tag=tag, client_state=state, save_latest=False)
+    if tdist.get_rank() == 0:
+        atomic_write_text(Path(dir) / "latest", tag)
+    tdist.barrier()
 
 
 def has_checkpoint(dir: str | os.PathLike[str]) -> bool:

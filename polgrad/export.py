@@ -25,6 +25,13 @@ collective) and only rank 0 writes.
 
 builds the same folder (default RUN_DIR/export-step<N>/) from a saved checkpoint,
 RUN_DIR/checkpoints/policy/step<N> (the `latest` one without --step), and the critic's beside it.
+The checkpoint is checked first with resume's check (`polgrad.checkpoints.damage`): a damaged one is
+one line naming the file and the newest intact step to export instead.
+
+Every output folder (final/, an export, RUN_DIR/model/) is written all or nothing
+(`polgrad.io.atomic_dir`): into `<name>.tmp-<pid>-<random>` beside it, renamed into place once
+complete (an existing folder is renamed aside first and removed after). A kill at any moment leaves
+no half-written folder under the destination's name; the next write removes such leftovers.
 The weights come from DeepSpeed's own files: at ZeRO stage 0 the module state in
 `mp_rank_00_model_states.pt`; at stages 1-3 DeepSpeed's consolidation of the optimizer's fp32
 partitions (`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`), which in
@@ -40,6 +47,7 @@ the model cache or on re-parsing config.gin (the warm-start path is a cache entr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -50,9 +58,9 @@ from typing import Any
 
 import torch
 
-from polgrad import collective
+from polgrad import checkpoints, collective
 from polgrad.errors import DataError, PolgradError
-from polgrad.io import atomic_write_text
+from polgrad.io import atomic_dir, atomic_write_text
 
 MODEL_DIR = "model"  # RUN_DIR/model/: architecture, tokenizer and spec name for the export
 FINAL_DIR = "final"
@@ -63,7 +71,11 @@ def save_run_model_files(m: Any, out_dir: str, name: str, source: str) -> None:
     """RUN_DIR/model/{policy/, critic/config.json, spec.json}: what an export needs but weights (rank 0)."""
     if collective.rank() != 0:
         return
-    root = Path(out_dir) / MODEL_DIR
+    with atomic_dir(Path(out_dir) / MODEL_DIR) as root:
+        _write_run_model_files(m, root, name, source)
+
+
+def _write_run_model_files(m: Any, root: Path, name: str, source: str) -> None:
     policy = m.engine.module
     policy.config.save_pretrained(root / "policy")
     if getattr(policy, "generation_config", None) is not None:
@@ -83,16 +95,18 @@ def write_final(m: Any, out_dir: str, *, name: str, source: str, config: str, su
 
     Collective: every rank calls it (ZeRO-3 gathers the parameters); rank 0 writes."""
     final = Path(out_dir) / FINAL_DIR
-    if _is_peft(m.engine.module):
-        _save_lora_gathered(m, final)
-    else:
-        _save_gathered(m.engine.module, final)
-    if m.critic_engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
-        _save_gathered(m.critic_engine.module, final / "critic")
-    if collective.rank() == 0:
-        m.tokenizer.save_pretrained(final)
-        card = model_card(name, source, summary.get("steps"), config, summary)
-        atomic_write_text(str(final / "README.md"), card)
+    # All or nothing: rank 0 writes into a temp folder beside final/ and renames it into place.
+    with atomic_dir(final) if collective.rank() == 0 else contextlib.nullcontext(final) as tmp:
+        if _is_peft(m.engine.module):
+            _save_lora_gathered(m, tmp)
+        else:
+            _save_gathered(m.engine.module, tmp)
+        if m.critic_engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
+            _save_gathered(m.critic_engine.module, tmp / "critic")
+        if collective.rank() == 0:
+            m.tokenizer.save_pretrained(tmp)
+            card = model_card(name, source, summary.get("steps"), config, summary)
+            atomic_write_text(str(tmp / "README.md"), card)
     return final
 
 
@@ -197,6 +211,37 @@ def checkpoint_tag(run_dir: str | os.PathLike, step: int | None) -> str:
     return f"step{step}"
 
 
+def check_run_dir(run_dir: str | os.PathLike) -> Path:
+    """`run_dir` as a Path if it is a polgrad run folder (it has checkpoints/ or summary.json), else a
+    one-line DataError naming it."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise DataError(f"{run}: no such folder; pass the --out folder of a python -m polgrad.train run")
+    if not (run / "checkpoints").is_dir() and not (run / "summary.json").is_file():
+        raise DataError(
+            f"{run}: not a polgrad run folder (no checkpoints/ or summary.json); pass the --out folder "
+            "of a python -m polgrad.train run"
+        )
+    return run
+
+
+def check_tag(run: Path, tag: str) -> None:
+    """The checkpoint `tag` of every part of RUN_DIR/checkpoints is intact (polgrad.checkpoints, the
+    check resume uses), else a one-line DataError naming the damaged file and the intact step to export."""
+    ckpt = run / "checkpoints"
+    parts = ("policy", "critic") if (ckpt / "critic").is_dir() else ("policy",)
+    why = checkpoints.damage(ckpt, tag, parts)
+    if why is None:
+        return
+    intact = checkpoints.newest_intact(ckpt, parts)
+    fix = (
+        f"export the intact {intact} instead: python -m polgrad.export {run} --step {intact[4:]}"
+        if intact
+        else "no intact checkpoint is left to export"
+    )
+    raise DataError(f"{why}; {fix}")
+
+
 def checkpoint_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
     """The full fp32 state dict of a DeepSpeed checkpoint (any ZeRO stage), keys as the module's."""
     # DeepSpeed's names: mp_rank_00_model_states.pt, at ZeRO-3 zero_pp_rank_0_mp_rank_00_model_states.pt
@@ -214,19 +259,29 @@ def checkpoint_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
 
 
 def export_checkpoint(run_dir: str | os.PathLike, step: int | None = None, out: str | None = None) -> Path:
-    """Build a `final/`-style folder from RUN_DIR's checkpoint at `step` (default: the latest)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """Build a `final/`-style folder from RUN_DIR's checkpoint at `step` (default: the latest).
 
-    from polgrad.models import ScalarHeadModel
-
-    run = Path(run_dir)
+    The checkpoint is checked first (`check_tag`); the folder is written all or nothing (`atomic_dir`:
+    a temp folder beside the destination, renamed into place once complete)."""
+    run = check_run_dir(run_dir)
     files = run / MODEL_DIR
     if not (files / "policy" / "config.json").is_file():
         raise DataError(
             f"{files / 'policy'}: missing; this run predates polgrad.export (re-run it to export)"
         )
     tag = checkpoint_tag(run, step)
+    check_tag(run, tag)
     dest = Path(out) if out else run / f"export-{tag}"
+    with atomic_dir(dest) as tmp:
+        _export(run, files, tag, tmp)
+    return dest
+
+
+def _export(run: Path, files: Path, tag: str, dest: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from polgrad.models import ScalarHeadModel
+
     generation_config = None
     if (files / "policy" / "generation_config.json").is_file():
         from transformers import GenerationConfig
@@ -263,7 +318,6 @@ def export_checkpoint(run_dir: str | os.PathLike, step: int | None = None, out: 
         str(dest / "README.md"),
         model_card(spec.get("name", "?"), spec.get("source", ""), n, config, _metrics(run, n)),
     )
-    return dest
 
 
 def _load(module: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:

@@ -25,7 +25,14 @@ git_commit, python, torch, transformers, deepspeed, hostname, cpu_count, finishe
 `python -m polgrad.results X [--results DIR]` rewrites X.md, X.png and X_curves.png from X.csv
 (and the run folders under X/runs/, for the curves).
 
-Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), stats (Student-t
+The CSV is checked, never trusted: the sweep (before it runs) and `python -m polgrad.results` compare
+it with the run folders and rebuild it whole from them when they disagree (a missing column or row, a
+hand-edited value), saying so in one line; without run folders (a fresh clone) a CSV that is
+incomplete in itself (a column the report needs, an ok row without the primary metric) is refused
+in one line (polgrad/results/record.py).
+
+Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), record (the CSV checked
+against the run folders, a row built from a run folder), stats (Student-t
 intervals), compare and findings (paired tests, Holm), figures (plot: forest plot and learning
 curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
 """
@@ -33,6 +40,7 @@ curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import plot
 from polgrad.results.provenance import cpu_count, environment, git_commit
+from polgrad.results.record import FINISHED, cell_row, reconcile
 from polgrad.results.report import (
     TABLE5,
     experiment_meta,
@@ -57,12 +65,14 @@ from polgrad.results.store import (
 
 __all__ = [
     "BACK_COLUMNS",
+    "FINISHED",
     "FRONT_COLUMNS",
     "METRICS",
     "RUN_COLUMNS",
     "TABLE5",
     "TABLE5_COLUMNS",
     "atomic_write_text",
+    "cell_row",
     "cpu_count",
     "csv_path",
     "environment",
@@ -78,6 +88,7 @@ __all__ = [
     "plot",
     "read_metrics",
     "read_rows",
+    "reconcile",
     "t_cdf",
     "t_ppf",
     "upsert_row",

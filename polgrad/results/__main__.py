@@ -1,4 +1,8 @@
-"""`python -m polgrad.results EXPERIMENT [--results DIR]`: rewrite a sweep's .md and figures from its CSV."""
+"""`python -m polgrad.results EXPERIMENT [--results DIR]`: rewrite a sweep's .md and figures from its CSV.
+
+The CSV is checked first (polgrad.results.record.reconcile): rebuilt whole from the run folders when
+it disagrees with them (one line says so), refused in one line when it is incomplete and no run folder
+can complete it."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import sys
 
 from polgrad.errors import PolgradError
 from polgrad.results.figures import curves_path
-from polgrad.results.report import write_report
+from polgrad.results.record import reconcile
+from polgrad.results.report import experiment_meta, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default="results", help="results folder (default: results)")
     args = ap.parse_args(argv)
     try:
+        meta = experiment_meta(args.experiment, args.results)
+        rebuilt = reconcile(
+            args.experiment, meta["cells"], args.results, meta["primary_metric"], meta["swept_columns"]
+        )
+        if rebuilt:
+            print(rebuilt, file=sys.stderr)
         md, png = write_report(args.experiment, args.results)
     except PolgradError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -136,12 +136,29 @@ def upsert_row(path: str | os.PathLike, row: dict[str, Any], order: Sequence[str
             rows.sort(
                 key=lambda r: rank.get(r.get("cell_id", ""), len(rank))
             )  # stable: unknown ids keep order
-        columns = order_columns([*header, *row])
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(path, buf.getvalue())
+        _write(path, rows, order_columns([*header, *row]))
+
+
+def read_table(path: str | os.PathLike) -> tuple[list[str], list[dict[str, str]]]:
+    """The CSV's header and rows (text), ([], []) if the file does not exist."""
+    return _read_rows(Path(path))
+
+
+def rewrite_rows(path: str | os.PathLike, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """Replace the whole CSV at `path` by `rows` (under the lock, atomically: old file or new, never half)."""
+    path = Path(path)
+    with _locked(path):
+        _write(path, [{k: _cell_text(v) for k, v in r.items()} for r in rows], order_columns(columns))
+
+
+def _write(path: Path, rows: Sequence[dict[str, str]], columns: Sequence[str]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(
+        buf, fieldnames=list(columns), restval="", lineterminator="\n", extrasaction="ignore"
+    )
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:

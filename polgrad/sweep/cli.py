@@ -29,7 +29,7 @@ from polgrad.sweep import launch
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand, format_cells
-from polgrad.sweep.launch import FINISHED, is_finished, read_summary
+from polgrad.sweep.launch import FINISHED, is_finished
 from polgrad.sweep.validation import validate
 
 
@@ -141,47 +141,19 @@ def _sweep_lock(exp_dir: Path):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-# The Table-5 fields a trainer's summary["table5"] carries, copied into the CSV as table5_<field>
-# ("method" is the Algorithm's name, which may differ from the spec file's stem in `spec`).
-TABLE5_FIELDS = tuple(c.removeprefix("table5_") for c in _results.TABLE5_COLUMNS)
+def _cell_meta(cell: Cell) -> dict[str, Any]:
+    """A cell as experiment.json records it (what `polgrad.results.record.cell_row` reads)."""
+    return {
+        "id": cell.id,
+        "spec": cell.spec_name,
+        "spec_file": cell.spec,
+        "swept": dict(cell.swept),
+        "seed": cell.seed,
+    }
 
 
 def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:
-    summary = outcome.get("summary") or {}
-    ok = outcome["status"] in FINISHED  # an unstable run's metrics are recorded too (not ranked)
-    row: dict[str, Any] = {
-        "experiment": exp.name,
-        "cell_id": cell.id,
-        "spec": cell.spec_name,
-        "spec_file": cell.spec,
-    }
-    row.update(dict(cell.swept))
-    table5 = summary.get("table5")
-    if isinstance(table5, dict):
-        row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
-    row["seed"] = cell.seed
-    for m in _results.METRICS:
-        row[m] = summary.get(m) if ok else None
-    row["steps"] = summary.get("steps") if ok else None
-    # What the trainer reports; a failed cell without a summary: the ranks the sweep started.
-    row["world_size"] = summary.get("world_size", outcome.get("world_size"))
-    row["zero_stage"] = summary.get("zero_stage")
-    row["status"] = outcome["status"]
-    row["error"] = outcome.get("error", "")
-    try:
-        row["run_dir"] = str(run_dir.resolve().relative_to(results_dir.resolve()))
-    except ValueError:
-        row["run_dir"] = str(run_dir)
-    row.update(outcome.get("environment") or _results.environment())
-    row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return row
-
-
-def _recorded_environment(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / "cell.json").read_text()).get("environment")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return _results.cell_row(exp.name, _cell_meta(cell), run_dir, results_dir, outcome)
 
 
 def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_address, command) -> int:
@@ -200,17 +172,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         "baseline": exp.baseline,
         "question": exp.question,
         "predictions": exp.predictions,
-        "cells": [
-            {
-                "id": c.id,
-                "spec": c.spec_name,
-                "spec_file": c.spec,
-                "spec_path": c.spec_path,
-                "swept": dict(c.swept),
-                "seed": c.seed,
-            }
-            for c in cells
-        ],
+        "cells": [{**_cell_meta(c), "spec_path": c.spec_path} for c in cells],
     }
     _results.atomic_write_text(exp_dir / "experiment.json", json.dumps(meta, indent=2) + "\n")
     csv_file = _results.csv_path(exp.name, results_dir)
@@ -219,24 +181,15 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     def record(cell: Cell, outcome: dict[str, Any]) -> None:
         _results.upsert_row(csv_file, _row(exp, cell, run_dirs[cell.id], results_dir, outcome), order=order)
 
-    # Finished cells are skipped; their row is written if a kill came between summary.json and the CSV.
-    rows = {r.get("cell_id"): r for r in _results.read_rows(csv_file)}
-    todo = []
-    for cell in cells:
-        if is_finished(run_dirs[cell.id]):
-            summary = read_summary(run_dirs[cell.id]) or {}
-            if rows.get(cell.id, {}).get("status") != summary.get("status"):
-                record(
-                    cell,
-                    {
-                        "status": summary.get("status"),
-                        "error": str(summary.get("unstable", "")),
-                        "summary": summary,
-                        "environment": _recorded_environment(run_dirs[cell.id]),
-                    },
-                )
-        else:
-            todo.append(cell)
+    # The CSV is checked against the run folders (the record) and rebuilt whole if they disagree: a
+    # kill between summary.json and the CSV, a hand edit (polgrad/results/record.py). Finished cells
+    # are skipped.
+    rebuilt = _results.reconcile(
+        exp.name, meta["cells"], results_dir, exp.primary_metric, exp.swept_columns, check_complete=False
+    )
+    if rebuilt:
+        print(rebuilt, file=sys.stderr)
+    todo = [cell for cell in cells if not is_finished(run_dirs[cell.id])]
     skipped = len(cells) - len(todo)
     print(
         f"{exp.name}: {len(cells)} cells, {skipped} already finished, {len(todo)} to run "

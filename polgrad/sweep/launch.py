@@ -159,9 +159,8 @@ def _failed(cell: Cell, where: str, error: BaseException, limit: int | None = No
     }
 
 
-# The statuses of a run that ended with a result ('unstable': too many skipped optimizer steps, see
-# train.unstable_skip_frac; listed in the leaderboard but not ranked). A re-run skips these cells.
-FINISHED = ("ok", "unstable")
+# The statuses of a run that ended with a result (a re-run skips these cells): polgrad.results.record.
+FINISHED = _results.FINISHED
 
 
 def is_finished(run_dir: Path) -> bool:

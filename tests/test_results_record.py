@@ -1,0 +1,143 @@
+"""The results CSV is checked against the run folders, never trusted (polgrad/results/record.py).
+
+Sweeps run tests/fake_train.py (POLGRAD_TRAIN_MODULE=fake_train): 3 specs-by-lr cells x 2 seeds = 6
+cells, each with a run folder whose summary.json holds the metrics the CSV copies.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from polgrad import results, sweep
+from polgrad.sweep.experiment import TRAIN_MODULE_ENV
+
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
+PRIMARY = "eval_accuracy"
+
+
+@pytest.fixture(autouse=True)
+def fake_trainer(monkeypatch):
+    monkeypatch.setenv(TRAIN_MODULE_ENV, "fake_train")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    )
+    if str(TESTS) not in sys.path:
+        monkeypatch.syspath_prepend(str(TESTS))
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
+
+
+def _write(path: Path, header: list[str], rows: list[dict[str, str]]) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=header, lineterminator="\n", extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _drop(path: Path, column: str, row_index: int) -> None:
+    """The issue's hand edit: the primary metric's column removed, one row deleted."""
+    header, rows = _rows(path)
+    del rows[row_index]
+    _write(path, [c for c in header if c != column], rows)
+
+
+@pytest.fixture
+def swept(tmp_path):
+    exp = tmp_path / "exp.gin"
+    exp.write_text(
+        f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
+        "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3]}\nSweep.seeds = [0, 1]\n"
+        f"Sweep.seed_binding = 'fake_train.seed'\nSweep.primary_metric = '{PRIMARY}'\n"
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(exp), "--results", str(out)]) == 0
+    return exp, out, out / "exp.csv"
+
+
+def _summaries(out: Path) -> dict[str, dict]:
+    runs = out / "exp" / "runs"
+    return {p.name: json.loads((p / "summary.json").read_text()) for p in runs.iterdir()}
+
+
+def test_a_rerun_rebuilds_a_hand_edited_csv_whole_from_the_run_folders(swept, capsys):
+    exp, out, csv_file = swept
+    header, original = _rows(csv_file)
+    assert len(original) == 6 and PRIMARY in header
+    _drop(csv_file, PRIMARY, 2)
+    edited_header, edited = _rows(csv_file)
+    edited[0]["finished_at"] = original[0]["finished_at"] = "2020-01-01T00:00:00+00:00"  # when it was written
+    _write(csv_file, edited_header, edited)
+    capsys.readouterr()
+    assert sweep.main([str(exp), "--results", str(out)]) == 0
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if "disagreed with the run folders" in ln]
+    assert len(line) == 1 and f"column {PRIMARY} missing" in line[0] and str(csv_file) in line[0]
+    new_header, rebuilt = _rows(csv_file)
+    assert new_header == header and rebuilt == original  # every value back, a row's finished_at kept
+    summaries = _summaries(out)
+    assert all(float(r[PRIMARY]) == summaries[r["cell_id"]][PRIMARY] for r in rebuilt)  # from the folders
+    assert not list(out.glob(".exp.csv.*"))  # written atomically: no temp file left
+
+
+def test_a_hand_edited_value_is_restored_and_an_agreeing_csv_is_left_alone(swept, capsys):
+    exp, out, csv_file = swept
+    before = csv_file.read_text()
+    header, rows = _rows(csv_file)
+    assert results.main(["exp", "--results", str(out)]) == 0
+    assert "disagreed" not in capsys.readouterr().err and csv_file.read_text() == before
+    rows[4]["final_train_reward"] = "0.999"
+    _write(csv_file, header, rows)
+    assert results.main(["exp", "--results", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"cell {rows[4]['cell_id']}'s final_train_reward differs" in err
+    assert csv_file.read_text() == before
+
+
+def test_the_results_command_rebuilds_the_issues_csv_before_the_md(swept, capsys):
+    _, out, csv_file = swept
+    _, original = _rows(csv_file)
+    _drop(csv_file, PRIMARY, 5)
+    assert results.main(["exp", "--results", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "disagreed with the run folders" in err and f"the row of cell {original[5]['cell_id']} missing" in err
+    )
+    assert _rows(csv_file)[1] == original
+
+
+def test_without_run_folders_an_incomplete_csv_is_refused_in_one_line(swept, capsys):
+    _, out, csv_file = swept
+    shutil.rmtree(out / "exp" / "runs")  # a fresh clone: the CSV is the only record
+    header, rows = _rows(csv_file)
+    md_before = (out / "exp.md").read_text()
+    _write(csv_file, [c for c in header if c != PRIMARY], rows)
+    assert results.main(["exp", "--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert f"{csv_file}: column '{PRIMARY}' (the primary metric) is missing" in err
+    assert f"git checkout {csv_file}" in err
+
+    rows[1][PRIMARY] = ""
+    _write(csv_file, header, rows)
+    assert results.main(["exp", "--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert f"the ok row of cell {rows[1]['cell_id']} has no {PRIMARY}" in err
+    assert (out / "exp.md").read_text() == md_before  # nothing written from a half-filled CSV
+
+    rows[1][PRIMARY] = "0.5"  # complete in itself: the md is written from it
+    _write(csv_file, header, rows)
+    assert results.main(["exp", "--results", str(out)]) == 0
