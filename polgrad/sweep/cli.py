@@ -160,6 +160,7 @@ def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome:
     if isinstance(table5, dict):
         row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
     row["seed"] = cell.seed
+    row[_results.NOT_READ] = " ".join(cell.unread)  # swept bindings the cell never reads: not in labels
     for m in _results.METRICS:
         row[m] = summary.get(m) if ok else None
     row["steps"] = summary.get("steps") if ok else None
@@ -207,6 +208,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
                 "spec_file": c.spec,
                 "spec_path": c.spec_path,
                 "swept": dict(c.swept),
+                "not_read": list(c.unread),
                 "seed": c.seed,
             }
             for c in cells
@@ -305,7 +307,7 @@ def prepare(path: str, train_module: str | None = None) -> tuple[Experiment, lis
     """Read, expand and validate an experiment file; raise one line on any problem."""
     exp = load_experiment(path)
     cells = expand(exp)
-    validate(exp, cells, train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE)
+    cells = validate(exp, cells, train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE)
     return exp, cells
 
 
