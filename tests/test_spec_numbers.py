@@ -81,7 +81,8 @@ TABLES: dict[str, dict[str, object]] = {
     # Yu et al. 2025 (DAPO): eps_low 0.2, eps_high 0.28 (clip-higher); token-level loss
     # (1/sum|o_i|); dynamic sampling drops groups whose accuracy is all 0 or all 1; soft overlong
     # punishment with a 4096-token cache below 20480 (here 2 below the budget); no KL.
-    # Deviations in the header: G = 8 (paper 16), one optimizer step per batch (paper 16).
+    # Deviations in the header: G = 8 (paper 16), 4 optimizer steps per rollout batch (paper 16:
+    # "the mini-batch size is set to 512, i.e., 16 gradient updates for each rollout step").
     "dapo": {
         "Algorithm.advantage": "advantage.grpo",
         "advantage.grpo.eps": 1e-6,  # the component's default
@@ -97,7 +98,7 @@ TABLES: dict[str, dict[str, object]] = {
         "Algorithm.max_sampling_rounds": 10,  # refill bound: verl DAPO recipe max_num_gen_batches
         "Algorithm.group_size": 8,  # deviation (paper: 16)
         "Algorithm.ppo_epochs": 1,
-        "Algorithm.minibatches": 1,  # deviation (paper: 16 updates per rollout step)
+        "Algorithm.minibatches": 4,  # deviation (paper: 16 updates per rollout step)
     },
     # Liu et al. 2025 (Dr. GRPO): A_i = r_i - mean_G r (no std), loss sum_t / L_max (no 1/|o_i|),
     # beta = 0. eps 0.2 and G = 8: header says polgrad's choices.

@@ -11,7 +11,9 @@ results folder (default `results/`):
     X/runs/<cell-id>/      config.gin, metrics.jsonl, summary.json, stdout.log, cell.json, checkpoints/
 
 CSV columns: experiment, cell_id, spec, spec_file, one column per swept binding (named by the
-binding, value = its gin text, e.g. `Algorithm.kl` = `@kl.k3`), seed, the summary metrics
+binding, value = its gin text, e.g. `Algorithm.kl` = `@kl.k3`), seed, not_read (the swept bindings
+the cell's built config never reads, space-separated: its labels and md row leave them out), the
+summary metrics
 (final_train_reward, eval_accuracy, kl, entropy, tokens_per_s, wall_time_s, peak_mem_mb, steps),
 how the run was spread (world_size: data-parallel ranks; zero_stage: its DeepSpeed ZeRO stage),
 the run's Table-5 row (table5_method, table5_type, table5_reward_model, table5_value_function,
@@ -53,6 +55,7 @@ from polgrad.results.store import (
     BACK_COLUMNS,
     FRONT_COLUMNS,
     METRICS,
+    NOT_READ,
     RUN_COLUMNS,
     TABLE5_COLUMNS,
     csv_path,
@@ -68,6 +71,7 @@ __all__ = [
     "FINISHED",
     "FRONT_COLUMNS",
     "METRICS",
+    "NOT_READ",
     "RUN_COLUMNS",
     "TABLE5",
     "TABLE5_COLUMNS",

@@ -29,7 +29,7 @@ from polgrad.io import atomic_path
 from polgrad.results.compare import Key, against, by_seed, leader
 from polgrad.results.findings import kl_metric
 from polgrad.results.stats import t_ppf
-from polgrad.results.store import read_metrics
+from polgrad.results.store import read_metrics, unread_columns
 
 EMA_SPAN = 10  # steps; a = 2 / 11
 ALPHA_MARK = 0.05  # a filled marker: Holm-corrected p below this
@@ -70,10 +70,15 @@ class Figures:
     paths: tuple[Path, ...] = ()
 
 
-def _label(key: Key, group_columns: Sequence[str], one_spec: bool) -> str:
+def _label(key: Key, group_columns: Sequence[str], one_spec: bool, unread: set[str] | None = None) -> str:
+    """The configuration's name: its spec (unless all share one) and the swept bindings it reads."""
     parts = [] if one_spec and len(group_columns) > 1 else [key[0]]
-    parts += [f"{c.removeprefix('Algorithm.')}={v}" for c, v in zip(group_columns[1:], key[1:], strict=True)]
-    return " · ".join(parts)
+    parts += [
+        f"{c.removeprefix('Algorithm.')}={v}"
+        for c, v in zip(group_columns[1:], key[1:], strict=True)
+        if c not in (unread or ())
+    ]
+    return " · ".join(parts) or str(key[0])
 
 
 def _reference(rows, group_columns, primary, higher_is_better, baseline) -> tuple[Key | None, str]:
@@ -181,8 +186,10 @@ def plot(
     ok = [r for r in rows if r.get("status") == "ok"]
     one_spec = len({str(r.get("spec", "")) for r in rows}) == 1
 
+    unread = unread_columns(rows, group_columns)
+
     def label(k):
-        return _label(k, group_columns, one_spec)
+        return _label(k, group_columns, one_spec, unread.get(tuple(k)))
 
     ref, kind = _reference(rows, group_columns, primary_metric, higher_is_better, baseline)
     # the metrics of the md's paired table: the primary metric, the KL and the held-out accuracy

@@ -25,7 +25,7 @@ from typing import Any
 
 from polgrad.errors import DataError
 from polgrad.results.provenance import environment
-from polgrad.results.store import METRICS, TABLE5_COLUMNS, csv_path, read_table, rewrite_rows
+from polgrad.results.store import METRICS, NOT_READ, TABLE5_COLUMNS, csv_path, read_table, rewrite_rows
 
 # The statuses of a run that ended with a result ('unstable': too many skipped optimizer steps, see
 # train.unstable_skip_frac; listed in the leaderboard but not ranked). A re-run skips these cells.
@@ -38,7 +38,7 @@ _UNCHECKED = ("finished_at",)
 def cell_row(
     experiment: str, cell: dict[str, Any], run_dir: Path, results_dir: Path, outcome: dict[str, Any]
 ) -> dict[str, Any]:
-    """The CSV row of `cell` (experiment.json's form: id, spec, spec_file, swept, seed) from its
+    """The CSV row of `cell` (experiment.json's form: id, spec, spec_file, swept, not_read, seed) from its
     `outcome` (status, error, summary, environment, world_size)."""
     summary = outcome.get("summary") or {}
     ok = outcome["status"] in FINISHED  # an unstable run's metrics are recorded too (not ranked)
@@ -53,6 +53,7 @@ def cell_row(
     if isinstance(table5, dict):
         row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
     row["seed"] = cell["seed"]
+    row[NOT_READ] = " ".join(cell.get("not_read", []))  # swept bindings the cell never reads: not in labels
     for m in METRICS:
         row[m] = summary.get(m) if ok else None
     row["steps"] = summary.get("steps") if ok else None

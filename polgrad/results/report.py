@@ -16,7 +16,7 @@ from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.stats import format_mean_ci, mean_ci
-from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows
+from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
 
 # The md's Table-5 columns: (CSV column, header). The method is the group's spec (a row may name it
 # otherwise in an optional `table5_method` column); the others come from the CSV's table5_* columns.
@@ -26,6 +26,8 @@ RUN = tuple(zip(RUN_COLUMNS, ("world size", "ZeRO stage"), strict=True))
 # The status of a finished run that skipped too many optimizer steps (train.unstable_skip_frac): its
 # row is listed under its own heading, never ranked nor in the statistics (only 'ok' rows are).
 UNSTABLE = "unstable"
+# The md's table cell of a swept binding that the group's cells do not read (the CSV's not_read).
+NOT_READ_CELL = "not read"
 
 
 def _float(text: Any) -> float:
@@ -138,9 +140,10 @@ def markdown(
     (polgrad.results.findings), and the failed cells."""
     group_columns = ["spec", *swept_columns]
     board = leaderboard(rows, group_columns, primary_metric, higher_is_better)
+    unread = unread_columns(rows, group_columns)
 
     def label(key) -> str:
-        return _group_label(dict(zip(group_columns, key, strict=True)), swept_columns)
+        return _group_label(dict(zip(group_columns, key, strict=True)), swept_columns, unread.get(tuple(key)))
 
     def key_of(config: dict[str, str] | None):
         return next(
@@ -226,11 +229,12 @@ def markdown(
         if any(t5.get(k) for k in TABLE5_COLUMNS):
             t5 = {"table5_method": g["spec"], **t5}
         else:
-            missing.append(_group_label(g, swept_columns))
+            missing.append(label(tuple(g[c] for c in group_columns)))
+        not_read = unread.get(tuple(g[c] for c in group_columns), set())
         cells = [
             rank,
             e["group"]["spec"],
-            *(f"`{e['group'][c]}`" if e["group"][c] else "" for c in swept_columns),
+            *(NOT_READ_CELL if c in not_read else f"`{g[c]}`" if g[c] else "" for c in swept_columns),
             seeds,
             *(format_mean_ci(e[m]) for m in metric_cols),
             *(spread.get(tuple(g[c] for c in group_columns), {}).get(k, "n/a") for k, _ in RUN),
@@ -270,10 +274,12 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def _group_label(group: dict[str, str], swept_columns: Sequence[str]) -> str:
+def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: set[str] | None = None) -> str:
+    """'spec · binding=value · ...' over the swept bindings the group's cells read."""
     parts = [group["spec"]]
     for c in swept_columns:
-        parts.append(f"{c.split('/')[-1]}={group[c]}")
+        if c not in (unread or ()):
+            parts.append(f"{c.split('/')[-1]}={group[c]}")
     return " · ".join(parts)
 
 

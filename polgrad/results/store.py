@@ -41,9 +41,13 @@ TABLE5_COLUMNS = (
 # How the run was spread: data-parallel ranks and ZeRO stage (summary.json's world_size and
 # zero_stage); they sit after `steps`. An older CSV without them still loads (blank there).
 RUN_COLUMNS = ("world_size", "zero_stage")
+# The swept bindings a cell's built config never reads (space-separated; the sweep's dry run finds
+# them, polgrad/sweep/reads.py): labels and the md's table leave them out of that cell's group.
+NOT_READ = "not_read"
 FRONT_COLUMNS = ("experiment", "cell_id", "spec", "spec_file")
 BACK_COLUMNS = (
     "seed",
+    NOT_READ,
     *METRICS,
     "steps",
     *RUN_COLUMNS,
@@ -159,6 +163,15 @@ def _write(path: Path, rows: Sequence[dict[str, str]], columns: Sequence[str]) -
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(path, buf.getvalue())
+
+
+def unread_columns(rows: Iterable[dict[str, Any]], group_columns: Sequence[str]) -> dict[tuple, set[str]]:
+    """Per group (the values of `group_columns`, as text): the swept columns its rows do not read."""
+    out: dict[tuple, set[str]] = {}
+    for r in rows:
+        key = tuple(str(r.get(c, "")) for c in group_columns)
+        out.setdefault(key, set()).update(str(r.get(NOT_READ) or "").split())
+    return out
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -94,7 +94,11 @@ cell's Algorithm, TrainConfig and task with every check the trainer makes at its
 stand-in `--train-module` gets the parse only). A bad file stops the sweep with one line naming
 the file and the binding: an unknown component (with the valid names and the closest match), a
 binding to a parameter that does not exist, a bad value, an axis whose values mix types, a
-missing include or spec, no seeds, an empty axis or grid.
+missing include or spec, no seeds, an empty axis or grid, or a grid axis that some cell does not read
+when varying it gives otherwise identical cells (polgrad/sweep/reads.py; the rule is in
+CONTRIBUTING.md, "Adding an experiment"). `--dry-run` marks a swept binding a cell does not read
+`(not read)` (the CSV's `not_read`; labels leave it out) and lists the other bindings a cell does not
+read (allowed, e.g. a base-config binding of a part the spec does not use).
 
 ## Running
 
@@ -142,6 +146,7 @@ ranks the sweep started.
     experiment.py   load_experiment: read and check the file -> Experiment
     grid.py         expand: Experiment -> [Cell] with stable ids; format_cells for --dry-run
     validation.py   validate(exp, cells, train_module): every cell parsed with gin before training
+    reads.py        which bindings a built cell reads; the refusal of an axis that changes nothing
     slots.py        GPU slots; launch commands (LAUNCH: a dict launcher -> command prefix)
     launch.py       run_cell (a cell's trainer processes and their outcome), stopping them
     executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar

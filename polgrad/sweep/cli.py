@@ -148,6 +148,7 @@ def _cell_meta(cell: Cell) -> dict[str, Any]:
         "spec": cell.spec_name,
         "spec_file": cell.spec,
         "swept": dict(cell.swept),
+        "not_read": list(cell.unread),
         "seed": cell.seed,
     }
 
@@ -258,7 +259,7 @@ def prepare(path: str, train_module: str | None = None) -> tuple[Experiment, lis
     """Read, expand and validate an experiment file; raise one line on any problem."""
     exp = load_experiment(path)
     cells = expand(exp)
-    validate(exp, cells, train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE)
+    cells = validate(exp, cells, train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE)
     return exp, cells
 
 

@@ -32,9 +32,22 @@ class Cell:
     swept: tuple[tuple[str, str], ...]  # (binding key, gin text) of the grid values
     seed: int
     bindings: tuple[str, ...]  # imports, fixed, grid, seed: what goes to --bind, in order
+    # What the dry run found the built cell never reads: (binding key, what the cell builds instead),
+    # over every binding of its config (polgrad/sweep/reads.py); empty before validation.
+    not_read: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def unread(self) -> tuple[str, ...]:
+        """The swept binding keys this cell does not read (left out of its labels)."""
+        keys = {k for k, _ in self.not_read}
+        return tuple(k for k, _ in self.swept if k in keys)
 
     def describe(self) -> str:
-        return ", ".join(f"{k} = {v}" for k, v in self.swept) or "(no grid bindings)"
+        unread = set(self.unread)
+        return (
+            ", ".join(f"{k} = {v}" + (" (not read)" if k in unread else "") for k, v in self.swept)
+            or "(no grid bindings)"
+        )
 
 
 def _slug(text: str) -> str:
@@ -110,4 +123,21 @@ def format_cells(exp: Experiment, cells: Sequence[Cell]) -> str:
     spec_w = max(len(c.spec_name) for c in cells)
     for c in cells:
         lines.append(f"{c.id:<{width}}  {c.spec_name:<{spec_w}}  seed={c.seed:<4} {c.describe()}")
+    swept = set(exp.swept_columns)
+    unused: dict[tuple[str, str], list[str]] = {}
+    for c in cells:
+        for key, why in c.not_read:
+            if key not in swept:
+                unused.setdefault((key, why), []).append(c.id)
+    if unused:
+        lines.append("Bound but not read by these cells (allowed: not swept):")
+        for (key, why), ids in unused.items():
+            if len(ids) == len(cells):
+                which = f"all {len(cells)} cells"
+            elif len(ids) <= 3:
+                which = ", ".join(ids)
+            else:
+                specs = dict.fromkeys(c.spec_name for c in cells if c.id in set(ids))
+                which = f"{len(ids)} of {len(cells)} cells ({', '.join(specs)})"
+            lines.append(f"  {key}: {which}: the cell {why}")
     return "\n".join(lines)

@@ -1,8 +1,10 @@
 """The dry run's check of every cell: exactly what the trainer does, before anything trains.
 
-One public entry, `validate(exp, cells, train_module)`. For each cell it clears gin, parses the
-cell's files and bindings with `polgrad.config.parse_config` (the parser `python -m
-polgrad.train` uses) and, when the cell runs polgrad's own trainer, builds the run with
+One public entry, `validate(exp, cells, train_module)`, which returns the cells with what each
+built cell does not read (`Cell.not_read`, polgrad/sweep/reads.py) and refuses a grid axis that a
+cell does not read when varying it gives otherwise identical cells (`reads.check_axes`). For each
+cell it clears gin, parses the cell's files and bindings with `polgrad.config.parse_config` (the
+parser `python -m polgrad.train` uses) and, when the cell runs polgrad's own trainer, builds the run with
 `polgrad.config.build()`: the same `Algorithm` and `TrainConfig` checks the trainer makes at
 its start (plus gin's own finalize check, which catches a %gin.REQUIRED nobody overrode even in
 a part the run would not call), and `polgrad.config.check_world_size` at the cell's number of
@@ -15,6 +17,7 @@ configurables are its own business.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Sequence
 
@@ -24,6 +27,7 @@ from polgrad import config
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, _fail
 from polgrad.sweep.grid import Cell
+from polgrad.sweep.reads import bound_keys, check_axes, reads_of
 
 __all__ = ["validate"]
 
@@ -53,14 +57,17 @@ def ranks_per_cell(exp: Experiment) -> tuple[int, str]:
     return exp.processes_per_cell, f"Sweep.processes_per_cell = {exp.processes_per_cell}"
 
 
-def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> None:
-    """Parse (and, for polgrad's trainer, build) every cell; one ConfigError line on the first problem."""
+def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> list[Cell]:
+    """Parse (and, for polgrad's trainer, build) every cell; one ConfigError line on the first problem.
+
+    Returns the cells, each with the bindings its built cell does not read (`Cell.not_read`)."""
     import_train_module(train_module)
     build = train_module == DEFAULT_TRAIN_MODULE
     labels = _labels(exp)
     ranks, ranks_label = ranks_per_cell(exp)
+    out = list(cells)
     try:
-        for cell in cells:
+        for i, cell in enumerate(cells):
             where = f"cell {cell.id} ({cell.spec}; {cell.describe()})"
             grid = {f"{k} = {v}" for k, v in cell.swept}
             gin.clear_config()
@@ -83,14 +90,20 @@ def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> None:
                 except (ValueError, RuntimeError) as e:
                     raise ConfigError(" ".join(str(e).split())) from None
                 if build:
-                    cfg, _, _ = config.build()
+                    cfg, algo, _ = config.build()
                     try:
                         config.check_world_size(cfg, ranks)
                     except ConfigError as e:
                         raise ConfigError(f"at {ranks_label}: {e}") from None
+                    reads = reads_of(cfg, algo)
+                    keys = dict.fromkeys([*bound_keys(), *(k for k, _ in cell.swept)])
+                    not_read = ((k, reads.why_unread(k)) for k in keys)
+                    out[i] = dataclasses.replace(cell, not_read=tuple((k, w) for k, w in not_read if w))
             except PolgradError as e:
                 if str(e).startswith(f"{exp.file}: "):
                     raise
                 raise _fail(exp.file, where, str(e)) from None
     finally:
         gin.clear_config()
+    check_axes(exp.file, out, {c.id: dict(c.not_read) for c in out})
+    return out
