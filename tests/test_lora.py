@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from learning import assert_learns
 
 from polgrad.errors import ConfigError
 from polgrad.models import build_tiny, lora
@@ -281,19 +282,18 @@ def _run(tmp_path, bindings, name="run", spec=PPO_LORA):
 def test_ppo_with_a_shared_lora_critic_learns(tmp_path):
     """registry/ppo_lora.gin on the base task, fixed seed, 40 steps of 16 prompts (PPO samples one
     response per prompt: 16 sequences a step) at lr 5e-4 (LoRA trains at a higher lr than full
-    fine-tuning; the paper's GPT-2 runs use 2e-4). Train reward of the last 10 steps beats the first
-    10, as test_trainer's GRPO learning test (measured: 0.131 -> 0.200 at seed 0; 0.181 -> 0.319
-    and 0.144 -> 0.206 at seeds 1, 2). The reference is the policy with its adapter disabled, so the
-    exact KL of the first step (adapter B = 0) is 0 exactly; later it is > 0."""
+    fine-tuning; the paper's GPT-2 runs use 2e-4). The final policy solves more held-out prompts
+    than its warm start, paired prompt by prompt, as in test_trainer's GRPO learning test
+    (tests/learning.py; a fixed rise of the train reward does not hold on every CPU). The reference
+    is the policy with its adapter disabled, so the exact KL of the first step (adapter B = 0) is 0
+    exactly; later it is > 0."""
     binds = ["train.steps = 40", "train.prompts_per_step = 16", "train.lr = 5e-4", "train.eval_every = 100"]
+    binds.append("train.eval_size = None")
     summary, rows = _run(tmp_path, binds)
     assert summary["status"] == "ok"
     assert rows[0]["kl_exact"] == 0.0 and rows[-1]["kl_exact"] > 0
     assert all(math.isfinite(r["value_loss"]) and r["skipped_steps"] == 0 for r in rows)
-    first = sum(r["reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
-    print(f"PPO shared LoRA: reward {first:.3f} -> {last:.3f}")
-    assert last > first + 0.03, (first, last)
+    assert_learns(tmp_path / "run")
 
 
 def _built(bindings, spec=PPO_LORA):
