@@ -12,6 +12,8 @@ import torch
 
 from polgrad import config
 from polgrad.errors import ConfigError
+from polgrad.registry import register
+from polgrad.tasks.synthetic import Add
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DPO = os.path.join(REPO, "registry", "dpo.gin")
@@ -102,3 +104,42 @@ def test_dpo_trains_through_polgrad_train(tmp_path):
     assert rows[1]["pref_loss"] != rows[0]["pref_loss"]  # the first step moved the policy
     assert summary["status"] == "ok" and summary["eval_accuracy"] is not None
     assert summary["table5"]["type"] == "Off-policy" and summary["table5"]["reward_model"] == "No"
+
+
+class _NoPairs:
+    """task.add without preference pairs: a user task that only samples and scores."""
+
+    name = "test_no_pairs"
+
+    def __init__(self, digits: int):
+        self._add = Add(digits=digits)
+        for attr in ("alphabet", "max_prompt_chars", "max_response_chars"):
+            setattr(self, attr, getattr(self._add, attr))
+        self.examples, self.eval_examples = self._add.examples, self._add.eval_examples
+        self.reward, self.demonstrations = self._add.reward, self._add.demonstrations
+
+
+@register("task", "test_no_pairs")
+def _no_pairs_task(*, digits: int = 2) -> _NoPairs:
+    return _NoPairs(digits=digits)
+
+
+@pytest.mark.parametrize("preference", ["dpo", "ipo", "cdpo"])
+def test_a_preference_spec_on_a_task_without_pairs_fails_in_build_naming_task_spec_and_choices(preference):
+    """build() (the trainer's and the sweep dry run's check) refuses it before any model is built;
+    it used to pass and the run died after the warm start and the first evaluation with a bare
+    AttributeError: '_NoPairs' object has no attribute 'preference_pairs'."""
+    gin.clear_config()
+    config.parse_config(
+        [DPO], ["train.task = @task.test_no_pairs", f"Algorithm.preference = @preference.{preference}"]
+    )
+    with pytest.raises(ConfigError) as err:
+        config.build()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(
+        f"Algorithm.preference = @preference.{preference} (spec 'dpo') needs the task's preference_pairs(), "
+        "and train.task = @task.test_no_pairs (_NoPairs) has none; tasks with preference_pairs: "
+        "add, file, reverse, sort; pick one"
+    ), msg
+    gin.clear_config()
