@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from polgrad.errors import ConfigError
 from polgrad.tasks.rewards import check_policy
 
 REWARD_SOURCES = ("task", "reward_model")
+SANE_STALENESS = 8  # train.max_staleness above this warns (see TrainConfig's docstring)
 ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
@@ -50,7 +52,11 @@ class TrainConfig:
     async_rollouts: a producer thread samples the next batches while the trainer updates, step s
     from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
     the synchronous loop exactly. Either backend; ZeRO stages 0-2 (ZeRO-3 partitions the weights
-    the producer snapshots).
+    the producer snapshots). With async_rollouts, max_staleness above train.steps is an error (from
+    k >= steps on every rollout is the starting policy's), and above SANE_STALENESS (8) a warning:
+    the asynchronous RL systems that motivate it run at a staleness of 1 to 8 (e.g. AReaL, PipelineRL),
+    beyond which the run trains on very stale rollouts and the IS correction (clip.tis, clip.icepop)
+    truncates or masks most tokens.
     unstable_skip_frac: the run's summary status is 'unstable' (listed, not ranked, by the sweep's
     leaderboard) when more than this fraction of its optimizer steps were skipped for a non-finite
     loss or gradient (1 never).
@@ -170,6 +176,19 @@ def _check_async(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
     if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
+    if cfg.async_rollouts and cfg.max_staleness > cfg.steps:
+        raise ConfigError(
+            f"train.max_staleness = {cfg.max_staleness} is above train.steps = {cfg.steps}: every rollout "
+            f"would be the starting policy's; use at most {min(cfg.steps, SANE_STALENESS)} (1 to "
+            f"{SANE_STALENESS} is the usual range)"
+        )
+    if cfg.async_rollouts and cfg.max_staleness > SANE_STALENESS:
+        print(
+            f"warning: train.max_staleness = {cfg.max_staleness} is above {SANE_STALENESS}: the run trains "
+            "on very stale rollouts (see polgrad/train_config.py)",
+            file=sys.stderr,
+            flush=True,
+        )
     if cfg.async_rollouts and cfg.zero_stage == 3:
         raise ConfigError(
             f"train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got {cfg.zero_stage}: the "

@@ -175,6 +175,11 @@ def _decode_phase():
         (["train.max_staleness = -1"], "train.max_staleness must be an integer >= 0, got -1"),
         (["train.max_staleness = 1.5"], "train.max_staleness must be an integer >= 0, got 1.5"),
         (["train.async_rollouts = 1"], "train.async_rollouts must be True or False, got 1"),
+        (
+            ["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 1000000"],
+            "train.max_staleness = 1000000 is above train.steps = 20: every rollout would be the starting "
+            "policy's; use at most 8 (1 to 8 is the usual range)",
+        ),
         *[
             (
                 ["train.async_rollouts = True", f"train.rollout_backend = '{b}'", "train.zero_stage = 3"],
@@ -190,6 +195,26 @@ def test_bad_async_bindings_are_one_line_config_errors(bindings, message):
     with pytest.raises(ConfigError) as info:
         config.build()
     assert str(info.value) == message
+
+
+def test_a_staleness_above_the_sane_range_warns_and_is_inert_without_async(capsys):
+    """k in (8, steps]: accepted with one warning line (it used to pass silently); k = 8 and a
+    synchronous run (where max_staleness is unused) say nothing."""
+    for bindings, warned in (
+        (["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 9"], True),
+        (["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 8"], False),
+        (["train.steps = 20", "train.max_staleness = 1000"], False),
+    ):
+        gin.clear_config()
+        parse_config([GRPO], bindings)
+        config.build()
+        err = capsys.readouterr().err
+        assert err == (
+            "warning: train.max_staleness = 9 is above 8: the run trains on very stale rollouts "
+            "(see polgrad/train_config.py)\n"
+            if warned
+            else ""
+        ), bindings
 
 
 def test_async_rollouts_are_accepted_with_either_backend():
