@@ -18,7 +18,7 @@ import gin
 from polgrad import registry
 from polgrad.components.tracker import check_loggers
 from polgrad.errors import ConfigError
-from polgrad.tasks.rewards import check_policy
+from polgrad.tasks.rewards import check_policy, check_timeout
 
 REWARD_SOURCES = ("task", "reward_model")
 SANE_STALENESS = 8  # train.max_staleness above this warns (see TrainConfig's docstring)
@@ -63,6 +63,10 @@ class TrainConfig:
     reward_errors: what a reward that raises or is not a finite number does: 'raise' (stop, naming
     the task, the reward function and the sample), 'zero' (score it 0) or 'skip_group' (drop the
     prompt's group from the update); polgrad.tasks.rewards.
+    reward_timeout_s: the limit in seconds of one call of the task's reward (training and evaluation;
+    not the SFT warm start's check); a call over it stops the run with one line naming the task, the
+    reward function and the limit. None (default): no limit, the reward runs in the calling thread
+    (a reward that uses signal.alarm itself needs that); with a limit it runs in a worker thread.
     loggers: trackers fed besides metrics.jsonl, e.g. ['tensorboard', 'mlflow', 'wandb'] (the
     registered kind "tracker"; polgrad/tracking.py).
     lora_r: 0 (off) trains every weight of the policy; r > 0 trains a LoRA adapter of rank r on the
@@ -98,6 +102,7 @@ class TrainConfig:
     measure_kl: bool = True
     rollout_backend: str = "hf"
     reward_errors: str = "raise"
+    reward_timeout_s: float | None = None
     threads: int | None = None
     resume: bool = False
     progress: bool = True
@@ -115,6 +120,7 @@ class TrainConfig:
             if getattr(self, name) not in choices:
                 raise ConfigError(f"train.{name} must be one of {choices}, got {getattr(self, name)!r}")
         check_policy(self.reward_errors)
+        check_timeout(self.reward_timeout_s)
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("checkpoint_every", self.checkpoint_every)
