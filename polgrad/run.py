@@ -88,6 +88,7 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
             seed=cfg.init_seed,
             progress=cfg.progress,
             reward_errors=cfg.reward_errors,
+            reward_timeout_s=cfg.reward_timeout_s,
             **sft,
         )
     warm_start_s = time.perf_counter() - t_pretrain

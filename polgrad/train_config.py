@@ -63,8 +63,8 @@ class TrainConfig:
     reward_errors: what a reward that raises or is not a finite number does: 'raise' (stop, naming
     the task, the reward function and the sample), 'zero' (score it 0) or 'skip_group' (drop the
     prompt's group from the update); polgrad.tasks.rewards.
-    reward_timeout_s: the limit in seconds of one call of the task's reward (training and evaluation;
-    not the SFT warm start's check); a call over it stops the run with one line naming the task, the
+    reward_timeout_s: the limit in seconds of one call of the task's reward (the SFT warm start's
+    checks, training and evaluation); a call over it stops the run with one line naming the task, the
     reward function and the limit. None (default): no limit, the reward runs in the calling thread
     (a reward that uses signal.alarm itself needs that); with a limit it runs in a worker thread.
     loggers: trackers fed besides metrics.jsonl, e.g. ['tensorboard', 'mlflow', 'wandb'] (the

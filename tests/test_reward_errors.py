@@ -186,6 +186,22 @@ def test_a_bad_reward_timeout_is_a_one_line_config_error(value):
     gin.clear_config()
 
 
+def test_the_warm_start_stops_on_a_hung_reward_within_its_limit(tmp_path, release_hung_rewards):
+    """The SFT warm start scores its probe with the task's reward too: train.reward_timeout_s reaches
+    it (polgrad.train with a hanging reward hung there for good, before any RL step)."""
+    FAULT["on"] = True
+    t0 = time.monotonic()
+    with pytest.raises(
+        PolgradError,
+        match=r"^reward of task.test_hanging .* did not return within "
+        r"train.reward_timeout_s = 0.5 s on prompt '[13579]",
+    ):
+        pretrain.warm_start(
+            "test_hanging", {}, None, sft_steps=0, cache_dir=tmp_path, progress=False, reward_timeout_s=0.5
+        )
+    assert time.monotonic() - t0 < 60
+
+
 @pytest.mark.slow
 def test_the_loop_stops_on_a_hung_reward_within_its_limit(tmp_path, release_hung_rewards, monkeypatch):
     """End to end: the run's guard gets train.reward_timeout_s (the reward is sound in the warm start)."""
