@@ -22,6 +22,7 @@ import glob
 import importlib
 import inspect
 import os
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
         raise ConfigError(_first_line(e)) from None
     except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
         raise ConfigError(_first_line(e)) from None
+    _check_task_needs(cfg, algo, task)
     if cfg.async_rollouts and algo.offline:
         raise ConfigError(f"train.async_rollouts = True: {algo.name} samples nothing (Algorithm.preference)")
     value_init = algo.parts.get("Algorithm.value_init")
@@ -76,6 +78,31 @@ def _check_task_bindings(cfg: TrainConfig) -> None:
                     f"task.{cfg.task_name}.{p.name} is required (train.task = @task.{cfg.task_name}): "
                     "bind it in a gin file or with --bind"
                 )
+
+
+def _check_task_needs(cfg: TrainConfig, algo: Algorithm, task: Any) -> None:
+    """Every Task method a part declares it needs (`needs_task`, e.g. DPO's 'preference_pairs') exists
+    on the run's task: else one line naming the part, the spec, the task and the tasks that have it."""
+    for binding, entry in algo.parts.items():
+        method = entry.meta.get("needs_task")
+        if method is None or callable(getattr(task, method, None)):
+            continue
+        having = [n for n in registry.names("task") if _task_has(registry.lookup("task", n), method)]
+        raise ConfigError(
+            f"{binding} = @{entry.full_name} (spec {algo.name!r}) needs the task's {method}(), and "
+            f"train.task = @task.{cfg.task_name} ({type(task).__qualname__}) has none; tasks with "
+            f"{method}: {', '.join(having) or '(none registered)'}; pick one of them or add {method} to "
+            "the task (polgrad/tasks/base.py)"
+        )
+
+
+def _task_has(entry: registry.Entry, method: str) -> bool:
+    """Whether a task factory's declared return type (its annotation) has `method`."""
+    try:
+        cls = typing.get_type_hints(inspect.unwrap(entry.fn)).get("return")
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: unknown, not listed
+        return False
+    return cls is not None and callable(getattr(cls, method, None))
 
 
 def check_world_size(cfg: TrainConfig, world_size: int) -> None:

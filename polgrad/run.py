@@ -88,6 +88,7 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
             seed=cfg.init_seed,
             progress=cfg.progress,
             reward_errors=cfg.reward_errors,
+            reward_timeout_s=cfg.reward_timeout_s,
             **sft,
         )
     warm_start_s = time.perf_counter() - t_pretrain
@@ -158,7 +159,9 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
         vllm = VLLMRollout(policy_path, seed=cfg.seed)
-    rewards = RewardGuard(cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}")
+    rewards = RewardGuard(
+        cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}", timeout_s=cfg.reward_timeout_s
+    )
     return Models(
         engine, tokenizer, reference, critic_engine, reward_model, rm_accuracy, vllm, rewards, warm_start_s
     )

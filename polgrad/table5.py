@@ -1,6 +1,8 @@
 """The chapter's Table 5 ("comparing policy-gradient algorithms and related ones"), derived from specs.
 
 Columns, with the chapter's meanings:
+    method            the Algorithm's name; for a preference spec the method of its preference part
+                      (its `method` metadata): registry/dpo.gin run with @preference.ipo is 'ipo'
     type              'On-policy' (trains on its own samples) or 'Off-policy' (on fixed data: DPO)
     reward_model      'Yes' when a scalar reward (a reward model or a verifier) is optimised;
                       'No' for a preference loss, which learns from the pairs directly
@@ -57,6 +59,16 @@ def _formula(entry: Any) -> str:
     return entry.meta.get("formula", entry.name)
 
 
+def method(algo: Any) -> str:
+    """The Table-5 method: a preference spec is the method of its loss (the part's declared `method`,
+    default its name: @preference.ipo gives 'ipo' under registry/dpo.gin's Algorithm.name 'dpo'); an
+    RL spec is its Algorithm.name."""
+    if algo.offline:
+        entry = algo.parts["Algorithm.preference"]
+        return entry.meta.get("method", entry.name)
+    return algo.name
+
+
 def table_row(algo: Any) -> dict[str, str]:
     """The Table-5 row of an `Algorithm`, from its parts and their metadata (column meanings above)."""
     parts = algo.parts
@@ -71,7 +83,7 @@ def table_row(algo: Any) -> dict[str, str]:
         if algo.entropy_coef > 0:
             core += f"; − {algo.entropy_coef:g}·entropy"
     return {
-        "method": algo.name,
+        "method": method(algo),
         "type": "Off-policy" if algo.offline else "On-policy",
         "reward_model": "No" if algo.offline else "Yes",
         "value_function": "Yes" if algo.needs_critic else "No",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +18,10 @@ import gin
 from polgrad import registry
 from polgrad.components.tracker import check_loggers
 from polgrad.errors import ConfigError
-from polgrad.tasks.rewards import check_policy
+from polgrad.tasks.rewards import check_policy, check_timeout
 
 REWARD_SOURCES = ("task", "reward_model")
+SANE_STALENESS = 8  # train.max_staleness above this warns (see TrainConfig's docstring)
 ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
@@ -50,13 +52,21 @@ class TrainConfig:
     async_rollouts: a producer thread samples the next batches while the trainer updates, step s
     from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
     the synchronous loop exactly. Either backend; ZeRO stages 0-2 (ZeRO-3 partitions the weights
-    the producer snapshots).
+    the producer snapshots). With async_rollouts, max_staleness above train.steps is an error (from
+    k >= steps on every rollout is the starting policy's), and above SANE_STALENESS (8) a warning:
+    the asynchronous RL systems that motivate it run at a staleness of 1 to 8 (e.g. AReaL, PipelineRL),
+    beyond which the run trains on very stale rollouts and the IS correction (clip.tis, clip.icepop)
+    truncates or masks most tokens.
     unstable_skip_frac: the run's summary status is 'unstable' (listed, not ranked, by the sweep's
     leaderboard) when more than this fraction of its optimizer steps were skipped for a non-finite
     loss or gradient (1 never).
     reward_errors: what a reward that raises or is not a finite number does: 'raise' (stop, naming
     the task, the reward function and the sample), 'zero' (score it 0) or 'skip_group' (drop the
     prompt's group from the update); polgrad.tasks.rewards.
+    reward_timeout_s: the limit in seconds of one call of the task's reward (the SFT warm start's
+    checks, training and evaluation); a call over it stops the run with one line naming the task, the
+    reward function and the limit. None (default): no limit, the reward runs in the calling thread
+    (a reward that uses signal.alarm itself needs that); with a limit it runs in a worker thread.
     loggers: trackers fed besides metrics.jsonl, e.g. ['tensorboard', 'mlflow', 'wandb'] (the
     registered kind "tracker"; polgrad/tracking.py).
     lora_r: 0 (off) trains every weight of the policy; r > 0 trains a LoRA adapter of rank r on the
@@ -92,6 +102,7 @@ class TrainConfig:
     measure_kl: bool = True
     rollout_backend: str = "hf"
     reward_errors: str = "raise"
+    reward_timeout_s: float | None = None
     threads: int | None = None
     resume: bool = False
     progress: bool = True
@@ -109,6 +120,7 @@ class TrainConfig:
             if getattr(self, name) not in choices:
                 raise ConfigError(f"train.{name} must be one of {choices}, got {getattr(self, name)!r}")
         check_policy(self.reward_errors)
+        check_timeout(self.reward_timeout_s)
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("checkpoint_every", self.checkpoint_every)
@@ -170,6 +182,19 @@ def _check_async(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
     if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
+    if cfg.async_rollouts and cfg.max_staleness > cfg.steps:
+        raise ConfigError(
+            f"train.max_staleness = {cfg.max_staleness} is above train.steps = {cfg.steps}: every rollout "
+            f"would be the starting policy's; use at most {min(cfg.steps, SANE_STALENESS)} (1 to "
+            f"{SANE_STALENESS} is the usual range)"
+        )
+    if cfg.async_rollouts and cfg.max_staleness > SANE_STALENESS:
+        print(
+            f"warning: train.max_staleness = {cfg.max_staleness} is above {SANE_STALENESS}: the run trains "
+            "on very stale rollouts (see polgrad/train_config.py)",
+            file=sys.stderr,
+            flush=True,
+        )
     if cfg.async_rollouts and cfg.zero_stage == 3:
         raise ConfigError(
             f"train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got {cfg.zero_stage}: the "

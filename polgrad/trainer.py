@@ -109,7 +109,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     m = build_models(cfg, algo, task)
     t_start += m.warm_start_s  # the run's time_s and wall_time_s leave out the warm start (warm_start_s)
     evaluate = Evaluator(task, task.eval_examples(cfg.eval_size), cfg.max_new_tokens, out_dir, rank == 0)
-    evaluate.rewards = RewardGuard(cfg.reward_errors, cfg.task_name)
+    evaluate.rewards = RewardGuard(cfg.reward_errors, cfg.task_name, timeout_s=cfg.reward_timeout_s)
     # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
     state = start_or_resume(cfg, algo, m, out_dir, evaluate)
     m.producer = producer.start(

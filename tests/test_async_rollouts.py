@@ -151,6 +151,56 @@ def test_a_further_sampling_round_is_sampled_from_the_same_stale_version(setup):
     assert prod.stale
 
 
+class _FakeProducer:
+    """A producer whose rollouts are sampled with version 0 while the trainer holds version 2."""
+
+    def __init__(self, model, base, tokenizer, stale: bool):
+        self.model, self.base, self.tokenizer, self.stale = model, base, tokenizer, stale
+        self.rollout = None
+
+    def sample(self, examples, **kwargs):
+        _set_version(self.model, self.base, 0 if self.stale else 2)
+        self.rollout = hf.generate(self.model, self.tokenizer, examples, **kwargs)
+        _set_version(self.model, self.base, 2)  # the trainer's weights when it scores the batch
+        return self.rollout
+
+
+@pytest.mark.parametrize("stale", [True, False])
+def test_a_stale_rollout_gets_pi_old_recomputed_with_the_trainers_weights(setup, stale):
+    """trainer.collect, the unit where the loop builds old_logp (π_old): under clip.ppo (no off-policy
+    part), a stale rollout's π_old is the trainer's own forward on its tokens, not the sampler's
+    log-probs; a fresh one keeps the sampler's (the same weights). Only a slow end-to-end test
+    (690 s) caught a loop that kept the sampler's log-probs for stale rollouts."""
+    from types import SimpleNamespace
+
+    from polgrad import trainer as trainer_lib
+    from polgrad.run import Models
+
+    task, model, tokenizer, base = setup
+    gin.clear_config()
+    parse_config(
+        [GRPO], ["Algorithm.kl_coef = 0.0", "train.prompts_per_step = 3", "train.max_new_tokens = 6"]
+    )
+    cfg, algo, _ = config.build()
+    assert not algo.needs_rollout_logp  # clip.ppo: only the staleness can ask for the recompute
+    fake = _FakeProducer(model, base, tokenizer, stale)
+    m = Models(engine=SimpleNamespace(module=model), tokenizer=tokenizer, producer=fake)
+    batch, _ = trainer_lib.collect(cfg, algo, m, task, seed=11)
+    mask = fake.rollout.mask.double()
+    with torch.no_grad():
+        trainers = hf.response_logprobs(model, fake.rollout, temperature=cfg.temperature).double() * mask
+    sampler = fake.rollout.rollout_logp.double()
+    assert torch.equal(batch.rollout_logp, sampler)  # the behaviour policy's, kept either way
+    if stale:
+        assert (trainers - sampler).abs().max() > 1e-2  # the versions differ: the test can tell them apart
+        assert torch.allclose(batch.old_logp, trainers, rtol=0, atol=1e-6), (
+            (batch.old_logp - trainers).abs().max()
+        )
+    else:
+        assert torch.equal(batch.old_logp, sampler)  # no forward spent on a fresh rollout
+    gin.clear_config()
+
+
 def test_phases_opened_in_another_thread_do_not_nest_under_the_trainers():
     seen = []
     with hooks.listen(on_phase=lambda path, dt: seen.append(path)), hooks.phase("sample"):
@@ -175,6 +225,11 @@ def _decode_phase():
         (["train.max_staleness = -1"], "train.max_staleness must be an integer >= 0, got -1"),
         (["train.max_staleness = 1.5"], "train.max_staleness must be an integer >= 0, got 1.5"),
         (["train.async_rollouts = 1"], "train.async_rollouts must be True or False, got 1"),
+        (
+            ["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 1000000"],
+            "train.max_staleness = 1000000 is above train.steps = 20: every rollout would be the starting "
+            "policy's; use at most 8 (1 to 8 is the usual range)",
+        ),
         *[
             (
                 ["train.async_rollouts = True", f"train.rollout_backend = '{b}'", "train.zero_stage = 3"],
@@ -190,6 +245,26 @@ def test_bad_async_bindings_are_one_line_config_errors(bindings, message):
     with pytest.raises(ConfigError) as info:
         config.build()
     assert str(info.value) == message
+
+
+def test_a_staleness_above_the_sane_range_warns_and_is_inert_without_async(capsys):
+    """k in (8, steps]: accepted with one warning line (it used to pass silently); k = 8 and a
+    synchronous run (where max_staleness is unused) say nothing."""
+    for bindings, warned in (
+        (["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 9"], True),
+        (["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 8"], False),
+        (["train.steps = 20", "train.max_staleness = 1000"], False),
+    ):
+        gin.clear_config()
+        parse_config([GRPO], bindings)
+        config.build()
+        err = capsys.readouterr().err
+        assert err == (
+            "warning: train.max_staleness = 9 is above 8: the run trains on very stale rollouts "
+            "(see polgrad/train_config.py)\n"
+            if warned
+            else ""
+        ), bindings
 
 
 def test_async_rollouts_are_accepted_with_either_backend():

@@ -169,3 +169,32 @@ def test_no_findings_section_claims_a_winner_without_a_significant_test():
     findings = md.split("## Findings")[1]
     assert "significantly better than each other" not in findings
     assert re.search(r"tied with \d+ of \d+ others", findings)
+
+
+def test_one_seed_says_no_statistics_are_possible_not_tied():
+    """With n = 1 no paired test exists: the findings say so (they said 'tied ... Holm-corrected
+    p ≥ 0.05', a test that was never run), for the leader and for each metric against the baseline."""
+    md = _md(_rows({"@kl.k1": 0.0, "@kl.k2": 0.1, "@kl.k3": 0.2}, seeds=1, noise=0.0))
+    findings = md.split("## Findings")[1]
+    assert "tied" not in findings and "Holm-corrected p ≥" not in findings
+    assert (
+        "- No statistics are possible in eval_accuracy: no configuration has 2 seeds paired with the leader "
+        "grpo · Algorithm.kl=@kl.k3 (n = 1), and a paired t-test needs at least 2" in findings
+    )
+    for metric in ("eval_accuracy", "kl"):
+        assert (
+            f"- No statistics are possible in {metric}: no configuration has 2 seeds paired with the baseline"
+            in (findings)
+        )
+
+
+def test_configurations_with_one_paired_seed_are_not_counted_as_tied():
+    """Two configurations with 3 seeds and one with a single (worst) seed: tied is counted over the
+    tested ones, and the untested one is named as such (it counted as 'tied' before)."""
+    rows = _rows({"@kl.k1": 0.0, "@kl.k2": 0.0}, seeds=3, noise=0.05, seed=1)
+    rows.append(rows[0] | {"Algorithm.kl": "@kl.k3", "cell_id": "k3", "eval_accuracy": "0.0"})
+    findings = _md(rows).split("## Findings")[1]
+    assert (
+        "is tied with 1 of 1 others at this budget (Holm-corrected p ≥ 0.05); 1 other with fewer than 2 "
+        "paired seeds could not be tested." in findings
+    ), findings

@@ -12,6 +12,8 @@ import torch
 
 from polgrad import config
 from polgrad.errors import ConfigError
+from polgrad.registry import register
+from polgrad.tasks.synthetic import Add
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DPO = os.path.join(REPO, "registry", "dpo.gin")
@@ -76,9 +78,31 @@ def test_the_offline_step_does_not_depend_on_its_micro_batching():
     fp32 terms, see tests/test_data_parallel.py). A per-micro-batch mean would scale it by 3."""
     whole, split = _pair_gradient(12), _pair_gradient(4)
     assert whole["_loss"].item() == pytest.approx(split["_loss"].item(), rel=1e-9)
+    # the first step's policy is the reference (the warm start): every log-ratio is 0, so the loop's
+    # loss is log 2 per pair exactly when it subtracts the reference's log-probs
+    assert whole["_loss"].item() == pytest.approx(math.log(2), abs=1e-6)
     scale = max(g.abs().max().item() for k, g in whole.items() if k != "_loss")
     err = max((split[k] - g).abs().max().item() for k, g in whole.items() if k != "_loss")
     assert scale > 0 and err <= 1e-5 * scale, (err, scale)
+
+
+def test_pair_loss_uses_the_reference_log_ratios():
+    """Algorithm.pair_loss hands the part log pi_theta - log pi_ref, not the policy's log-probs alone
+    (the parts are tested on log-ratios; dropping the reference in the loop passed every fast test).
+    registry/dpo.gin: beta = 0.5. Pair 1: chosen -1.0 (ref -1.5), rejected -3.0 (ref -2.0): ratios
+    0.5 and -1.0, margin m = 1.5. Pair 2: chosen -2.0 (ref -1.0), rejected -1.5 (ref -2.5): ratios
+    -1.0 and 1.0, m = -2.0. loss = mean of -log sigma(0.5 m) = (log(1 + e^-0.75) + log(1 + e^1)) / 2;
+    without the reference the margins would be 2.0 and -0.5."""
+    algo = config.load_spec(DPO)  # beta is read from gin at the call
+    logp = torch.tensor([-1.0, -2.0, -3.0, -1.5], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-1.5, -1.0, -2.0, -2.5], dtype=torch.float64)
+    loss, metrics = algo.pair_loss(logp[:2], logp[2:], ref[:2], ref[2:], 2.0)
+    expected = (math.log1p(math.exp(-0.75)) + math.log1p(math.exp(1.0))) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["reward_margin"].item() == pytest.approx(0.5 * (1.5 - 2.0) / 2, rel=1e-12)
+    assert metrics["chosen_reward"].item() == pytest.approx(0.5 * (0.5 - 1.0) / 2, rel=1e-12)
+    assert metrics["reward_accuracy"].item() == 0.5  # pair 1's chosen reward is above, pair 2's below
+    gin.clear_config()
 
 
 @pytest.mark.slow
@@ -102,3 +126,42 @@ def test_dpo_trains_through_polgrad_train(tmp_path):
     assert rows[1]["pref_loss"] != rows[0]["pref_loss"]  # the first step moved the policy
     assert summary["status"] == "ok" and summary["eval_accuracy"] is not None
     assert summary["table5"]["type"] == "Off-policy" and summary["table5"]["reward_model"] == "No"
+
+
+class _NoPairs:
+    """task.add without preference pairs: a user task that only samples and scores."""
+
+    name = "test_no_pairs"
+
+    def __init__(self, digits: int):
+        self._add = Add(digits=digits)
+        for attr in ("alphabet", "max_prompt_chars", "max_response_chars"):
+            setattr(self, attr, getattr(self._add, attr))
+        self.examples, self.eval_examples = self._add.examples, self._add.eval_examples
+        self.reward, self.demonstrations = self._add.reward, self._add.demonstrations
+
+
+@register("task", "test_no_pairs")
+def _no_pairs_task(*, digits: int = 2) -> _NoPairs:
+    return _NoPairs(digits=digits)
+
+
+@pytest.mark.parametrize("preference", ["dpo", "ipo", "cdpo"])
+def test_a_preference_spec_on_a_task_without_pairs_fails_in_build_naming_task_spec_and_choices(preference):
+    """build() (the trainer's and the sweep dry run's check) refuses it before any model is built;
+    it used to pass and the run died after the warm start and the first evaluation with a bare
+    AttributeError: '_NoPairs' object has no attribute 'preference_pairs'."""
+    gin.clear_config()
+    config.parse_config(
+        [DPO], ["train.task = @task.test_no_pairs", f"Algorithm.preference = @preference.{preference}"]
+    )
+    with pytest.raises(ConfigError) as err:
+        config.build()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(
+        f"Algorithm.preference = @preference.{preference} (spec 'dpo') needs the task's preference_pairs(), "
+        "and train.task = @task.test_no_pairs (_NoPairs) has none; tasks with preference_pairs: "
+        "add, file, reverse, sort; pick one"
+    ), msg
+    gin.clear_config()

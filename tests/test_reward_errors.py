@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import threading
 import time
 from types import SimpleNamespace
 
@@ -66,6 +67,33 @@ def faulty_task(*, digits: int = 2) -> FaultyAdd:
     return FaultyAdd(digits=digits)
 
 
+RELEASE = threading.Event()  # set at the end of a hang test: the abandoned reward thread returns
+
+
+@dataclasses.dataclass(frozen=True)
+class HangingAdd(Add):
+    """task.add whose reward hangs (up to 60 s) on prompts that start with an odd digit."""
+
+    name: str = dataclasses.field(default="test_hanging", init=False)
+
+    def reward(self, example, response):
+        if FAULT["on"] and example.prompt[0] in "13579":
+            RELEASE.wait(60)
+        return super().reward(example, response)
+
+
+@register("task", "test_hanging")
+def hanging_task(*, digits: int = 2) -> HangingAdd:
+    return HangingAdd(digits=digits)
+
+
+@pytest.fixture
+def release_hung_rewards():
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
 def _rollout(prompts_and_texts):
     return SimpleNamespace(
         examples=[Example(p, "0") for p, _ in prompts_and_texts], texts=[t for _, t in prompts_and_texts]
@@ -111,6 +139,90 @@ def test_a_reward_model_that_gives_nan_is_named(monkeypatch):
         m.score(ROLLOUT, FaultyAdd())
     m.rewards.policy = "zero"
     assert m.score(ROLLOUT, FaultyAdd()).tolist() == [0.5, 0.0, 0.25, -1.0]
+
+
+# ----------------------------------------------------------------------------- train.reward_timeout_s
+@pytest.mark.parametrize("policy", ["raise", "zero", "skip_group"])
+def test_a_reward_over_its_time_limit_stops_in_one_line_naming_task_function_and_limit(
+    release_hung_rewards, policy
+):
+    """A hung reward used to hang the run forever (only Sweep.timeout_s stopped a sweep's cell);
+    with train.reward_timeout_s it stops within the limit, whatever train.reward_errors says."""
+    FAULT["on"] = True
+    m = Models(None, None, rewards=RewardGuard(policy, timeout_s=0.3))
+    t0 = time.monotonic()
+    with pytest.raises(PolgradError) as err:
+        m.score(ROLLOUT, HangingAdd())
+    assert time.monotonic() - t0 < 5
+    assert str(err.value) == (
+        "reward of task.test_hanging (test_reward_errors.HangingAdd.reward) did not return within "
+        "train.reward_timeout_s = 0.3 s on prompt '13+5=', response '18'; fix the reward (does it hang on "
+        "this sample?) or raise train.reward_timeout_s"
+    )
+
+
+def test_rewards_within_the_limit_are_the_same_scores_and_faults():
+    """With a limit the reward runs in the guard's worker thread: same values, same fault handling."""
+    FAULT.update(kind="raise", on=True)
+    plain, timed = RewardGuard("zero"), RewardGuard("zero", timeout_s=30)
+    assert torch.equal(
+        plain.task_scores(FaultyAdd(), ROLLOUT.examples, ROLLOUT.texts),
+        timed.task_scores(FaultyAdd(), ROLLOUT.examples, ROLLOUT.texts),
+    )
+    assert plain.take() == timed.take() == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1.0", "'60'", "True", "float('inf')"])
+def test_a_bad_reward_timeout_is_a_one_line_config_error(value):
+    gin.clear_config()
+    config.parse_config([GRPO], [f"train.reward_timeout_s = {value}"] if "inf" not in value else [])
+    if "inf" in value:
+        gin.bind_parameter("train.reward_timeout_s", float("inf"))
+    with pytest.raises(PolgradError) as err:
+        config.build()
+    assert str(err.value).startswith(
+        "train.reward_timeout_s must be a number of seconds > 0 or None (no limit)"
+    )
+    gin.clear_config()
+
+
+def test_the_warm_start_stops_on_a_hung_reward_within_its_limit(tmp_path, release_hung_rewards):
+    """The SFT warm start scores its probe with the task's reward too: train.reward_timeout_s reaches
+    it (polgrad.train with a hanging reward hung there for good, before any RL step)."""
+    FAULT["on"] = True
+    t0 = time.monotonic()
+    with pytest.raises(
+        PolgradError,
+        match=r"^reward of task.test_hanging .* did not return within "
+        r"train.reward_timeout_s = 0.5 s on prompt '[13579]",
+    ):
+        pretrain.warm_start(
+            "test_hanging", {}, None, sft_steps=0, cache_dir=tmp_path, progress=False, reward_timeout_s=0.5
+        )
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+def test_the_loop_stops_on_a_hung_reward_within_its_limit(tmp_path, release_hung_rewards, monkeypatch):
+    """End to end: the run's guard gets train.reward_timeout_s (the reward is sound in the warm start)."""
+    original = pretrain.warm_start
+
+    def warm_start(*args, **kwargs):
+        FAULT["on"] = False
+        try:
+            return original(*args, **kwargs)
+        finally:
+            FAULT["on"] = True
+
+    monkeypatch.setattr(pretrain, "warm_start", warm_start)
+    gin.clear_config()
+    config.parse_config([GRPO], [*FAST, "train.task = @task.test_hanging", "train.reward_timeout_s = 1.0"])
+    with pytest.raises(
+        PolgradError,
+        match=r"^reward of task.test_hanging \(test_reward_errors.HangingAdd.reward\) "
+        r"did not return within train.reward_timeout_s = 1 s on prompt '[13579]",
+    ):
+        trainer.train(str(tmp_path / "run"))
 
 
 # ----------------------------------------------------------------------------- 'zero'

@@ -739,6 +739,11 @@ def test_cell_over_its_timeout_is_killed_and_recorded(tmp_path, capsys):
     assert time.monotonic() - start < 30
     (row,) = csv_rows(out / "exp.csv")
     assert row["status"] == "failed" and row["error"] == "timed out after 1.5 s (Sweep.timeout_s)"
+    # the cell's log says so too, last (the real trainer answers SIGTERM with 'interrupted; re-run
+    # with --resume', which alone read as if someone had pressed ^C)
+    log = (out / "exp" / "runs" / row["run_dir"].split("/")[-1] / "stdout.log").read_text().splitlines()
+    assert "timed out after 1.5 s (Sweep.timeout_s): stopping the trainer" in log[-2]
+    assert log[-1] == "error: timed out after 1.5 s (Sweep.timeout_s); re-run the sweep to resume the cell"
 
 
 def test_two_sweeps_on_one_experiment_folder_do_not_run_at_once(tmp_path, capsys):

@@ -54,3 +54,12 @@ def test_reference_policy_means_used_by_the_optimisation():
     with_kl = config.table_row_from_file(_spec("grpo"))
     assert with_kl["reference_policy"] == "Yes" and "+ β·KL in loss" in with_kl["core_loss"]
     gin.clear_config()
+
+
+@pytest.mark.parametrize(("part", "method"), [("dpo", "dpo"), ("ipo", "ipo"), ("cdpo", "cdpo")])
+def test_a_preference_runs_method_follows_its_preference_part(part, method):
+    """registry/dpo.gin (Algorithm.name = 'dpo') with IPO's or cDPO's loss is that method in Table 5
+    (and so in the CSV's table5_method and the md); it used to say 'dpo' for all three."""
+    row = config.table_row_from_file(_spec("dpo"), [f"Algorithm.preference = @preference.{part}"])
+    assert row["method"] == method and row["type"] == "Off-policy"
+    assert config.table_row_from_file(_spec("grpo"))["method"] == "grpo"

@@ -408,3 +408,28 @@ def test_the_trainer_resumes_into_the_same_tracker_runs_without_logging_a_step_t
     first, second = read_wandb(tmp_path)
     assert first["id"] == second["id"] and first["name"] == second["name"] == tmp_path.name
     assert first["history"]["reward_mean"] + second["history"]["reward_mean"] == reward
+
+
+def test_the_readme_says_how_to_read_the_mlflow_store_and_that_it_is_needed(tmp_path):
+    """Reading a run's MLflow file store needs MLFLOW_ALLOW_FILE_STORE=true (MLflow 3 refuses it
+    otherwise): README's tracker bullet says so (only a docstring did)."""
+    import os
+    import subprocess
+
+    run_fake(tmp_path, ["mlflow"])
+    read = (
+        "from mlflow.tracking import MlflowClient; "
+        f"print(len(MlflowClient(tracking_uri={(tmp_path / 'mlruns').as_uri()!r}).search_experiments()))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}  # a fresh reader's shell
+    refused = subprocess.run(
+        [sys.executable, "-c", read], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode != 0 and "filesystem tracking backend" in refused.stderr, refused.stderr[-500:]
+    env["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    allowed = subprocess.run(
+        [sys.executable, "-c", read], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert allowed.returncode == 0 and int(allowed.stdout.split()[-1]) >= 1, allowed.stderr[-500:]
+    bullet = next(b for b in (REPO / "README.md").read_text().split("\n- ") if b.startswith("**Trackers:**"))
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in bullet

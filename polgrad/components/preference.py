@@ -56,7 +56,7 @@ def _rewards(beta: float, chosen_logratio: Tensor, rejected_logratio: Tensor) ->
     return beta * chosen_logratio.detach(), beta * rejected_logratio.detach()
 
 
-@register("preference", "dpo", formula="-log σ(β·m)")
+@register("preference", "dpo", method="dpo", needs_task="preference_pairs", formula="-log σ(β·m)")
 def dpo(
     chosen_logratio: Tensor, rejected_logratio: Tensor, *, beta: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -79,7 +79,7 @@ def dpo(
     return (-F.logsigmoid(beta * m), *_rewards(beta, chosen_logratio, rejected_logratio))
 
 
-@register("preference", "ipo", formula="(m - 1/(2β))²")
+@register("preference", "ipo", method="ipo", needs_task="preference_pairs", formula="(m - 1/(2β))²")
 def ipo(
     chosen_logratio: Tensor, rejected_logratio: Tensor, *, beta: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -107,7 +107,13 @@ def ipo(
     return ((m - 1 / (2 * beta)) ** 2, *_rewards(beta, chosen_logratio, rejected_logratio))
 
 
-@register("preference", "cdpo", formula="-(1-ε)·log σ(β·m) - ε·log σ(-β·m)")
+@register(
+    "preference",
+    "cdpo",
+    method="cdpo",
+    needs_task="preference_pairs",
+    formula="-(1-ε)·log σ(β·m) - ε·log σ(-β·m)",
+)
 def cdpo(
     chosen_logratio: Tensor, rejected_logratio: Tensor, *, beta: float = 0.1, label_smoothing: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:

@@ -31,7 +31,7 @@ def _trainable(model: ScalarHeadModel) -> ScalarHeadModel:
     return model
 
 
-@register("value_init", "reward_model", needs_reward_model=True)
+@register("value_init", "reward_model", needs_reward_model=True, needs_task="preference_pairs")
 def reward_model(*, policy_path: str, reward_model_path: str | None) -> ScalarHeadModel:
     """Critic = a trainable copy of the reward model (backbone and scalar head).
 

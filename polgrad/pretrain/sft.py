@@ -117,6 +117,7 @@ def warm_start(
     progress: bool = True,
     threads: int | None = None,
     reward_errors: str = "raise",
+    reward_timeout_s: float | None = None,
 ) -> str:
     """Supervised warm start of the tiny model on `task.demonstrations`; returns the checkpoint dir.
 
@@ -138,9 +139,9 @@ def warm_start(
     `progress`: a tqdm bar (on a terminal) or, when False, a line on stdout (flushed, so a sweep
     cell's stdout.log shows it) at the start, every `SFT_LOG_EVERY` steps and at the end.
     `reward_errors` (train.reward_errors): how a faulty task reward in the probe and the held-out
-    accuracy is handled ('raise': a one-line error; else it counts as 0). It, `progress` and
-    `threads` (torch threads while training, default
-    `default_num_threads()`) are not part of the key.
+    accuracy is handled ('raise': a one-line error; else it counts as 0); `reward_timeout_s`
+    (train.reward_timeout_s) the limit of one reward call. They, `progress` and `threads` (torch
+    threads while training, default `default_num_threads()`) are not part of the key.
     """
     if sft_steps < 0 or batch_size < 1 or not lr > 0:
         raise ConfigError(
@@ -178,7 +179,7 @@ def warm_start(
             return str(final)
         demos = task.demonstrations(sft_steps * batch_size, seed) if sft_steps else []
         with torch_threads(threads or default_num_threads()):
-            rewards = RewardGuard(reward_errors, task_name)
+            rewards = RewardGuard(reward_errors, task_name, timeout_s=reward_timeout_s)
             stats, model, tokenizer = _sft(
                 task, mkw, demos, probe, batch_size, lr, target_accuracy, seed, progress, rewards
             )

@@ -268,6 +268,11 @@ _FORMULA = MetaKey(
 )
 _FORMULA_LISTED = MetaKey("descriptive: the part's formula, shown by `python -m polgrad.registry`", type=str)
 _NEEDS_GROUPS = MetaKey("compares samples of the same prompt: Algorithm() requires group_size >= 2")
+_NEEDS_TASK = MetaKey(
+    "the Task method the run calls for this part, e.g. 'preference_pairs': config.build() (so the sweep's "
+    "dry run) refuses a task without it, naming the tasks that have it",
+    type=str,
+)
 META_KEYS: dict[str, dict[str, MetaKey]] = {
     "advantage": {
         "needs_critic": MetaKey(
@@ -305,6 +310,7 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
     "value_loss": {"formula": _FORMULA_LISTED},
     "value_init": {
         "needs_reward_model": MetaKey("a reward model is trained (cached) and its path passed in"),
+        "needs_task": _NEEDS_TASK,
         "lora": MetaKey(
             "the critic sits on the policy's LoRA backbone (train.lora_r > 0): the part is also passed "
             "`policy=` (the peft policy module) and returns a polgrad.models.lora.LoraCritic"
@@ -316,7 +322,15 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
     },
     "reward_shaping": {"formula": _FORMULA_LISTED},
     "filter": {"needs_groups": _NEEDS_GROUPS, "formula": _FORMULA_LISTED},
-    "preference": {"formula": _FORMULA},
+    "preference": {
+        "formula": _FORMULA,
+        "needs_task": _NEEDS_TASK,
+        "method": MetaKey(
+            "the method's name in Table 5 (table5_method), e.g. 'ipo': a preference spec is the method "
+            "of its loss, whatever its Algorithm.name (default: the part's name)",
+            type=str,
+        ),
+    },
     "task": {},
     "tracker": {
         "requires": MetaKey("the module the tracker imports; build() refuses it when missing", type=str),

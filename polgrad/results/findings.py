@@ -3,7 +3,9 @@
 Every claim in these sections comes from `polgrad.results.compare` (paired by seed, Holm-corrected):
 the leader gets ★ only when it is significantly better than every other configuration, a
 difference to the baseline is called a finding only when its corrected p-value is below ALPHA,
-and otherwise the text says plainly that the configurations are tied at this budget.
+and otherwise the text says plainly that the configurations are tied at this budget. With fewer
+than 2 seeds paired (e.g. one seed) no test exists, and the text says that no statistics are
+possible instead of calling the configurations tied.
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ def sections(
                 f"configuration (paired by seed; largest Holm-corrected p = {worst_p})."
             )
         else:
-            tied = [label(c.other) for c in comps if not c.significant]
-            findings.append(
-                f"No configuration is significantly better than all others in {primary}: the leader "
-                f"{label(best)} is tied with {len(tied)} of {len(comps)} others at this budget "
-                f"(Holm-corrected p ≥ {ALPHA})."
-            )
+            tested = [c for c in comps if c.test.n >= 2]
+            tied = [label(c.other) for c in tested if not c.significant]
+            if tested:
+                findings.append(
+                    f"No configuration is significantly better than all others in {primary}: the leader "
+                    f"{label(best)} is tied with {len(tied)} of {len(tested)} others at this budget "
+                    f"(Holm-corrected p ≥ {ALPHA})" + _untested(len(comps) - len(tested))
+                )
+            else:
+                findings.append(_no_statistics(primary, f"the leader {label(best)}", comps))
     if baseline is not None:
         metrics = list(dict.fromkeys([primary, kl_metric(rows), "eval_accuracy"]))
         fams = {m: {c.other: c for c in against(rows, group_columns, m, baseline)} for m in metrics}
@@ -112,7 +118,9 @@ def sections(
                     f"{label(c.other)}: {m} {word} than the baseline by {abs(c.test.mean):.3g} "
                     f"(95% CI [{_num(c.test.low)}, {_num(c.test.high)}], Holm p = {_p(c.p_holm)})."
                 )
-            if not sig and fams[m]:
+            if fams[m] and not any(c.test.n >= 2 for c in fams[m].values()):
+                findings.append(_no_statistics(m, "the baseline", list(fams[m].values())))
+            elif not sig and fams[m]:
                 mdes = [c.mde for c in fams[m].values() if not math.isnan(c.mde)]
                 span = (
                     f"{_num(min(mdes))}"
@@ -121,15 +129,33 @@ def sections(
                     if mdes
                     else "–"
                 )
+                untested = sum(c.test.n < 2 for c in fams[m].values())
                 findings.append(
                     f"No configuration differs significantly from the baseline in {m}: they are tied at "
                     f"this budget (the smallest difference these seeds detect at {POWER:.0%} power is "
-                    f"{span})."
+                    f"{span})" + _untested(untested)
                 )
     if baseline is not None and predictions:
         lines += _predictions(rows, group_columns, label, baseline, predictions, findings)
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings or ["No comparison was possible."]]
     return lines, best, starred
+
+
+def _no_statistics(metric: str, reference: str, comps: Sequence[Comparison]) -> str:
+    """With fewer than 2 seeds paired with the reference no test exists: say so, not 'tied'."""
+    n = max((c.test.n for c in comps), default=0)
+    return (
+        f"No statistics are possible in {metric}: no configuration has 2 seeds paired with {reference} "
+        f"(n = {n}), and a paired t-test needs at least 2 to estimate the spread of the differences; the "
+        "ranking is by the means alone. Run more seeds (Sweep.seeds) to test them."
+    )
+
+
+def _untested(k: int) -> str:
+    """The tail of a 'tied' finding: how many configurations had too few paired seeds to be tested."""
+    if not k:
+        return "."
+    return f"; {k} other{'s' if k > 1 else ''} with fewer than 2 paired seeds could not be tested."
 
 
 def verdict(expected: str, c: Comparison | None, p_equivalence: float = math.nan, margin=None) -> str:

@@ -219,6 +219,14 @@ def _error_line(first_error: str | None, stderr_tail: Sequence[str], returncode:
     return f"exit code {returncode}"
 
 
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _timed_out(timeout_s: float | None) -> str:
+    return f"timed out after {timeout_s:g} s (Sweep.timeout_s)"
+
+
 def run_cell(
     cell: Cell,
     run_dir: str | os.PathLike,
@@ -272,7 +280,7 @@ def run_cell(
             env.pop(k, None)
         else:
             env[k] = v
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    started = _now()
     info = {
         "experiment": experiment,
         "cell": dataclasses.asdict(cell),
@@ -322,16 +330,22 @@ def run_cell(
             running.end()
         except subprocess.TimeoutExpired:
             timed_out = True
+            log.write(
+                f"=== {_now()} timed out after {timeout_s:g} s (Sweep.timeout_s): stopping the trainer "
+                "(SIGTERM, SIGKILL after 30 s); what it prints next answers that stop\n"
+            )
             running.stop(grace=30)
         finally:
             with _RUNNING_LOCK:
                 _RUNNING.pop(cell.id, None)
         reader.join(timeout=10)
+        if timed_out:  # the log's last error line, as in the CSV (not the trainer's 'interrupted')
+            log.write(f"error: {_timed_out(timeout_s)}; re-run the sweep to resume the cell\n")
     (run_dir / "trainer.pid").unlink(missing_ok=True)
     summary = read_summary(run_dir)
     rc = proc.returncode
     if timed_out:
-        status, error = "failed", f"timed out after {timeout_s:g} s (Sweep.timeout_s)"
+        status, error = "failed", _timed_out(timeout_s)
     elif rc == 0 and summary is not None and summary.get("status") in FINISHED:
         status, error = summary["status"], str(summary.get("unstable", ""))  # why it is unstable
     elif rc == 0:

@@ -16,13 +16,23 @@ through a `RewardGuard`, which checks each value and applies the run's policy,
 
 The guard counts faulty samples (`take()`: the count since the last take); the loop logs it per
 step as `reward_errors` (summed over the ranks) and the summary its total.
+
+A reward that hangs: with `train.reward_timeout_s = N` every call of the task's reward runs in
+the guard's worker thread and the caller waits at most N s for it; a call over the limit stops
+the run with one line naming the task, the reward function, the sample and the limit, whatever
+`train.reward_errors` says (a hung call cannot be scored: Python cannot stop a thread, so the
+daemon worker is abandoned and dies with the process). The thread works from the trainer's main
+thread and from any other; a reward that installs signal handlers itself (signal.alarm, as some
+math verifiers do) must run in the main thread: keep the default None (no limit) for it.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import queue
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +80,37 @@ def call_reward(fn: Callable[[Any, str], Any], example: Any, response: str) -> t
         text = " ".join(str(e).split())
         return math.nan, f"raised {type(e).__name__}" + (f": {text[:120]}" if text else "")
     return check_value(value)
+
+
+class _Worker:
+    """One daemon thread that runs reward calls, so that the caller can stop waiting for one."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="polgrad-reward", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, example, response = self.jobs.get()
+            self.results.put(call_reward(fn, example, response))
+
+    def call(self, fn: Callable[[Any, str], Any], example: Any, response: str, timeout_s: float):
+        """call_reward's answer, or None when the call did not return within `timeout_s`."""
+        self.jobs.put((fn, example, response))
+        try:
+            return self.results.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+
+def check_timeout(value: Any, binding: str = "train.reward_timeout_s") -> None:
+    """A one-line ConfigError unless `value` is None (no limit) or a finite number of seconds > 0."""
+    ok = value is None or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
+    )
+    if not ok:
+        raise ConfigError(f"{binding} must be a number of seconds > 0 or None (no limit), got {value!r}")
 
 
 def qualified_name(fn: Any) -> str:
@@ -126,29 +167,50 @@ class RewardGuard:
     """Checks every reward of a batch and applies `policy` (train.reward_errors) to the faulty ones.
 
     `task_name`: the registered name the messages give the task (default: the task's `name`);
-    `reward_model`: how they name the reward model (e.g. its checkpoint path).
+    `reward_model`: how they name the reward model (e.g. its checkpoint path); `timeout_s`: the
+    limit of one call of the task's reward (train.reward_timeout_s; None: no limit).
     """
 
     policy: str = "raise"
     task_name: str | None = None
     reward_model: str = "the reward model"
     faults: int = 0  # faulty samples since the last take()
+    timeout_s: float | None = None
     _warned: set = field(default_factory=set, repr=False)
+    _worker: _Worker | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
+        check_timeout(self.timeout_s)
 
     def task_scores(self, task, examples: Sequence[Any], texts: Sequence[str]) -> Tensor:
         """[B] float64: the task's reward of each (example, response), the policy applied."""
         values, faults = [], []
+        name = self.task_name or getattr(task, "name", None) or type(task).__name__
+        source = f"task.{name} ({qualified_name(task.reward)})"
         for i, (ex, text) in enumerate(zip(examples, texts, strict=True)):
-            value, problem = call_reward(task.reward, ex, text)
+            value, problem = self._call(task.reward, ex, text, source)
             values.append(value)
             if problem is not None:
                 faults.append(RewardFault(i, getattr(ex, "prompt", str(ex)), text, problem))
-        name = self.task_name or getattr(task, "name", None) or type(task).__name__
-        source = f"task.{name} ({qualified_name(task.reward)})"
         return self._apply(torch.tensor(values, dtype=torch.float64), faults, source)
+
+    def _call(self, fn: Callable[[Any, str], Any], example: Any, text: str, source: str):
+        """call_reward, within timeout_s when one is set; a call over it stops the run in one line."""
+        if self.timeout_s is None:
+            return call_reward(fn, example, text)
+        if self._worker is None:
+            self._worker = _Worker()
+        got = self._worker.call(fn, example, text, self.timeout_s)
+        if got is not None:
+            return got
+        self._worker = None  # stuck in the hung call: a later call gets a fresh thread
+        prompt = getattr(example, "prompt", str(example))
+        raise PolgradError(
+            f"reward of {source} did not return within train.reward_timeout_s = {self.timeout_s:g} s on "
+            f"prompt {_short(prompt)}, response {_short(text)}; fix the reward (does it hang on this "
+            "sample?) or raise train.reward_timeout_s"
+        )
 
     def checked(self, scores: Tensor, examples: Sequence[Any], texts: Sequence[str]) -> Tensor:
         """Reward-model scores [B] with the policy applied to the non-finite ones."""
