@@ -4,7 +4,9 @@ The run folder's `config.gin` holds every binding the run trains with (gin's `co
 written when it starts). On `--resume` from a checkpoint, `check` compares the new config with
 it, binding by binding (gin's parser on both texts; a binding one side leaves unset counts at the
 configurable's default). Every difference that changes training is refused in one line naming
-each binding (old -> new), before any model is built. Allowed without a word:
+each binding (old -> new), before any model is built (in a sweep's cell, the line says to undo the
+change or `--restart` the cell: the sweep resumes a cell with the bindings its file gives now).
+Allowed without a word:
 
 - `train.steps` may grow (a run is continued for more steps; shrinking it is a change);
 - `ALLOWED`: bindings that only change what is shown or stored beside training: the progress bar
@@ -163,11 +165,16 @@ def check(run_dir: str | os.PathLike, *, allow: bool) -> dict[str, tuple[Any, An
         return {}
     changes = training_changes(diff(old, gin.config_str()))
     if changes and not allow:
+        cell = os.environ.get("POLGRAD_CELL_ID")  # a sweep's cell: the sweep passes no such flag
+        ways = (
+            f"undo the change, or re-run the sweep with --restart {cell} (it moves the old run folder aside)"
+            if cell
+            else f"resume with its bindings, or pass --allow-config-change to train on with the new ones "
+            f"(recorded in {RECORD_FILE}), or choose a new --out"
+        )
         raise ConfigError(
             f"--resume with a config that changes training: {describe(changes)} (the run in {run_dir} "
-            f"trained with {os.path.join(str(run_dir), CONFIG_FILE)}); resume with its bindings, or pass "
-            f"--allow-config-change to train on with the new ones (recorded in {RECORD_FILE}), or choose a "
-            "new --out"
+            f"trained with {os.path.join(str(run_dir), CONFIG_FILE)}); {ways}"
         )
     return changes
 

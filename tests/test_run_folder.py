@@ -306,7 +306,8 @@ def _resumable(run: Path, *bindings: str) -> None:
     (run / "config.gin").write_text(_config(*bindings))
 
 
-def test_check_refuses_a_training_change_unless_allowed(tmp_path):
+def test_check_refuses_a_training_change_unless_allowed(tmp_path, monkeypatch):
+    monkeypatch.delenv("POLGRAD_CELL_ID", raising=False)
     _resumable(tmp_path, "train.steps = 2")
     parse_config([GRPO], ["train.steps = 4", "Algorithm.kl_coef = 0.5"])
     with pytest.raises(ConfigError) as e:
@@ -316,6 +317,22 @@ def test_check_refuses_a_training_change_unless_allowed(tmp_path):
     )
     assert "pass --allow-config-change" in str(e.value) and "choose a new --out" in str(e.value)
     assert set(resume_config.check(tmp_path, allow=True)) == {"Algorithm.kl_coef"}
+
+
+def test_a_sweep_cell_whose_file_changed_is_told_to_restart(tmp_path, monkeypatch):
+    """A sweep resumes an unfinished cell with its file's bindings of now; it passes no override flag."""
+    _resumable(tmp_path, "train.steps = 2")
+    parse_config([GRPO], ["train.steps = 2", "train.lr = 3e-4"])
+    monkeypatch.setenv("POLGRAD_CELL_ID", "grpo-s0-1234abcd")
+    with pytest.raises(ConfigError) as e:
+        resume_config.check(tmp_path, allow=False)
+    assert str(e.value).startswith(
+        "--resume with a config that changes training: train.lr: 0.0001 -> 0.0003 ("
+    )
+    assert str(e.value).endswith(
+        "undo the change, or re-run the sweep with --restart grpo-s0-1234abcd (it moves the old run folder "
+        "aside)"
+    )
 
 
 def test_check_without_a_checkpoint_compares_nothing(tmp_path):
