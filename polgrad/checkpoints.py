@@ -134,6 +134,7 @@ def resume_tag(
     again = (
         f"re-run the sweep with --restart {cell} (it moves the old run folder aside)"
         if cell
-        else "run again without --resume (it replaces this run's metrics), or delete the folder"
+        else f"move the run folder {ckpt.parent} aside (or delete it) and run again without --resume, or "
+        "choose a new --out"
     )
     raise DataError(f"cannot resume from {ckpt}: no intact checkpoint ({damaged[0]}); to start over, {again}")

@@ -19,7 +19,7 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import checkpoints, config, export, hooks, models, pretrain, stopping
+from polgrad import checkpoints, collective, config, export, hooks, models, pretrain, resume_config, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.errors import DataError, PolgradError, WriteError, is_write_failure, write_error
@@ -196,6 +196,7 @@ def start_or_resume(
         if m.critic_engine is not None:
             _load(m.critic_engine, os.path.join(ckpt, "critic"), tag)
         state = LoopState(step=saved["step"], kl_coef=saved["kl_coef"], skipped_steps=saved["skipped_steps"])
+        state = _config_changes(cfg, algo, m, out_dir, state, writer)
         if writer:
             _truncate_metrics(metrics_path, state.step)
         evaluate.keep_until(state.step)
@@ -213,6 +214,35 @@ def start_or_resume(
             evaluate(m.engine.module, m.tokenizer, 0)
     stopping.arm()  # the loop starts: ^C / SIGTERM now end the step and checkpoint it (stopping.py)
     return state
+
+
+def _config_changes(
+    cfg: config.TrainConfig, algo: Algorithm, m: Models, out_dir: str, state: LoopState, writer: bool
+) -> LoopState:
+    """A resume whose bindings differ from the run's config.gin (a grown train.steps, or what
+    --allow-config-change let through; polgrad/resume_config.py): what the checkpoint would restore
+    takes the new values (the KL coefficient, the optimizer's lr and eps), so the new bindings act
+    from this step on, and the folder records it (resume_overrides.jsonl, config.gin rewritten)."""
+    old = resume_config.saved_config(out_dir)
+    changes = {} if old is None else resume_config.diff(old, gin.config_str())
+    collective.all_max(torch.zeros(()))  # every rank has read config.gin before rank 0 rewrites it
+    trained = resume_config.training_changes(changes)
+    if "Algorithm.kl_coef" in trained:
+        state = dataclasses.replace(state, kl_coef=algo.kl_coef)
+    if trained.keys() & {"train.lr", "train.critic_lr", "train.adam_eps"}:
+        _set_optimizer(m.engine, cfg.lr, cfg.critic_lr, cfg.adam_eps)
+        if m.critic_engine is not None:
+            _set_optimizer(m.critic_engine, cfg.critic_lr, cfg.critic_lr, cfg.adam_eps)
+    if changes and writer:
+        resume_config.record(out_dir, state.step, changes)
+        atomic_write_text(os.path.join(out_dir, resume_config.CONFIG_FILE), gin.config_str())
+    return state
+
+
+def _set_optimizer(engine, lr: float, other_lr: float, eps: float) -> None:
+    """The first param group trains at `lr`, any further one (a LoRA critic's) at `other_lr` (make_engine)."""
+    for i, group in enumerate(engine.optimizer.param_groups):
+        group["lr"], group["eps"] = float(lr if i == 0 else other_lr), float(eps)
 
 
 def _load(engine, part_dir: str, tag: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """`python -m polgrad.train SPEC.gin [MORE.gin ...] [--bind 'X.y = z' ...] [--out DIR] [--resume]`
+`[--allow-config-change]`
 
 One training run. Gin files are parsed in order (later bindings win), then the `--bind`s. The
 experiment and spec files in this repo `include` a base config for the tiny default model, so
@@ -6,6 +7,14 @@ experiment and spec files in this repo `include` a base config for the tiny defa
 experiments/base_tiny.gin is parsed first (`--base ''` turns that off; parsing it again through
 an `include` is harmless, later bindings win). `--binding` is another spelling of `--bind` (the one
 the sweep passes under DeepSpeed's launcher, which refuses `--bind`).
+
+The run folder `--out` has one owner: the trainer locks it (polgrad/runlock.py; under a launcher,
+rank 0 does), and a second trainer on it stops at once in one line naming the holder. A folder that
+holds a run (metrics.jsonl, summary.json, checkpoints/) is continued only with `--resume`, never
+started over; a `--resume` whose bindings change training refuses in one line naming each binding
+(old -> new) unless `--allow-config-change`, whose use the run folder records
+(polgrad/resume_config.py; `train.steps` may grow). An `--out` that cannot be a writable folder is one
+line before any work.
 
 Errors in the configuration or the data, and a write that fails (disk full, read-only folder),
 print one line `error: ...` and exit 2; a crash during training prints its traceback followed by a
@@ -17,6 +26,7 @@ stops at once (polgrad/stopping.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -40,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=None, help="run directory (default results/runs/<spec>-<time>)")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    ap.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: train on with bindings that differ from the run's config.gin (recorded in "
+        "resume_overrides.jsonl)",
+    )
     ap.add_argument("--base", default=DEFAULT_BASE, help="base config parsed first ('' for none)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (e.g. in logs)")
     # The deepspeed launcher passes --local_rank unless given --no_local_rank; LOCAL_RANK is read
@@ -57,11 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         parse_config(args.configs, args.bind, base=args.base)
-        from polgrad.trainer import train
+        from polgrad import resume_config, runlock
 
-        # No bar in a log file (sweep cells write stderr to stdout.log): only on a terminal.
-        with stopping.on_signals():  # ^C / SIGTERM: finish the step, checkpoint it, stop
-            summary = train(out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty())
+        # One owner per run folder (rank 0 of a launcher writes the files, so only it locks).
+        with runlock.acquire(out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+            if not args.resume:
+                runlock.check_not_a_run(out)  # never a silent overwrite
+            else:
+                resume_config.check(out, allow=args.allow_config_change)  # no silent config change
+            from polgrad.trainer import train
+
+            # No bar in a log file (sweep cells write stderr to stdout.log): only on a terminal.
+            with stopping.on_signals():  # ^C / SIGTERM: finish the step, checkpoint it, stop
+                progress = not args.no_progress and sys.stderr.isatty()
+                summary = train(out, resume=args.resume, progress=progress)
     except stopping.Stopped as e:
         ckpt = os.path.join(out, "checkpoints", "policy", f"step{e.step}")
         print(

@@ -5,7 +5,8 @@ from gin through `polgrad.config.build()`: the immutable `Algorithm` (what to op
 `TrainConfig` (the `train.*` bindings: task, model, budget, optimiser, DeepSpeed). It writes into
 out_dir:
 
-    config.gin            every binding of the run (written first, so a crash still has it)
+    config.gin            every binding of the run (written first, so a crash still has it); a resume
+                          whose bindings differ rewrites it and appends to resume_overrides.jsonl
     metrics.jsonl         one JSON object per step, flushed every step
     eval.jsonl            one record per evaluation (step 0 = the starting policy): accuracy and
                           the per-prompt results on the same held-out prompts every time

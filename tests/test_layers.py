@@ -27,6 +27,7 @@ LAYERS: list[list[str]] = [
         "polgrad.registry",
         "polgrad.hooks",
         "polgrad.io",
+        "polgrad.runlock",
         "polgrad.collective",
         "polgrad.stopping",
     ],
@@ -43,7 +44,8 @@ LAYERS: list[list[str]] = [
         "polgrad.pretrain",
     ],
     ["polgrad.config"],
-    ["polgrad.export", "polgrad.producer", "polgrad.run", "polgrad.offline", "polgrad.trainer"]
+    ["polgrad.export", "polgrad.producer", "polgrad.run", "polgrad.resume_config", "polgrad.offline"]
+    + ["polgrad.trainer"]
     + ["polgrad.train"],
     ["polgrad.results"],
     ["polgrad.sweep"],

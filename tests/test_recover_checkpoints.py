@@ -109,7 +109,11 @@ def test_no_intact_checkpoint_is_one_line_naming_the_folder_and_the_restart(tmp_
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith(f"cannot resume from {ckpt}: no intact checkpoint (checkpoint {ckpt / 'policy'}")
-    assert "run again without --resume" in msg
+    # Not "run again without --resume": polgrad.train refuses a folder that holds a run (runlock.py).
+    assert msg.endswith(
+        f"to start over, move the run folder {tmp_path} aside (or delete it) and run again without --resume, "
+        "or choose a new --out"
+    )
     monkeypatch.setenv("POLGRAD_CELL_ID", "grpo-s0-1234abcd")  # what the sweep gives its cells
     with pytest.raises(DataError, match="re-run the sweep with --restart grpo-s0-1234abcd"):
         checkpoints.resume_tag(ckpt)

@@ -1,0 +1,193 @@
+"""A resume trains what the run trained: the config of `--resume` against the one in the run folder.
+
+The run folder's `config.gin` holds every binding the run trains with (gin's `config_str()`,
+written when it starts). On `--resume` from a checkpoint, `check` compares the new config with
+it, binding by binding (gin's parser on both texts; a binding one side leaves unset counts at the
+configurable's default). Every difference that changes training is refused in one line naming
+each binding (old -> new), before any model is built (in a sweep's cell, the line says to undo the
+change or `--restart` the cell: the sweep resumes a cell with the bindings its file gives now).
+Allowed without a word:
+
+- `train.steps` may grow (a run is continued for more steps; shrinking it is a change);
+- `ALLOWED`: bindings that only change what is shown or stored beside training: the progress bar
+  (`train.progress`), `train.resume`, when checkpoints are written (`train.checkpoint_every`),
+  and the trackers (`train.loggers` and every `tracker.*` hyperparameter).
+
+`--allow-config-change` lets a resume train on with the new bindings anyway. The run then says so
+(`polgrad.run.start_or_resume`, `apply`): every changed binding takes effect from the resumed step
+(the loop's KL coefficient restarts at a changed `Algorithm.kl_coef`, the optimizer's groups take a
+changed `train.lr`, `train.critic_lr` or `train.adam_eps`, which the checkpoint would otherwise
+restore), one JSON line {"time", "step", "changes": {binding: [old, new]}, "overridden":
+[binding, ...]} is appended to `resume_overrides.jsonl` (a resume that only grows `train.steps` or
+changes an allowed binding is recorded too, with "overridden" empty), and `config.gin` is
+rewritten with the new bindings (what trains from then on; the next resume compares with it).
+So `config.gin`, `operative_config.gin` and `resume_overrides.jsonl` together say what trained
+at every step.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import gin
+from gin import config_parser
+
+from polgrad import checkpoints, registry
+from polgrad.errors import ConfigError
+
+CONFIG_FILE = "config.gin"
+RECORD_FILE = "resume_overrides.jsonl"
+GROWS = ("train.steps",)  # may be larger on resume
+ALLOWED = ("train.progress", "train.resume", "train.checkpoint_every", "train.loggers")
+ALLOWED_KINDS = ("tracker",)  # every hyperparameter of a part of this kind
+_UNSET = object()
+
+
+class _Ref:
+    """A `@name` / `@name()` reference or a `%MACRO` in a parsed value: equal by its text."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Ref) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class _Delegate(config_parser.ParserDelegate):
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        return _Ref(f"@{scoped_configurable_name}{'()' if evaluate else ''}")
+
+    def macro(self, macro_name):
+        return _Ref(f"%{macro_name}")
+
+
+def _configurable(selector: str):
+    try:
+        return gin.config._REGISTRY.get_match(selector)  # gin's own lookup: full name, module, wrapped
+    except (KeyError, ValueError):
+        return None
+
+
+def _name(scope: str, selector: str, arg: str) -> str:
+    """The binding's full name ('clip.ppo.eps_high', 'Algorithm.kl_coef', 'MACRO'), scope first."""
+    match = _configurable(selector) if arg else None
+    if match is not None:
+        selector = f"{match.module}.{match.name}" if match.module in registry.KINDS else match.name
+    name = f"{selector}.{arg}" if arg else selector
+    return f"{scope}/{name}" if scope else name
+
+
+def bindings(text: str) -> dict[str, Any]:
+    """{full binding name: parsed value} of a gin text (`config.gin`, `gin.config_str()`)."""
+    out: dict[str, Any] = {}
+    for st in config_parser.ConfigParser(text, _Delegate()):
+        if isinstance(st, config_parser.BindingStatement):
+            out[_name(st.scope, st.selector, st.arg_name)] = st.value
+    return out
+
+
+def _default(name: str) -> Any:
+    """The default of the parameter a binding name sets (its configurable's signature), else _UNSET."""
+    selector, _, arg = name.rsplit("/", 1)[-1].rpartition(".")
+    match = _configurable(selector) if selector else None
+    if match is None:
+        return _UNSET
+    try:
+        param = inspect.signature(match.wrapped).parameters.get(arg)
+    except (TypeError, ValueError):
+        return _UNSET
+    if param is None or param.default is inspect.Parameter.empty or param.default is gin.REQUIRED:
+        return _UNSET
+    return param.default
+
+
+def diff(old_text: str, new_text: str) -> dict[str, tuple[Any, Any]]:
+    """{binding: (old, new)} for every binding whose value differs (unset = the default; _UNSET if none)."""
+    old, new = bindings(old_text), bindings(new_text)
+    out = {}
+    for name in sorted(old.keys() | new.keys()):
+        a, b = old.get(name, _UNSET), new.get(name, _UNSET)
+        a = _default(name) if a is _UNSET else a
+        b = _default(name) if b is _UNSET else b
+        if a is _UNSET or b is _UNSET or type(a) is not type(b) or a != b:
+            if not (a is _UNSET and b is _UNSET):
+                out[name] = (a, b)
+    return out
+
+
+def _allowed(name: str, old: Any, new: Any) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    if base in ALLOWED or base.split(".", 1)[0] in ALLOWED_KINDS:
+        return True
+    if base in GROWS:
+        return isinstance(old, int) and isinstance(new, int) and new >= old
+    return False
+
+
+def training_changes(changes: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """The changes that change training: all but `ALLOWED`, `ALLOWED_KINDS` and a grown `train.steps`."""
+    return {k: v for k, v in changes.items() if not _allowed(k, *v)}
+
+
+def show(value: Any) -> str:
+    return "(unset)" if value is _UNSET else repr(value)
+
+
+def describe(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k}: {show(a)} -> {show(b)}" for k, (a, b) in changes.items())
+
+
+def saved_config(run_dir: str | os.PathLike) -> str | None:
+    path = Path(run_dir) / CONFIG_FILE
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def check(run_dir: str | os.PathLike, *, allow: bool) -> dict[str, tuple[Any, Any]]:
+    """The training changes of this process's gin config against `run_dir`'s config.gin; refused
+    in one line (ConfigError) unless `allow`. {} when the folder has no config.gin or no checkpoint
+    (the resume then starts the run afresh)."""
+    old = saved_config(run_dir)
+    if old is None or not checkpoints.tag_steps(Path(run_dir) / "checkpoints" / "policy"):
+        return {}
+    changes = training_changes(diff(old, gin.config_str()))
+    if changes and not allow:
+        cell = os.environ.get("POLGRAD_CELL_ID")  # a sweep's cell: the sweep passes no such flag
+        ways = (
+            f"undo the change, or re-run the sweep with --restart {cell} (it moves the old run folder aside)"
+            if cell
+            else f"resume with its bindings, or pass --allow-config-change to train on with the new ones "
+            f"(recorded in {RECORD_FILE}), or choose a new --out"
+        )
+        raise ConfigError(
+            f"--resume with a config that changes training: {describe(changes)} (the run in {run_dir} "
+            f"trained with {os.path.join(str(run_dir), CONFIG_FILE)}); {ways}"
+        )
+    return changes
+
+
+def record(run_dir: str | os.PathLike, step: int, changes: dict[str, tuple[Any, Any]]) -> dict:
+    """Append the resume's changes to resume_overrides.jsonl (one JSON line) and return the record:
+    every change, and under "overridden" those that change training (--allow-config-change)."""
+    row = {
+        "time": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "step": int(step),
+        "changes": {k: [show(a), show(b)] for k, (a, b) in changes.items()},
+        "overridden": sorted(training_changes(changes)),  # trained on under --allow-config-change
+    }
+    with open(Path(run_dir) / RECORD_FILE, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
