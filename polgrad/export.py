@@ -172,7 +172,7 @@ def model_card(name: str, source: str, step: int | None, config: str, metrics: d
     rows = [f"| {k} | {v} |" for k, v in sorted(metrics.items()) if not isinstance(v, (dict, list))]
     table5 = metrics.get("table5")
     lines = [
-        f"# polgrad policy: {name}",
+        f"{CARD_TITLE}{name}",
         "",
         f"- spec: `{name}`",
         f"- source: {source or '(Algorithm.source not set)'}",
@@ -272,9 +272,36 @@ def export_checkpoint(run_dir: str | os.PathLike, step: int | None = None, out: 
     tag = checkpoint_tag(run, step)
     check_tag(run, tag)
     dest = Path(out) if out else run / f"export-{tag}"
+    _check_replaceable(dest)
     with atomic_dir(dest) as tmp:
         _export(run, files, tag, tmp)
     return dest
+
+
+CARD_TITLE = "# polgrad policy: "  # the first line of model_card: what marks a folder as an export
+
+
+def _check_replaceable(dest: Path) -> None:
+    """`dest` may be replaced whole only when it is missing, empty, or an earlier export (a folder
+    whose README.md is polgrad's model card): `--out` naming the run folder itself, or any folder
+    holding other files, is refused in one line instead of being swapped out and deleted."""
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise DataError(f"--out {dest}: a file is there, not a folder; choose another --out")
+    if not any(dest.iterdir()):
+        return
+    card = dest / "README.md"
+    try:
+        ours = card.is_file() and card.read_text().startswith(CARD_TITLE)
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise DataError(
+            f"--out {dest}: the folder exists and is not a polgrad export (no model card README.md "
+            "starting with 'polgrad policy'); an export replaces its destination whole, so choose a new "
+            "or empty --out"
+        )
 
 
 def _export(run: Path, files: Path, tag: str, dest: Path) -> None:

@@ -189,6 +189,29 @@ def test_kill_9_during_a_re_export_keeps_the_old_folder_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("export")) == ["export"]
 
 
+def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
+    """An export replaces its destination whole, so `--out` naming the run folder itself, or any
+    folder holding other files, is refused in one line and left untouched (it used to be swapped
+    out and deleted, checkpoints included); an empty folder or an earlier export is replaced."""
+    run = tmp_path / "run"
+    fake_run(run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    assert export.main([str(run), "--out", str(run)]) == 2
+    assert f"--out {run}: the folder exists and is not a polgrad export" in one_line(capsys)
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert export.main([str(run), "--out", str(mine)]) == 2
+    assert "choose a new or empty --out" in one_line(capsys)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert export.main([str(run), "--out", str(empty)]) == 0 and loads_as_model(empty)
+    assert export.main([str(run), "--step", "1", "--out", str(empty)]) == 0  # an earlier export
+    assert (empty / "README.md").read_text().count("- step: 1") == 1
+
+
 # ----------------------------------------------------------------------------- final/ and model/
 def _fake_models(model, tok):
     """What write_final reads of a run's models: a plain (non-LoRA) policy engine, no critic."""
