@@ -3,8 +3,14 @@
 With one optimizer step per rollout batch the ratio pi/pi_old is exactly 1 on every token, so no
 clip bound is ever active and `clip.ppo.eps_high = 0.28` changes nothing (issue 21). The spec takes
 several minibatch updates per batch, as the paper does; from the second one on the policy has moved,
-and some tokens with a positive advantage pass 1.28: the step's `clip/clip_high` (the fraction of
-tokens where the upper bound is active, polgrad/components/clip.py) is > 0.
+and some tokens with a positive advantage pass 1.28: `clip/clip_high` (the fraction of tokens where
+the upper bound is active, polgrad/components/clip.py) is > 0.
+
+It binds rarely at this scale, and only on low-probability tokens (a token already at p > 1/1.28
+cannot reach the bound: that is clip-higher's point, room for unlikely tokens to grow). Measured
+per step over 3 steps of 8 prompts: [0.012, 0, 0] on one machine's warm start, [0.012, 0.012, 0] on
+another's, and a one-step run of 4 prompts gave 0 on the first (so the test sums over 4 steps of the
+spec's 8 prompts rather than asking it of one step).
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ def test_clip_higher_binds_in_a_dapo_run(tmp_path):
         parse_config(
             [os.path.join(REPO, "registry", "dapo.gin")],
             [
-                "train.steps = 1",
-                "train.prompts_per_step = 4",
+                "train.steps = 4",
+                "train.prompts_per_step = 8",
                 "train.eval_every = 100",
                 "train.eval_size = 16",
                 "train.checkpoint_every = 100",
@@ -37,7 +43,9 @@ def test_clip_higher_binds_in_a_dapo_run(tmp_path):
         train(str(tmp_path / "run"))
     finally:
         gin.clear_config()
-    (row,) = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert row["optimizer_steps"] > 1, row  # several updates on one rollout batch
-    assert row["clip/approx_kl"] > 0, row  # the ratio left 1
-    assert row["clip/clip_high"] > 0, row  # and the upper bound 1 + eps_high was active
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert len(rows) == 4
+    assert all(r["optimizer_steps"] > 1 for r in rows), rows  # several updates on one rollout batch
+    assert all(r["clip/approx_kl"] > 0 for r in rows), rows  # the ratio left 1
+    # and the upper bound 1 + eps_high was active on some tokens of the run
+    assert sum(r["clip/clip_high"] for r in rows) > 0, [r["clip/clip_high"] for r in rows]
