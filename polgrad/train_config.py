@@ -52,8 +52,9 @@ class TrainConfig:
     async_rollouts: a producer thread samples the next batches while the trainer updates, step s
     from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
     the synchronous loop exactly. Either backend; ZeRO stages 0-2 (ZeRO-3 partitions the weights
-    the producer snapshots). With async_rollouts, max_staleness above train.steps is an error (from
-    k >= steps on every rollout is the starting policy's), and above SANE_STALENESS (8) a warning:
+    the producer snapshots). With async_rollouts, max_staleness above train.steps is an error, and
+    k >= steps - 1 a warning (steps 0 .. steps-1 then all sample the starting policy; a run cut short
+    to be resumed with more train.steps may mean it), and above SANE_STALENESS (8) a warning:
     the asynchronous RL systems that motivate it run at a staleness of 1 to 8 (e.g. AReaL, PipelineRL),
     beyond which the run trains on very stale rollouts and the IS correction (clip.tis, clip.icepop)
     truncates or masks most tokens.
@@ -182,11 +183,20 @@ def _check_async(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
     if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
+    # Step s (0 .. steps-1) samples the weights of step max(s - k, 0): from k >= steps - 1 on, every
+    # rollout of the run is the starting policy's.
+    useful = max(min(cfg.steps - 2, SANE_STALENESS), 0)
     if cfg.async_rollouts and cfg.max_staleness > cfg.steps:
         raise ConfigError(
             f"train.max_staleness = {cfg.max_staleness} is above train.steps = {cfg.steps}: every rollout "
-            f"would be the starting policy's; use at most {min(cfg.steps, SANE_STALENESS)} (1 to "
-            f"{SANE_STALENESS} is the usual range)"
+            f"would be the starting policy's; use at most {useful} (1 to {SANE_STALENESS} is the usual range)"
+        )
+    if cfg.async_rollouts and 0 < cfg.max_staleness and cfg.max_staleness >= cfg.steps - 1:
+        print(
+            f"warning: train.max_staleness = {cfg.max_staleness} with train.steps = {cfg.steps}: every "
+            f"rollout of these steps samples the starting policy (use at most {useful}, or more steps)",
+            file=sys.stderr,
+            flush=True,
         )
     if cfg.async_rollouts and cfg.max_staleness > SANE_STALENESS:
         print(

@@ -247,6 +247,23 @@ def test_bad_async_bindings_are_one_line_config_errors(bindings, message):
     assert str(info.value) == message
 
 
+def test_a_staleness_that_leaves_only_the_starting_policy_warns(capsys):
+    """Step s samples the weights of step max(s - k, 0), s = 0 .. steps-1: with k >= steps - 1 every
+    rollout is the starting policy's, so k = 3 of 4 steps (and k = 4) warn; k = 2 of 4 does not.
+    Not an error: a run cut short to be resumed with more train.steps may mean it."""
+    for k, warned in ((2, False), (3, True), (4, True)):
+        gin.clear_config()
+        parse_config([GRPO], ["train.async_rollouts = True", "train.steps = 4", f"train.max_staleness = {k}"])
+        config.build()
+        err = capsys.readouterr().err
+        assert err == (
+            f"warning: train.max_staleness = {k} with train.steps = 4: every rollout of these steps samples "
+            "the starting policy (use at most 2, or more steps)\n"
+            if warned
+            else ""
+        ), k
+
+
 def test_a_staleness_above_the_sane_range_warns_and_is_inert_without_async(capsys):
     """k in (8, steps]: accepted with one warning line (it used to pass silently); k = 8 and a
     synchronous run (where max_staleness is unused) say nothing."""
