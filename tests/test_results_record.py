@@ -141,3 +141,33 @@ def test_without_run_folders_an_incomplete_csv_is_refused_in_one_line(swept, cap
     rows[1][PRIMARY] = "0.5"  # complete in itself: the md is written from it
     _write(csv_file, header, rows)
     assert results.main(["exp", "--results", str(out)]) == 0
+
+
+def test_a_commit_landing_while_a_cell_runs_is_no_disagreement(tmp_path, monkeypatch, capsys):
+    """The row records the environment the cell started with (cell.json's copy, which the rebuild
+    reads), so a commit that lands while the cell trains neither rewrites the row's git_commit nor
+    makes the next sweep report that the CSV disagreed with its run folders."""
+    from polgrad import results as results_pkg
+
+    calls = iter(range(10_000))
+    real = results_pkg.environment
+
+    def drifting():  # every call sees a new commit, as if one landed while the cells ran
+        return {**real(), "git_commit": f"c{next(calls):04d}"}
+
+    monkeypatch.setattr(results_pkg, "environment", drifting)
+    exp = tmp_path / "exp.gin"
+    exp.write_text(
+        f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
+        "Sweep.grid = {'fake_train.lr': [0.1, 0.2]}\nSweep.seeds = [0]\n"
+        f"Sweep.seed_binding = 'fake_train.seed'\nSweep.primary_metric = '{PRIMARY}'\n"
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(exp), "--results", str(out)]) == 0
+    _, rows = _rows(out / "exp.csv")
+    for r in rows:
+        started = json.loads((out / r["run_dir"] / "cell.json").read_text())["environment"]
+        assert r["git_commit"] == started["git_commit"], (r["git_commit"], started["git_commit"])
+    capsys.readouterr()
+    assert sweep.main([str(exp), "--results", str(out)]) == 0
+    assert "disagreed" not in capsys.readouterr().err

@@ -360,5 +360,7 @@ def run_cell(
         "summary": summary,
         "resumed": resume,
         "world_size": n_ranks,
-        "environment": _results.environment(),
+        # where and with which code the cell ran: taken when it started (cell.json's copy, which the
+        # CSV's rebuild from the run folders reads), not now, when a commit may have landed meanwhile
+        "environment": info["environment"],
     }
