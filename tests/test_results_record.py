@@ -171,3 +171,29 @@ def test_a_commit_landing_while_a_cell_runs_is_no_disagreement(tmp_path, monkeyp
     capsys.readouterr()
     assert sweep.main([str(exp), "--results", str(out)]) == 0
     assert "disagreed" not in capsys.readouterr().err
+
+
+def test_a_row_written_while_the_results_command_reconciles_is_kept(swept, capsys):
+    """`python -m polgrad.results X` during a sweep: the read, the comparison and the rewrite are one
+    step under the CSV's lock, so a failed cell's row (which no run folder can restore) that the
+    sweep writes meanwhile survives the rebuild. Here the "sweep" holds the lock while the command
+    starts, writes the row, then lets go."""
+    import threading
+    import time
+
+    from polgrad.results import store
+
+    _, out, csv_file = swept
+    header, rows = _rows(csv_file)
+    _write(csv_file, header, rows[:-1])  # a row missing: the command will rebuild the CSV
+    failed = {**rows[0], "cell_id": "failed-cell", "status": "failed", "error": "boom", PRIMARY: ""}
+    codes = []
+    with store.locked(csv_file):
+        worker = threading.Thread(target=lambda: codes.append(results.main(["exp", "--results", str(out)])))
+        worker.start()
+        time.sleep(1.0)  # the command has started and waits for the lock (it used to read at once)
+        store.rewrite_rows(csv_file, [*rows[:-1], failed], header, lock=False)
+    worker.join(60)
+    assert codes == [0]
+    ids = [r["cell_id"] for r in _rows(csv_file)[1]]
+    assert "failed-cell" in ids and sorted(ids) == sorted([r["cell_id"] for r in rows] + ["failed-cell"])

@@ -25,7 +25,15 @@ from typing import Any
 
 from polgrad.errors import DataError
 from polgrad.results.provenance import environment
-from polgrad.results.store import METRICS, NOT_READ, TABLE5_COLUMNS, csv_path, read_table, rewrite_rows
+from polgrad.results.store import (
+    METRICS,
+    NOT_READ,
+    TABLE5_COLUMNS,
+    csv_path,
+    locked,
+    read_table,
+    rewrite_rows,
+)
 
 # The statuses of a run that ended with a result ('unstable': too many skipped optimizer steps, see
 # train.unstable_skip_frac; listed in the leaderboard but not ranked). A re-run skips these cells.
@@ -128,9 +136,18 @@ def reconcile(
 
     Returns one line when the CSV was rebuilt (what disagreed), None when it already agreed; raises a
     one-line DataError when the CSV is incomplete and no run folder can complete it (`check_complete`;
-    the sweep passes False: it runs the cells without a finished folder and replaces their rows)."""
+    the sweep passes False: it runs the cells without a finished folder and replaces their rows).
+    Read, comparison and rewrite happen under the CSV's lock, so a row a running sweep writes
+    meanwhile is not lost."""
     results_dir = Path(results_dir)
     path = csv_path(experiment, results_dir)
+    with locked(path):
+        return _reconcile(experiment, cells, results_dir, path, primary_metric, swept_columns, check_complete)
+
+
+def _reconcile(
+    experiment, cells, results_dir: Path, path: Path, primary_metric, swept_columns, check_complete
+) -> str | None:
     header, rows = read_table(path)
     by_id: dict[str, dict[str, str]] = {}
     problems: list[str] = []
@@ -180,7 +197,7 @@ def reconcile(
     new_header = list(dict.fromkeys([*header, *columns]))
     if check_complete:
         complete(experiment, results_dir, new_header, kept, cells, primary_metric, swept_columns)
-    rewrite_rows(path, rebuilt, new_header)
+    rewrite_rows(path, rebuilt, new_header, lock=False)
     more = f" (+{len(problems) - 2} more)" if len(problems) > 2 else ""
     return (
         f"{path} disagreed with the run folders ({'; '.join(problems[:2])}{more}): rebuilt it from "

@@ -148,11 +148,20 @@ def read_table(path: str | os.PathLike) -> tuple[list[str], list[dict[str, str]]
     return _read_rows(Path(path))
 
 
-def rewrite_rows(path: str | os.PathLike, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    """Replace the whole CSV at `path` by `rows` (under the lock, atomically: old file or new, never half)."""
+def rewrite_rows(
+    path: str | os.PathLike, rows: Sequence[dict[str, Any]], columns: Sequence[str], *, lock: bool = True
+) -> None:
+    """Replace the whole CSV at `path` by `rows` (atomically: old file or new, never half), under the
+    CSV's lock unless the caller already holds it (`lock=False` inside `with locked(path)`)."""
     path = Path(path)
-    with _locked(path):
+    with _locked(path) if lock else contextlib.nullcontext():
         _write(path, [{k: _cell_text(v) for k, v in r.items()} for r in rows], order_columns(columns))
+
+
+def locked(path: str | os.PathLike):
+    """The CSV's lock, for a read-compare-rewrite that no writer may interleave (the lock is not
+    re-entrant: inside it, write with `rewrite_rows(..., lock=False)`)."""
+    return _locked(Path(path))
 
 
 def _write(path: Path, rows: Sequence[dict[str, str]], columns: Sequence[str]) -> None:
