@@ -511,14 +511,18 @@ def test_zero3_with_micro_batches_is_the_zero0_run(tmp_path):
     and reduce-scatter instead of per-parameter grads). Measured: losses agree to ~1e-6 relative
     after 12 optimizer steps; 1e-4 leaves room, while overwritten micro-batches would keep one
     quarter of each step's gradient (the ZeRO-0 run accumulates in p.grad) and move the later steps'
-    losses far more."""
+    losses far more. kl_exact is the exception: a divergence between the policy and its reference
+    (the adapter-disabled model), so it is ~quadratic in the adapter's small movement d from zero
+    (KL ~ d'Fd / 2, ~4e-5 here), and a rounding error e in the weights is a relative error ~2|e|/|d|
+    in it: with e ~ 1e-7 (fp32 sums in another order) and |d| ~ lr x steps = 1e-4 x 3, up to ~1e-3
+    (measured 1.3e-4 on an AVX-512 CPU, under 1e-4 on an AMX one): 1e-2 for it; the losses guard."""
     binds = ["train.steps = 3", "train.prompts_per_step = 8", "train.micro_batch_size = 2"]
     binds += ["train.grad_clip = None", "train.eval_every = 100"]
     _, z0 = _run(tmp_path, [*binds, "train.zero_stage = 0"], name="z0")
     _, z3 = _run(tmp_path, [*binds, "train.zero_stage = 3"], name="z3")
     for a, b in zip(z0, z3, strict=True):
-        for key in ("pg_loss", "value_loss", "kl_exact", "reward_mean"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-9), (key, a["step"])
+        for key, rel in (("pg_loss", 1e-4), ("value_loss", 1e-4), ("kl_exact", 1e-2), ("reward_mean", 1e-4)):
+            assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-9), (key, a["step"])
 
 
 def test_sampling_never_takes_the_lean_decoder_that_would_skip_the_adapter():
