@@ -11,7 +11,8 @@ Allowed without a word:
 - `train.steps` may grow (a run is continued for more steps; shrinking it is a change);
 - `ALLOWED`: bindings that only change what is shown or stored beside training: the progress bar
   (`train.progress`), `train.resume`, when checkpoints are written (`train.checkpoint_every`),
-  and the trackers (`train.loggers` and every `tracker.*` hyperparameter).
+  the trackers (`train.loggers` and every `tracker.*` hyperparameter), the reward's time limit
+  (`train.reward_timeout_s`) and the thread count (`train.threads`: float summation order only).
 
 `--allow-config-change` lets a resume train on with the new bindings anyway. The run then says so
 (`polgrad.run.start_or_resume`, `apply`): every changed binding takes effect from the resumed step
@@ -43,7 +44,14 @@ from polgrad.errors import ConfigError
 CONFIG_FILE = "config.gin"
 RECORD_FILE = "resume_overrides.jsonl"
 GROWS = ("train.steps",)  # may be larger on resume
-ALLOWED = ("train.progress", "train.resume", "train.checkpoint_every", "train.loggers")
+ALLOWED = (
+    "train.progress",
+    "train.resume",
+    "train.checkpoint_every",
+    "train.loggers",
+    "train.reward_timeout_s",  # a limit added after a reward hung: stops a run, never changes one
+    "train.threads",  # how many cores; the numbers differ by float summation order only
+)
 ALLOWED_KINDS = ("tracker",)  # every hyperparameter of a part of this kind
 _UNSET = object()
 
@@ -89,11 +97,19 @@ def _name(scope: str, selector: str, arg: str) -> str:
 
 
 def bindings(text: str) -> dict[str, Any]:
-    """{full binding name: parsed value} of a gin text (`config.gin`, `gin.config_str()`)."""
+    """{full binding name: parsed value} of a gin text (`config.gin`, `gin.config_str()`); a value
+    that is a macro (`Algorithm.kl_coef = %KL`) is its macro's value, so that changing `KL = ...`
+    shows as a change of every binding that reads it (and acts on it: `polgrad.run`)."""
     out: dict[str, Any] = {}
     for st in config_parser.ConfigParser(text, _Delegate()):
         if isinstance(st, config_parser.BindingStatement):
             out[_name(st.scope, st.selector, st.arg_name)] = st.value
+    for name, value in out.items():
+        seen = set()
+        while isinstance(value, _Ref) and value.text.startswith("%") and value.text not in seen:
+            seen.add(value.text)
+            value = out.get(value.text[1:], value)
+        out[name] = value
     return out
 
 

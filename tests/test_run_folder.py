@@ -257,6 +257,16 @@ def test_the_diff_names_what_changes_training_with_full_names():
     )
 
 
+def test_a_changed_macro_is_a_change_of_each_binding_that_reads_it():
+    """`Algorithm.kl_coef = %KL` with KL changed: the diff names Algorithm.kl_coef with its values
+    (which the resume then applies), not only the macro (which nothing would apply)."""
+    old = _config("KL = 0.04", "Algorithm.kl_coef = %KL")
+    new = _config("KL = 0.5", "Algorithm.kl_coef = %KL")
+    changes = resume_config.training_changes(resume_config.diff(old, new))
+    assert changes["Algorithm.kl_coef"] == (0.04, 0.5), changes
+    assert resume_config.diff(old, _config("KL = 0.04", "Algorithm.kl_coef = %KL")) == {}
+
+
 def test_a_reference_change_is_a_change():
     changes = resume_config.diff(_config(), _config("Algorithm.kl = @kl.k1"))
     assert resume_config.describe(changes) == "Algorithm.kl: @kl.k3 -> @kl.k1"
