@@ -87,13 +87,27 @@ def _check_task_needs(cfg: TrainConfig, algo: Algorithm, task: Any) -> None:
         method = entry.meta.get("needs_task")
         if method is None or callable(getattr(task, method, None)):
             continue
-        having = [n for n in registry.names("task") if _task_has(registry.lookup("task", n), method)]
+        having = _tasks_with(method)
         raise ConfigError(
             f"{binding} = @{entry.full_name} (spec {algo.name!r}) needs the task's {method}(), and "
             f"train.task = @task.{cfg.task_name} ({type(task).__qualname__}) has none; tasks with "
             f"{method}: {', '.join(having) or '(none registered)'}; pick one of them or add {method} to "
             "the task (polgrad/tasks/base.py)"
         )
+    # A learned reward model is trained on the task's preference pairs (polgrad/pretrain/reward_model.py).
+    if cfg.reward_source == "reward_model" and not callable(getattr(task, "preference_pairs", None)):
+        having = _tasks_with("preference_pairs")
+        raise ConfigError(
+            f"train.reward_source = 'reward_model' trains a reward model on the task's preference_pairs(), "
+            f"and train.task = @task.{cfg.task_name} ({type(task).__qualname__}) has none; tasks with "
+            f"preference_pairs: {', '.join(having) or '(none registered)'}; pick one of them, or "
+            "train.reward_source = 'task'"
+        )
+
+
+def _tasks_with(method: str) -> list[str]:
+    """The registered tasks whose factory's declared return type has `method`."""
+    return [n for n in registry.names("task") if _task_has(registry.lookup("task", n), method)]
 
 
 def _task_has(entry: registry.Entry, method: str) -> bool:

@@ -167,3 +167,24 @@ def test_a_preference_spec_on_a_task_without_pairs_fails_in_build_naming_task_sp
     listed = msg.split("tasks with preference_pairs: ")[1].split(";")[0].split(", ")
     assert "test_no_pairs" not in listed and listed == sorted(listed), listed
     gin.clear_config()
+
+
+def test_a_learned_reward_model_on_a_task_without_pairs_fails_in_build():
+    """train.reward_source = 'reward_model' trains its reward model on the task's preference pairs:
+    on a task without them build() refuses in one line (it used to die late, in the reward model's
+    training, after the warm start); GRPO declares no part that needs them, so this is its own check."""
+    gin.clear_config()
+    config.parse_config(
+        [os.path.join(REPO, "registry", "grpo.gin")],
+        ["train.task = @task.test_no_pairs", "train.reward_source = 'reward_model'"],
+    )
+    with pytest.raises(ConfigError) as err:
+        config.build()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(
+        "train.reward_source = 'reward_model' trains a reward model on the task's preference_pairs(), and "
+        "train.task = @task.test_no_pairs (_NoPairs) has none; tasks with preference_pairs: add, file, "
+    ), msg
+    assert msg.endswith("pick one of them, or train.reward_source = 'task'"), msg
+    gin.clear_config()
