@@ -172,6 +172,23 @@ def test_rewards_within_the_limit_are_the_same_scores_and_faults():
     assert plain.take() == timed.take() == 2
 
 
+def test_a_reward_raising_system_exit_under_a_limit_is_a_fault_not_a_hang():
+    """SystemExit is no Exception: in the worker thread it used to end the thread silently, and the
+    run then reported the call as 'did not return within' the limit. It is the sample's fault."""
+
+    class ExitingAdd(FaultyAdd):
+        def reward(self, example, response):
+            raise SystemExit(3)
+
+    guard = RewardGuard("zero", timeout_s=5)
+    t0 = time.monotonic()
+    scores = guard.task_scores(ExitingAdd(), ROLLOUT.examples, ROLLOUT.texts)
+    assert time.monotonic() - t0 < 5 and scores.tolist() == [0.0] * len(ROLLOUT.texts)
+    assert guard.take() == len(ROLLOUT.texts)
+    with pytest.raises(PolgradError, match=r"raised SystemExit"):
+        RewardGuard("raise", timeout_s=5).task_scores(ExitingAdd(), ROLLOUT.examples, ROLLOUT.texts)
+
+
 @pytest.mark.parametrize("value", ["0", "-1.0", "'60'", "True", "float('inf')"])
 def test_a_bad_reward_timeout_is_a_one_line_config_error(value):
     gin.clear_config()

@@ -93,7 +93,10 @@ class _Worker:
     def _run(self) -> None:
         while True:
             fn, example, response = self.jobs.get()
-            self.results.put(call_reward(fn, example, response))
+            try:
+                self.results.put(call_reward(fn, example, response))
+            except BaseException as e:  # noqa: BLE001 - SystemExit & co. would end this thread silently
+                self.results.put((math.nan, f"raised {type(e).__name__}"))
 
     def call(self, fn: Callable[[Any, str], Any], example: Any, response: str, timeout_s: float):
         """call_reward's answer, or None when the call did not return within `timeout_s`."""
