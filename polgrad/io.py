@@ -123,12 +123,19 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temp folder beside `path` (`<name>.tmp-<pid>-<random>`) to write a whole folder
     into; on success fsync it and move it into place: a folder already at `path` is first renamed
     aside (`<name>.old-<pid>-<random>`), the new one renamed in, the old one removed. A crash (even
-    SIGKILL) at any moment leaves `path` as it was or complete, never half written; the temp and
-    set-aside folders of writers that died are removed by the next successful write of `path`. On a
+    SIGKILL) at any moment leaves `path` as it was or complete, never half written, with one window:
+    a SIGKILL between the two renames of a swap leaves no `path`, only the old folder (complete) set
+    aside, and the next write of `path` first puts it back; the temp and set-aside folders of
+    writers that died are removed by the next successful write of `path`. On a
     failure the temp folder is removed, and a disk-full / read-only / permission OSError is a one-line
     `WriteError` naming `path`."""
     path = Path(path)
     tag = f"{os.getpid()}-"
+    if not path.exists():  # a writer killed mid-swap: its set-aside old folder goes back first
+        aside = [p for p in _stale_siblings(path) if p.name.startswith(f"{path.name}.old-")]
+        if aside:
+            with contextlib.suppress(OSError):
+                os.replace(max(aside, key=lambda p: p.stat().st_mtime), path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{tag}", dir=path.parent))

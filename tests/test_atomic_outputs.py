@@ -266,6 +266,21 @@ def test_atomic_dir_swaps_a_folder_and_removes_only_dead_writers_leftovers(tmp_p
     assert live.exists() and other.exists()  # a live writer's temp folder is its own
 
 
+def test_a_writer_killed_between_the_renames_of_a_swap_gets_its_old_folder_back(tmp_path):
+    """The one window of a swap: the old folder renamed aside, the new one not yet in. The next
+    write of the folder puts the old one back before it starts, so a write that then fails leaves
+    the folder as it was."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dest, aside = tmp_path / "final", tmp_path / f"final.old-{int(dead.stdout)}-z"
+    aside.mkdir()
+    (aside / "a").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(dest) as tmp:
+        (tmp / "b").write_text("half")
+        raise RuntimeError("the next writer fails too")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+    assert (dest / "a").read_text() == "old"
+
+
 def test_latest_is_renamed_into_place_after_the_tag(tmp_path, monkeypatch):
     """DeepSpeed writes `latest` with a plain open(); polgrad writes it atomically (os.replace),
     when every file of the tag is on disk."""
