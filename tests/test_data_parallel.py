@@ -34,7 +34,9 @@ its own size: on-policy GRPO's pg_loss is the mean of -ratio * adv with advantag
 zero in each group, so the metric is ~1e-8 while each term is O(max|adv|). Its fp32 rounding is
 that of the terms (2^-24 * |term| each, summed in another order on the other side), which depends
 on how the CPU's kernels sum (AVX2 and AMX builds differ by ~4e-8 here), so the bound is
-UPDATE_REL * 2 * max|adv| (ratio within the clip range, so |term| <= 2 * max|adv|). A wrong
+UPDATE_REL * 2 * max|adv| (the step is on-policy, one epoch of one minibatch, so the ratio is 1 up
+to rounding and |term| = |adv|; the factor 2 is margin). Every spec here has advantages that
+cancel (group-normalised, or whitened over the batch for ppo and reinforce_pp). A wrong
 reduction cannot show in such a metric (it stays ~0); the gradient check below is the one that
 guards it. Likewise the float64 adv_mean is compared relative to max|adv|.
 Everything computed before the update (advantages, batch metrics, rewards, KL to the reference,
