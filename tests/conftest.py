@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import gin
 import pytest
@@ -21,6 +22,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("polgrad")
+
+# ^C is Python's in every test, however the suite was started: a shell without job control starts a
+# background command (`pytest ... &`) with SIGINT ignored, which Python then keeps, and every
+# subprocess inherits (the sweep's and the trainer's ^C tests would wait for a stop that never comes).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="module")
