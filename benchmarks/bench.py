@@ -196,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         "--scaling-large", action="store_true", help="also the compare at 16 prompts x G=16 x 128 tokens"
     )
     ap.add_argument("--scaling-large-pairs", type=int, default=1)
+    ap.add_argument(
+        "--peak-sizes",
+        default="1024,2048",
+        help="square sizes of the torch.mm peak the roofline divides by (small ones for a smoke test)",
+    )
     ap.add_argument("--composition-shape", default="64x512", help="BxT of the loss micro-benchmark")
     ap.add_argument("--composition-blocks", type=int, default=150, help="interleaved rounds of 5 calls each")
     ap.add_argument("--out", default=None, help="default results/bench[/<preset>][/omp_<policy>]")
@@ -206,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parts = set(_ints_or_names(args.only))
     precisions = ["bf16"] if args.bf16 else _precisions(args.precision)
+    peak_sizes = _peak_sizes(args.peak_sizes)
     frameworks = [f for f in args.frameworks.split(",") if f]
     if "trl" in frameworks and not trl_available():
         print(f"TRL is not importable: polgrad side only (pip install '{TRL_PIN}' or the `bench` extra)")
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         peak = None
         if "compare" in parts or args.scaling_large:
             say("\n[peak] torch.mm fp32 / bf16 ...")
-            peak = run_worker("peak", w, model_dir, log_dir)
+            peak = run_worker("peak", w, model_dir, log_dir, sizes=peak_sizes)
             flops = step_flops(w, info["vocab"], info["prompt_len"])
             lines = roofline_report(w, flops, peak, info["prompt_len"])
             report += ["", *lines]
@@ -379,6 +385,16 @@ def _precisions(s: str) -> list[str]:
     if bad or not names:
         raise SystemExit(f"error: --precision {s!r}: valid: {', '.join(PRECISIONS)} (comma-separated)")
     return names
+
+
+def _peak_sizes(s: str) -> list[int]:
+    try:
+        sizes = _ints(s)
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"error: --peak-sizes {s!r}: comma-separated matrix sizes >= 1, e.g. 1024,2048")
+    return sizes
 
 
 def _ints_or_names(s: str) -> list[str]:

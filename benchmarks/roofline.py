@@ -22,6 +22,7 @@ thread count and OMP setting, measured in a fresh worker process of the same ben
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.workload import Workload
@@ -58,15 +59,20 @@ def step_flops(w: Workload, vocab: int, prompt_len: int) -> dict[str, float]:
     return {**parts, "total": sum(parts.values())}
 
 
-def matmul_peak(w: Workload, model_dir: str, work_dir: str, reps: int = 5) -> dict[str, Any]:
-    """Worker: best torch.mm GFLOP/s per precision over PEAK_SIZES (2 warm-up calls, best of `reps`)."""
+def matmul_peak(
+    w: Workload, model_dir: str, work_dir: str, reps: int = 5, sizes: Sequence[int] = PEAK_SIZES
+) -> dict[str, Any]:
+    """Worker: best torch.mm GFLOP/s per precision over `sizes` (2 warm-up calls, best of `reps`).
+
+    The default sizes find the peak of a large matmul; on a CPU without native bf16 (AVX2) one bf16
+    mm of 2048 takes ~45 s, so a smoke test passes small ones (`--peak-sizes`)."""
     import torch
 
     torch.set_num_threads(w.threads)
-    out: dict[str, Any] = {"threads": torch.get_num_threads()}
+    out: dict[str, Any] = {"threads": torch.get_num_threads(), "sizes": [int(n) for n in sizes]}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         best = 0.0
-        for n in PEAK_SIZES:
+        for n in sizes:
             g = torch.Generator().manual_seed(n)
             a = torch.randn(n, n, generator=g).to(dtype)
             b = torch.randn(n, n, generator=g).to(dtype)
@@ -95,7 +101,7 @@ def roofline_report(w: Workload, flops: dict[str, float], peak: dict[str, Any], 
         f"3F(B,P+L,L), B={w.batch}, P={prompt_len}, L={w.max_new_tokens}): "
         f"{flops['total'] / 1e9:.1f} GFLOP (gen {flops['gen'] / 1e9:.1f}, ref {flops['ref'] / 1e9:.1f}, "
         f"train {flops['train'] / 1e9:.1f})",
-        f"matmul peak measured in this run (torch.mm, square {'/'.join(map(str, PEAK_SIZES))}, "
+        f"matmul peak measured in this run (torch.mm, square {'/'.join(map(str, peak['sizes']))}, "
         f"{peak['threads']} threads, best of 5): fp32 {peak['fp32_gflops']:.0f} GFLOP/s, "
         f"bf16 {peak['bf16_gflops']:.0f} GFLOP/s",
     ]

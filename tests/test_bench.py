@@ -147,6 +147,10 @@ def test_output_folders_and_precision_flag():
     assert bench._precisions("fp32,bf16") == ["fp32", "bf16"]
     with pytest.raises(SystemExit, match="valid: fp32, bf16"):
         bench._precisions("fp16")
+    assert bench._peak_sizes("256,512") == [256, 512]
+    for bad in ("0", "x", ""):
+        with pytest.raises(SystemExit, match="--peak-sizes .*comma-separated matrix sizes >= 1"):
+            bench._peak_sizes(bad)
     assert Workload().omp_wait_policy == "default"
 
 
@@ -216,6 +220,8 @@ def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
         *TINY,
         "--precision",
         "fp32,bf16",
+        "--peak-sizes",  # the default 2048 takes ~45 s per bf16 mm on a CPU without native bf16 (AVX2)
+        "256",
         "--composition-shape",
         "4x8",
         "--composition-blocks",
@@ -235,6 +241,7 @@ def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
         assert float(rows[0][f"{key}_s_per_step"]) > 0
         assert 0 < float(rows[0][f"{key}_roofline"]) < 1, key  # achieved GFLOP/s over the measured peak
     assert float(rows[0]["peak_fp32_gflops"]) > 0 and float(rows[0]["peak_bf16_gflops"]) > 0
+    assert "torch.mm, square 256," in open(out / "summary.md").read()  # the sizes it measured at
     assert 0 <= float(rows[0]["polgrad_approx_kl"]) < 1e-9  # fp32 sampler and trainer agree to rounding
     assert 0 <= float(rows[0]["polgrad_bf16_approx_kl"]) < 1e-3  # bf16: rounding (0 on short rows)
     assert float(rows[0]["polgrad_bf16_over_fp32"]) > 0
