@@ -23,6 +23,7 @@ one-line `RunFolderError` saying to choose another `--out`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import fcntl
@@ -122,8 +123,8 @@ def _unwritable(run_dir: str, e: OSError, existed: bool) -> RunFolderError:
 class RunLock:
     """The held lock of one run folder; `release()` (or leaving the `with` block) gives it up."""
 
-    def __init__(self, path: str, fd: int):
-        self.path, self.fd = path, fd
+    def __init__(self, path: str, fd: int, created: bool = False):
+        self.path, self.fd, self.created = path, fd, created
 
     def release(self) -> None:
         if self.fd is None:
@@ -135,6 +136,9 @@ class RunLock:
             pass
         os.close(self.fd)
         self.fd = None
+        if self.created:  # a run refused before it wrote anything leaves no empty folder behind
+            with contextlib.suppress(OSError):  # not empty (it ran, or a new owner's lock): kept
+                os.rmdir(os.path.dirname(self.path))
 
     def __enter__(self) -> RunLock:
         return self
@@ -186,7 +190,7 @@ def acquire(run_dir: str | os.PathLike, *, warn=None) -> RunLock:
         except BaseException:
             os.close(fd)
             raise
-        return RunLock(path, fd)
+        return RunLock(path, fd, created=not existed)
 
 
 def _take(fd: int, path: str, run_dir: str, warn) -> None:

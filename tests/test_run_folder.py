@@ -91,6 +91,22 @@ def test_the_lock_is_released_on_exit_and_on_an_error(tmp_path):
     runlock.acquire(run).release()  # free again
 
 
+def test_a_folder_the_lock_made_is_removed_if_nothing_was_written_and_an_old_one_kept(tmp_path):
+    """A run refused before it wrote anything (a config error after the lock) leaves no empty --out
+    behind; a folder that existed before, or one the run wrote into, stays."""
+    new = tmp_path / "new"
+    with pytest.raises(RuntimeError), runlock.acquire(new):
+        raise RuntimeError("a config error before any work")
+    assert not new.exists()
+    with runlock.acquire(new):
+        (new / "metrics.jsonl").write_text("{}\n")
+    assert (new / "metrics.jsonl").exists() and not (new / ".lock").exists()
+    old = tmp_path / "old"
+    old.mkdir()
+    runlock.acquire(old).release()
+    assert old.is_dir()
+
+
 def test_a_killed_holders_lock_is_taken_over_with_one_warning(tmp_path):
     """kill -9 leaves the lock file (nothing released it) but not the kernel's flock."""
     run = tmp_path / "run"
