@@ -54,16 +54,22 @@ def _drop(path: Path, column: str, row_index: int) -> None:
     _write(path, [c for c in header if c != column], rows)
 
 
-@pytest.fixture
-def swept(tmp_path):
+def _sweep(tmp_path: Path, lrs: str, seeds: str) -> tuple[Path, Path]:
+    """Run a fake-trainer sweep of spec_a over `lrs` x `seeds`: (experiment file, results folder)."""
     exp = tmp_path / "exp.gin"
     exp.write_text(
         f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
-        "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3]}\nSweep.seeds = [0, 1]\n"
+        f"Sweep.grid = {{'fake_train.lr': [{lrs}]}}\nSweep.seeds = [{seeds}]\n"
         f"Sweep.seed_binding = 'fake_train.seed'\nSweep.primary_metric = '{PRIMARY}'\n"
     )
     out = tmp_path / "results"
     assert sweep.main([str(exp), "--results", str(out)]) == 0
+    return exp, out
+
+
+@pytest.fixture
+def swept(tmp_path):
+    exp, out = _sweep(tmp_path, "0.1, 0.2, 0.3", "0, 1")
     return exp, out, out / "exp.csv"
 
 
@@ -156,14 +162,7 @@ def test_a_commit_landing_while_a_cell_runs_is_no_disagreement(tmp_path, monkeyp
         return {**real(), "git_commit": f"c{next(calls):04d}"}
 
     monkeypatch.setattr(results_pkg, "environment", drifting)
-    exp = tmp_path / "exp.gin"
-    exp.write_text(
-        f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
-        "Sweep.grid = {'fake_train.lr': [0.1, 0.2]}\nSweep.seeds = [0]\n"
-        f"Sweep.seed_binding = 'fake_train.seed'\nSweep.primary_metric = '{PRIMARY}'\n"
-    )
-    out = tmp_path / "results"
-    assert sweep.main([str(exp), "--results", str(out)]) == 0
+    exp, out = _sweep(tmp_path, "0.1, 0.2", "0")
     _, rows = _rows(out / "exp.csv")
     for r in rows:
         started = json.loads((out / r["run_dir"] / "cell.json").read_text())["environment"]
