@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import gin
 import pytest
@@ -64,3 +65,16 @@ def _no_leaked_launcher_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch):
+    """Sweeps run tests/fake_train.py, a fast stand-in for polgrad.train; children find it on
+    PYTHONPATH (use with `pytestmark = pytest.mark.usefixtures("fake_trainer")`)."""
+    from polgrad.sweep.experiment import TRAIN_MODULE_ENV
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv(TRAIN_MODULE_ENV, "fake_train")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    if tests not in sys.path:
+        monkeypatch.syspath_prepend(tests)

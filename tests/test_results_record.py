@@ -8,29 +8,19 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from polgrad import results, sweep
-from polgrad.sweep.experiment import TRAIN_MODULE_ENV
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
 PRIMARY = "eval_accuracy"
 
 
-@pytest.fixture(autouse=True)
-def fake_trainer(monkeypatch):
-    monkeypatch.setenv(TRAIN_MODULE_ENV, "fake_train")
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-    )
-    if str(TESTS) not in sys.path:
-        monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("fake_trainer")  # tests/conftest.py
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:

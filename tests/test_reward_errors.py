@@ -220,18 +220,10 @@ def test_the_warm_start_stops_on_a_hung_reward_within_its_limit(tmp_path, releas
 
 
 @pytest.mark.slow
-def test_the_loop_stops_on_a_hung_reward_within_its_limit(tmp_path, release_hung_rewards, monkeypatch):
+def test_the_loop_stops_on_a_hung_reward_within_its_limit(
+    tmp_path, release_hung_rewards, faults_after_the_warm_start
+):
     """End to end: the run's guard gets train.reward_timeout_s (the reward is sound in the warm start)."""
-    original = pretrain.warm_start
-
-    def warm_start(*args, **kwargs):
-        FAULT["on"] = False
-        try:
-            return original(*args, **kwargs)
-        finally:
-            FAULT["on"] = True
-
-    monkeypatch.setattr(pretrain, "warm_start", warm_start)
     gin.clear_config()
     config.parse_config([GRPO], [*FAST, "train.task = @task.test_hanging", "train.reward_timeout_s = 1.0"])
     with pytest.raises(
