@@ -18,14 +18,13 @@
   A 'no difference' prediction's equivalence margin (experiment.json `predictions`, `margin`) is a
   shaded band ±margin on its metric's panel (against the baseline only: the margin is a difference
   to the baseline).
-- results/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one panel per configuration, that configuration
-  against the baseline: train reward (metrics.jsonl `reward_mean`) smoothed per seed by an
-  exponential moving average of span `EMA_SPAN` steps, y_1 = x_1, y_t = a x_t + (1 - a) y_{t-1}
-  with a = 2 / (span + 1), and held-out accuracy from eval.jsonl (step 0 = the starting policy).
-  Line = mean over seeds; band = the 95% CI of that mean over seeds (Student t, n - 1 dof), per
-  step. The x axis is the cumulative number of sampled sequences when every run's metrics.jsonl rows
-  have `sampled_sequences` (a step's x = the mean over seeds of that count at the step; 0 at step 0),
-  else the optimizer step; its label says which.
+- results/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one panel per
+  configuration, that configuration against the baseline: train reward (metrics.jsonl
+  `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
+  held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band =
+  the 95% CI of that mean over seeds. The x axis is the cumulative number of sampled sequences when
+  every run's metrics.jsonl rows have `sampled_sequences`, else the optimizer step; its label says
+  which.
 
 `plot` returns the tables it drew (`Figures`, with the matplotlib figures, closed, for inspection), so
 a test can compare them with the md's statistics.
