@@ -57,7 +57,8 @@ from polgrad.results.store import unread_columns
 
 KL_METRICS = ("kl", "kl_exact")  # lower = closer to the reference policy, not "better"
 NEUTRAL = "0.2"  # the markers' colour where no label recurs across groups
-PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:cyan", "tab:olive")
+# (no green: the equivalence margin's band is green)
+PALETTE = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:cyan", "tab:olive")
 
 
 def direction(metric: str, primary: str, higher_is_better: bool) -> str:
@@ -136,15 +137,23 @@ def grid_order(rows, group_columns: Sequence[str], cells: Sequence[dict[str, Any
     return sorted(seen, key=lambda k: (first[k], seen.index(k)))
 
 
+def _value(key: Key, i: int, column: str, unread: dict) -> str:
+    """The configuration's value of group column i, "not read" where it does not read the binding."""
+    return "not read" if column in unread.get(tuple(key), ()) else key[i]
+
+
 def grouping(keys: Sequence[Key], group_columns: Sequence[str], unread: dict) -> str:
-    """The grid's outermost factor: the first group column with two or more values among `keys`, when
-    the configurations differ in two or more columns (else "": one factor needs no groups)."""
-    varying = [
-        i
-        for i, c in enumerate(group_columns)
-        if len({k[i] for k in keys if c not in unread.get(tuple(k), ())}) > 1
-    ]
-    return group_columns[varying[0]] if len(varying) >= 2 else ""
+    """The grid's outer factor: the first group column whose values along `keys` (grid order) are two
+    or more contiguous runs, one per value, and not all single configurations ("" when no column is:
+    no groups). In a product of axes that is the first varying one (the outermost loop: off_policy's
+    staleness); in a list of tuples the first binding the list nests by (kl_ablation's placement), so
+    grouping never reorders the grid."""
+    for i, c in enumerate(group_columns):
+        values = [_value(k, i, c, unread) for k in keys]
+        runs = [v for j, v in enumerate(values) if j == 0 or v != values[j - 1]]
+        if 2 <= len(runs) < len(values) and len(set(runs)) == len(runs):
+            return c
+    return ""
 
 
 def margin_bands(predictions: Sequence[dict[str, Any]], reference_kind: str) -> dict[str, list]:
@@ -277,10 +286,11 @@ def _groups(keys, group_columns, factor, unread) -> list[tuple[str, list[Key]]]:
     i = group_columns.index(factor)
     out: dict[str, list[Key]] = {}
     for k in keys:
-        if factor in unread.get(tuple(k), ()):
+        value = _value(k, i, factor, unread)
+        if value == "not read":
             name = f"{factor.removeprefix('Algorithm.')} not read"
         else:
-            name = k[i] if factor == "spec" else _binding(factor, k[i])
+            name = value if factor == "spec" else _binding(factor, value)
         out.setdefault(name, []).append(k)
     return list(out.items())
 
@@ -315,7 +325,11 @@ def _colours(figs: Figures) -> dict[str, str]:
     for _, labels in figs.groups:
         for text in dict.fromkeys(figs.shown.get(lab, lab) for lab in labels):
             counts[text] = counts.get(text, 0) + 1
+    # in the order of the largest group (off_policy: ppo, tis, icepop as declared, though the
+    # staleness-0 group lacks the baseline's ppo)
+    largest = [figs.shown.get(lab, lab) for lab in max((g for _, g in figs.groups), key=len, default=[])]
     recurring = [t for t, c in counts.items() if c > 1]
+    recurring.sort(key=lambda t: largest.index(t) if t in largest else len(largest))
     if len(recurring) > len(PALETTE):
         recurring = []
     colour = dict(zip(recurring, PALETTE, strict=False))
@@ -355,6 +369,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
             ax.plot([r["mean"]], [y], "o", ms=7, zorder=3, color=c, markerfacecolor=face, gid=f"{m}|{lab}")
         ax.set_ylim(-0.7, max(n, 1) - 0.3)
         ax.grid(axis="x", alpha=0.3)
+        ax.locator_params(axis="x", nbins=6)  # a narrow panel's tick labels must not run together
         xlabel = [f"Δ {m} (configuration − {figs.reference_kind or 'reference'})"]
         xlabel += [direction(m, primary, higher_is_better), *(textwrap.fill(t, 60) for t in notes)]
         ax.set_xlabel("\n".join(xlabel), fontsize=10)
