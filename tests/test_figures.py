@@ -412,6 +412,8 @@ def test_no_label_names_a_binding_the_configuration_does_not_read(tmp_path):
     )
     shown = ["clip=@clip.none", "clip=@clip.ppo · eps=0.28", "clip=@clip.dual"]
     assert figs.order == shown
+    # groups of one row each are no groups: no group label, no separator
+    assert figs.factor == "" and all(_hlines(ax) == [] for ax in _panels(figs))
     ticks = _ticks(figs.forest_figure.axes[0])
     assert [ticks[y] for y in sorted(ticks, reverse=True)] == shown  # top to bottom
     titles = [a.get_title() for a in figs.curves_figure.axes if a.get_title()]
@@ -453,3 +455,39 @@ def test_curves_run_against_steps_when_a_run_does_not_count_sequences(tmp_path):
     assert figs.x_axis == figures.STEPS and figs.curves["up"]["eval accuracy"][0] == [0, 2, 4]
     bottom = [a for a in figs.curves_figure.axes if a.get_xlabel()]
     assert bottom and all(a.get_xlabel() == "optimizer step" for a in bottom)
+
+
+def test_a_list_of_tuples_groups_by_the_binding_it_nests_by(tmp_path):
+    """kl_ablation's grid, a list of (kl, placement, coef): kl comes first but its values do not nest
+    (k1, k2, k3, k1), placement's do (loss ×3, reward): the rows group by placement, in grid order."""
+    grid = [("k1", "loss", "0.0"), ("k1", "loss", "0.5"), ("k2", "loss", "0.5"), ("k3", "loss", "0.5")]
+    grid += [("k1", "reward", "0.5")]
+    rows, cells = [], []
+    for i, (kl, place, coef) in enumerate(grid):
+        for seed in range(4):
+            cid = f"{kl}-{place}-{coef}-s{seed}"
+            cells.append({"id": cid})
+            rows.append(
+                {"cell_id": cid, "spec": "grpo", "kl": kl, "place": place, "coef": coef, "seed": str(seed)}
+                | {"status": "ok", "eval_accuracy": str(0.3 + 0.01 * i + NOISE[seed + i])}
+            )
+    figs = figures.plot(
+        tmp_path / "k.png",
+        "k",
+        rows[::-1],
+        swept_columns=["kl", "place", "coef"],
+        results_dir=tmp_path,
+        baseline={"kl": "k1", "place": "loss", "coef": "0.0"},
+        cells=cells,
+    )
+    assert figs.factor == "place"
+    loss = ["kl=k1 · place=loss · coef=0.5", "kl=k2 · place=loss · coef=0.5", "kl=k3 · place=loss · coef=0.5"]
+    assert figs.groups == [("place=loss", loss), ("place=reward", ["kl=k1 · place=reward · coef=0.5"])]
+    ticks = _ticks(figs.forest_figure.axes[0])
+    assert [ticks[y] for y in sorted(ticks, reverse=True)] == [
+        "place=loss",
+        "kl=k1 · coef=0.5",
+        "kl=k2 · coef=0.5",
+        "kl=k3 · coef=0.5",
+        "kl=k1 · place=reward · coef=0.5",
+    ]
