@@ -458,10 +458,11 @@ def test_curves_run_against_steps_when_a_run_does_not_count_sequences(tmp_path):
 
 
 def test_a_list_of_tuples_groups_by_the_binding_it_nests_by(tmp_path):
-    """kl_ablation's grid, a list of (kl, placement, coef): kl comes first but its values do not nest
-    (k1, k2, k3, k1), placement's do (loss ×3, reward): the rows group by placement, in grid order."""
-    grid = [("k1", "loss", "0.0"), ("k1", "loss", "0.5"), ("k2", "loss", "0.5"), ("k3", "loss", "0.5")]
-    grid += [("k1", "reward", "0.5")]
+    """kl_ablation's grid (with one more β), a list of (kl, placement, coef): kl comes first but its
+    values do not nest (k1, k1, k2, k3, k1), placement's do (loss ×4, reward): the rows group by
+    placement, in grid order (grouping by kl would have moved k1 in the reward up)."""
+    grid = [("k1", "loss", "0.0"), ("k1", "loss", "0.5"), ("k1", "loss", "1.0"), ("k2", "loss", "0.5")]
+    grid += [("k3", "loss", "0.5"), ("k1", "reward", "0.5")]
     rows, cells = [], []
     for i, (kl, place, coef) in enumerate(grid):
         for seed in range(4):
@@ -469,7 +470,7 @@ def test_a_list_of_tuples_groups_by_the_binding_it_nests_by(tmp_path):
             cells.append({"id": cid})
             rows.append(
                 {"cell_id": cid, "spec": "grpo", "kl": kl, "place": place, "coef": coef, "seed": str(seed)}
-                | {"status": "ok", "eval_accuracy": str(0.3 + 0.01 * i + NOISE[seed + i])}
+                | {"status": "ok", "eval_accuracy": str(0.3 + 0.01 * i + NOISE[(seed + i) % 8])}
             )
     figs = figures.plot(
         tmp_path / "k.png",
@@ -481,12 +482,14 @@ def test_a_list_of_tuples_groups_by_the_binding_it_nests_by(tmp_path):
         cells=cells,
     )
     assert figs.factor == "place"
-    loss = ["kl=k1 · place=loss · coef=0.5", "kl=k2 · place=loss · coef=0.5", "kl=k3 · place=loss · coef=0.5"]
+    loss = ["kl=k1 · place=loss · coef=0.5", "kl=k1 · place=loss · coef=1.0"]
+    loss += ["kl=k2 · place=loss · coef=0.5", "kl=k3 · place=loss · coef=0.5"]
     assert figs.groups == [("place=loss", loss), ("place=reward", ["kl=k1 · place=reward · coef=0.5"])]
     ticks = _ticks(figs.forest_figure.axes[0])
     assert [ticks[y] for y in sorted(ticks, reverse=True)] == [
         "place=loss",
         "kl=k1 · coef=0.5",
+        "kl=k1 · coef=1.0",
         "kl=k2 · coef=0.5",
         "kl=k3 · coef=0.5",
         "kl=k1 · place=reward · coef=0.5",
