@@ -35,7 +35,7 @@ in one line (polgrad/results/record.py).
 
 Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), record (the CSV checked
 against the run folders, a row built from a run folder), stats (Student-t
-intervals), compare and findings (paired tests, Holm), figures (plot: the forest plot; curves: the learning
+intervals), compare and findings (paired tests, Holm), figures (plot: forest plot and learning
 curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
 """
 
