@@ -6,9 +6,10 @@
   These are the md's numbers: `polgrad.results.compare.against`, one Holm family per metric, as in
   the md's "Paired differences to the baseline" table. Rows are in grid order (the order of the
   sweep's cells in experiment.json: the swept values as declared), never sorted by the difference,
-  grouped by the grid's outermost factor (the first swept binding; the spec when several specs are
-  swept) under a bold group label and a separator line when the configurations differ in two or more
-  columns; the baseline has no row (it is the zero line, drawn on every panel). A marker is filled
+  grouped (`grouping`) by the first column (spec, then the swept bindings) whose values nest the grid
+  (one contiguous run per value: off_policy's staleness, the outer loop of a product; kl_ablation's
+  placement in its list of tuples) under a bold group label and a separator line, unless every group
+  would be one row; the baseline has no row (it is the zero line, drawn on every panel). A marker is filled
   when the difference is significant after the md's Holm correction (`Comparison.significant`),
   hollow otherwise; its colour never encodes the sign (one neutral colour, or one colour per
   within-group label that recurs in several groups, e.g. off_policy's correction at each staleness).
