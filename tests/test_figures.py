@@ -1,6 +1,10 @@
-"""The experiment's figures: the forest plot draws the md's paired statistics, sorted, without the
-baseline; the learning curves are smoothed as their legend says and start at step 0; a figure is
-written without run folders and with one configuration only."""
+"""The experiment's figures: the forest plot draws the md's paired statistics without the baseline, in
+grid order grouped by the outermost factor, filled where the md's Holm-corrected test is significant,
+in colours that do not follow the sign, with the equivalence margin shaded, a direction on every
+panel, and labels that name only the bindings a cell reads; the learning curves are smoothed as their
+legend says, start at step 0 and run against sampled sequences when the runs count them; a figure is
+written without run folders and with one configuration only. Figures are inspected through their
+matplotlib Axes (Agg), never by pixels."""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ import math
 
 import matplotlib.image
 import pytest
+from matplotlib.colors import to_rgba
 from scipy import stats
 
 from polgrad.results import figures, markdown
+from polgrad.results.compare import against
 from polgrad.results.findings import BASELINE_HEADING
 from polgrad.results.report import write_report
 
@@ -121,16 +127,15 @@ def test_forest_numbers_are_the_mds_paired_statistics(tmp_path):
         assert cells[2] == f"{r['p_holm']:.2g}"
 
 
-def test_forest_is_sorted_by_the_difference_and_leaves_out_the_baseline(tmp_path):
+def test_forest_without_a_grid_keeps_the_rows_order_and_leaves_out_the_baseline(tmp_path):
     figs = _plot(tmp_path, _rows(run_dirs=False))
-    assert figs.order == ["up", "flat", "down"]  # Δ = +0.2, +0.01, −0.06: best first
+    assert figs.order == ["up", "down", "flat"]  # the CSV's order, not Δ (+0.2, −0.06, +0.01)
     assert "base" not in {r["label"] for r in figs.forest}
-    lower = _plot(tmp_path, _rows(run_dirs=False), higher_is_better=False)
-    assert lower.order == ["down", "flat", "up"]
+    assert figs.factor == "" and figs.groups == [("", ["up", "down", "flat"])]  # one factor: no groups
     # no baseline named: the reference is the leader by mean, and it has no row either
     lead = _plot(tmp_path, _rows(run_dirs=False), baseline=None)
     assert (lead.reference, lead.reference_kind) == ("up", "leader")
-    assert lead.order == ["flat", "base", "down"]
+    assert lead.order == ["base", "down", "flat"]
 
 
 def test_curves_are_smoothed_as_stated_and_eval_starts_at_step_0(tmp_path):
@@ -181,3 +186,311 @@ def test_write_report_writes_both_figures_and_the_md_shows_them(tmp_path):
     text = md.read_text()
     assert "![e](e.png)" in text and "![e_curves](e_curves.png)" in text
     assert _is_png(png) and _is_png(tmp_path / "e_curves.png")
+
+
+# ----------------------------------------------------------------------------- a grid of two factors
+STALE = ["0", "1", "2"]  # declared order of the outer factor (deliberately not sorted by Δ below)
+FIX = ["@clip.ppo", "@clip.tis"]
+SEEDS = range(8)
+# Δ eval_accuracy to the baseline (stale 0, ppo) per configuration: grid order is not the order of Δ
+SHIFT = {("1", "@clip.ppo"): -0.10, ("1", "@clip.tis"): 0.05, ("2", "@clip.ppo"): 0.20}
+SHIFT |= {("2", "@clip.tis"): -0.20, ("0", "@clip.tis"): 0.01}
+NOISE = [0.010, -0.020, 0.015, -0.010, 0.000, 0.020, -0.015, 0.005]
+
+
+def _grid(not_read=lambda stale, fix: ""):
+    """(rows, cells): every configuration of STALE × FIX (in that nesting, the sweep's expansion), 8
+    seeds; the CSV rows written in REVERSE, so only experiment.json's cells give the grid order."""
+    cells, rows = [], []
+    for i, (stale, fix) in enumerate((stale, fix) for stale in STALE for fix in FIX):
+        for seed in SEEDS:
+            cid = f"{stale}-{fix}-s{seed}"
+            cells.append({"id": cid, "spec": "grpo", "swept": {"st": stale, "Algorithm.fix": fix}})
+            shift = SHIFT.get((stale, fix), 0.0)
+            # noise shifted by the configuration (no constant paired difference): a shift of 0.05 or
+            # more stands far above it (significant), 0.01 does not (see the test)
+            acc = 0.4 + shift + NOISE[(seed + i) % 8]
+            kl = 0.1 + 0.01 * (int(stale) + 1) + NOISE[(seed + 3 * i) % 8] / 10
+            rows.append(
+                {"cell_id": cid, "spec": "grpo", "st": stale, "Algorithm.fix": fix, "seed": str(seed)}
+                | {"status": "ok", "eval_accuracy": str(acc), "kl_exact": str(kl), "run_dir": ""}
+                | {"not_read": not_read(stale, fix)}
+            )
+    return rows[::-1], cells
+
+
+BASE2 = {"spec": "grpo", "st": "0", "Algorithm.fix": "@clip.ppo"}
+
+
+def _plot_grid(tmp_path, rows, cells, **kw):
+    kw = {"baseline": BASE2, "cells": cells, **kw}
+    return figures.plot(
+        tmp_path / "g.png", "g", rows, swept_columns=["st", "Algorithm.fix"], results_dir=tmp_path, **kw
+    )
+
+
+def _panels(figs):
+    """The forest's metric panels (the figure's other Axes are their right-hand twins)."""
+    return figs.forest_figure.axes[: len(figs.metrics)]
+
+
+def _hlines(ax):
+    """The y of the lines across the whole panel (axhline: x from 0 to 1 in axes coordinates)."""
+    return [
+        ln.get_ydata()[0]
+        for ln in ax.lines
+        if list(ln.get_xdata()) == [0, 1] and len(set(ln.get_ydata())) == 1
+    ]
+
+
+def _vlines(ax):
+    """The x of the lines along the whole panel (axvline)."""
+    return [
+        ln.get_xdata()[0]
+        for ln in ax.lines
+        if list(ln.get_ydata()) == [0, 1] and len(set(ln.get_xdata())) == 1
+    ]
+
+
+def _ticks(ax):
+    """{y: text} of the forest's left tick labels."""
+    return {round(y): t.get_text() for y, t in zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)}
+
+
+def test_forest_rows_follow_the_grid_grouped_by_the_first_swept_binding_not_the_difference(tmp_path):
+    rows, cells = _grid()
+    figs = _plot_grid(tmp_path, rows, cells)
+    # grid order (stale 0, 1, 2; ppo before tis within each), the baseline (0, ppo) left out
+    expected = ["st=0 · fix=@clip.tis", "st=1 · fix=@clip.ppo", "st=1 · fix=@clip.tis"]
+    expected += ["st=2 · fix=@clip.ppo", "st=2 · fix=@clip.tis"]
+    assert figs.order == expected
+    assert figs.factor == "st"
+    assert figs.groups == [("st=0", expected[:1]), ("st=1", expected[1:3]), ("st=2", expected[3:])]
+    # drawn so: top to bottom, a bold group label above its rows (the factor left out of them), a group
+    # of one is one row named whole, and a separator line between groups on every panel
+    ax = figs.forest_figure.axes[0]
+    ticks = _ticks(ax)
+    top_down = [ticks[y] for y in sorted(ticks, reverse=True)]
+    assert top_down == ["st=0 · fix=@clip.tis", "st=1", "fix=@clip.ppo", "fix=@clip.tis"] + [
+        "st=2",
+        "fix=@clip.ppo",
+        "fix=@clip.tis",
+    ]
+    bold = [t.get_text() for t in ax.get_yticklabels() if t.get_fontweight() == "bold"]
+    assert sorted(bold) == ["st=1", "st=2"]
+    for panel in _panels(figs):
+        # y 6 = st=0's one row; 5-3 = st=1's label and rows; 2-0 = st=2's
+        assert sorted(_hlines(panel)) == [2.5, 5.5]
+    # the order of Δ is another order: sorting would have changed the figure
+    deltas = {r["label"]: r["mean"] for r in figs.forest if r["metric"] == "eval_accuracy"}
+    assert sorted(expected, key=deltas.get, reverse=True) != expected
+    # without experiment.json's cells the rows keep the CSV's order (here reversed), still grouped
+    rev = _plot_grid(tmp_path, rows, ())
+    assert rev.order == [expected[4], expected[3], expected[2], expected[1], expected[0]]
+    assert [g for g, _ in rev.groups] == ["st=2", "st=1", "st=0"]
+
+
+def test_a_no_difference_prediction_shades_its_margin_and_every_panel_has_the_zero_line(tmp_path):
+    rows, cells = _grid()
+    equal = {"claim": "tis at 0 matches", "config": {"st": "0", "Algorithm.fix": "@clip.tis"}}
+    equal |= {"metric": "eval_accuracy", "expected": "no difference", "margin": 0.03}
+    lower = {"claim": "st 1 loses", "config": {"st": "1", "Algorithm.fix": "@clip.ppo"}}
+    lower |= {"metric": "kl_exact", "expected": "lower", "margin": None}
+    figs = _plot_grid(tmp_path, rows, cells, predictions=[equal, lower])
+    assert figs.metrics == ["eval_accuracy", "kl_exact"]
+    acc, kl = _panels(figs)
+    assert [_xspan(acc, p) for p in acc.patches] == [pytest.approx((-0.03, 0.03), abs=1e-9)]
+    assert "±0.03" in acc.get_xlabel() and "tis at 0 matches" in acc.get_xlabel()
+    assert list(kl.patches) == []  # a directional prediction has no margin
+    assert all(_vlines(ax) == [0.0] for ax in (acc, kl))
+    # against the leader (no baseline) the margin, a difference to the baseline, is not drawn
+    lead = _plot_grid(tmp_path, rows, cells, predictions=[equal], baseline=None)
+    assert lead.reference_kind == "leader" and all(list(ax.patches) == [] for ax in _panels(lead))
+    assert all(_vlines(ax) == [0.0] for ax in _panels(lead))
+
+
+def _xspan(ax, patch):
+    """The patch's x extent in data coordinates (through the display, whatever kind of patch)."""
+    box = patch.get_window_extent()
+    (x0, _), (x1, _) = ax.transData.inverted().transform([[box.x0, 0], [box.x1, 0]])
+    return x0, x1
+
+
+def _configurations(ax):
+    """{y: (st, fix)} read off the left tick labels top to bottom: a bold label opens a group, a row
+    under it names the fix, a row of its own names both."""
+    group, out = None, {}
+    for y, t in sorted(zip(ax.get_yticks(), ax.get_yticklabels(), strict=True), key=lambda yt: -yt[0]):
+        parts = dict(p.split("=", 1) for p in t.get_text().split(" · "))
+        if t.get_fontweight() == "bold":
+            group = parts["st"]
+        else:
+            out[round(y)] = (parts.get("st", group), parts["fix"])
+    return out
+
+
+def _markers(ax, configurations):
+    """{configuration: (edge colour, filled)} of the panel's point estimates, matched by their y."""
+    out = {}
+    for ln in ax.lines:
+        if ln.get_marker() == "o":
+            edge, face = to_rgba(ln.get_markeredgecolor()), to_rgba(ln.get_markerfacecolor())
+            assert face in (edge, to_rgba("white"))  # filled or hollow, nothing else
+            out[configurations[round(ln.get_ydata()[0])]] = (edge, face == edge)
+    return out
+
+
+def test_a_filled_marker_is_a_significant_difference_and_the_colour_is_not_the_sign(tmp_path):
+    rows, cells = _grid()
+    figs = _plot_grid(tmp_path, rows, cells)
+    for ax, metric in zip(_panels(figs), figs.metrics, strict=True):
+        drawn = _markers(ax, _configurations(figs.forest_figure.axes[0]))
+        comps = against(rows, ["spec", "st", "Algorithm.fix"], metric, ("grpo", "0", "@clip.ppo"))
+        # filled exactly where the md's Holm-corrected comparison is significant
+        assert {k: filled for k, (_, filled) in drawn.items()} == {c.other[1:]: c.significant for c in comps}
+    drawn = _markers(_panels(figs)[0], _configurations(figs.forest_figure.axes[0]))
+    # the design: both kinds of marker, and significant differences of both signs
+    assert {k: filled for k, (_, filled) in drawn.items()} == {
+        ("0", FIX[1]): False,
+        ("1", FIX[0]): True,
+        ("1", FIX[1]): True,
+        ("2", FIX[0]): True,
+        ("2", FIX[1]): True,
+    }
+    # the colour follows the inner factor (recurring in every group), never the sign:
+    assert drawn[("2", FIX[0])][0] == drawn[("1", FIX[0])][0]  # +0.2 and −0.1, both ppo
+    assert drawn[("2", FIX[1])][0] == drawn[("1", FIX[1])][0]  # −0.2 and +0.05, both tis
+    # ...and without groups one neutral colour: up (+0.2) and down (−0.06) alike
+    flat = _plot(tmp_path, _rows(run_dirs=False))
+    ax = _panels(flat)[0]
+    edges = {to_rgba(ln.get_markeredgecolor()) for ln in ax.lines if ln.get_marker() == "o"}
+    assert len(edges) == 1
+
+
+@pytest.mark.parametrize(
+    "primary, higher, expected",
+    [
+        # accuracy ranked higher-is-better; the KL panel says what lower means, not "better"
+        ("eval_accuracy", True, ["higher is better →", "← lower = closer to reference"]),
+        # a primary metric ranked lower-is-better (Sweep.higher_is_better = False)
+        ("eval_accuracy", False, ["← lower is better", "← lower = closer to reference"]),
+        # kl_ablation: the KL is the primary metric, and accuracy gets its own panel
+        ("kl_exact", False, ["← lower = closer to reference", "higher is better →"]),
+    ],
+)
+def test_every_panel_says_which_way_is_better(tmp_path, primary, higher, expected):
+    rows, cells = _grid()
+    figs = _plot_grid(tmp_path, rows, cells, primary_metric=primary, higher_is_better=higher)
+    assert [ax.get_xlabel().splitlines()[1] for ax in _panels(figs)] == expected
+
+
+def test_no_label_names_a_binding_the_configuration_does_not_read(tmp_path):
+    """clip_rules' design: eps is swept with ppo only, and clip.none / clip.dual do not read it (the
+    CSV's not_read): their rows and curve panels do not name it; ppo's, which read it, do."""
+    configs = [("@clip.none", "0.2", "eps"), ("@clip.ppo", "0.2", ""), ("@clip.ppo", "0.28", "")]
+    configs += [("@clip.dual", "0.2", "eps")]
+    rows, cells = [], []
+    for i, (clip, eps, unread) in enumerate(configs):
+        for seed in range(3):
+            cid = f"{clip}-{eps}-s{seed}"
+            cells.append({"id": cid})
+            rows.append(
+                {"cell_id": cid, "spec": "grpo", "Algorithm.clip": clip, "eps": eps, "seed": str(seed)}
+                | {"status": "ok", "eval_accuracy": str(0.3 + 0.1 * i + NOISE[seed + i]), "not_read": unread}
+                | {"run_dir": f"c/runs/{cid}"}
+            )
+    _write_runs(tmp_path, rows)
+    base = {"Algorithm.clip": "@clip.ppo", "eps": "0.2"}
+    figs = figures.plot(
+        tmp_path / "c.png",
+        "c",
+        rows,
+        swept_columns=["Algorithm.clip", "eps"],
+        results_dir=tmp_path,
+        baseline=base,
+        cells=cells,
+    )
+    shown = ["clip=@clip.none", "clip=@clip.ppo · eps=0.28", "clip=@clip.dual"]
+    assert figs.order == shown
+    # groups of one row each are no groups: no group label, no separator
+    assert figs.factor == "" and all(_hlines(ax) == [] for ax in _panels(figs))
+    ticks = _ticks(figs.forest_figure.axes[0])
+    assert [ticks[y] for y in sorted(ticks, reverse=True)] == shown  # top to bottom
+    titles = [a.get_title() for a in figs.curves_figure.axes if a.get_title()]
+    assert [t.replace("\xa0", " ").split(" (")[0] for t in titles] == shown  # (a no-break space wraps)
+
+
+def _write_counted_runs(tmp_path, rows, per_step):
+    """_write_runs, and each metrics row's cumulative `sampled_sequences`: per_step(seed) × step."""
+    _write_runs(tmp_path, rows)
+    for r in rows:
+        s = int(r["seed"])
+        path = tmp_path / r["run_dir"] / "metrics.jsonl"
+        lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+        path.write_text(
+            "".join(json.dumps(m | {"sampled_sequences": per_step(s) * m["step"]}) + "\n" for m in lines)
+        )
+
+
+def test_curves_run_against_sampled_sequences_when_the_runs_count_them(tmp_path):
+    rows = _rows()
+    _write_counted_runs(tmp_path, rows, lambda seed: 64 + 8 * seed)  # a refill samples more on some seeds
+    figs = _plot(tmp_path, rows)
+    assert figs.x_axis == figures.SEQUENCES
+    # x = the mean over seeds 0, 1, 2 of (64 + 8 s) × step = 72 × step; eval's step 0 = 0 sequences
+    x, mean, _ = figs.curves["up"]["eval accuracy"]
+    assert x == pytest.approx([0, 144, 288], abs=1e-12) and mean[0] == pytest.approx(0.31, abs=1e-12)
+    x, _, _ = figs.curves["up"]["train reward"]
+    assert x == pytest.approx([72, 144, 216, 288], abs=1e-12)
+    bottom = [a for a in figs.curves_figure.axes if a.get_xlabel()]
+    assert bottom and all(a.get_xlabel() == "sampled sequences (cumulative)" for a in bottom)
+
+
+def test_curves_run_against_steps_when_a_run_does_not_count_sequences(tmp_path):
+    rows = _rows()
+    _write_counted_runs(tmp_path, rows, lambda seed: 64)
+    first = tmp_path / rows[0]["run_dir"] / "metrics.jsonl"  # one run from before the counter
+    first.write_text("".join(json.dumps({"step": t, "reward_mean": 0.5}) + "\n" for t in (1, 2, 3, 4)))
+    figs = _plot(tmp_path, rows)
+    assert figs.x_axis == figures.STEPS and figs.curves["up"]["eval accuracy"][0] == [0, 2, 4]
+    bottom = [a for a in figs.curves_figure.axes if a.get_xlabel()]
+    assert bottom and all(a.get_xlabel() == "optimizer step" for a in bottom)
+
+
+def test_a_list_of_tuples_groups_by_the_binding_it_nests_by(tmp_path):
+    """kl_ablation's grid (with one more β), a list of (kl, placement, coef): kl comes first but its
+    values do not nest (k1, k1, k2, k3, k1), placement's do (loss ×4, reward): the rows group by
+    placement, in grid order (grouping by kl would have moved k1 in the reward up)."""
+    grid = [("k1", "loss", "0.0"), ("k1", "loss", "0.5"), ("k1", "loss", "1.0"), ("k2", "loss", "0.5")]
+    grid += [("k3", "loss", "0.5"), ("k1", "reward", "0.5")]
+    rows, cells = [], []
+    for i, (kl, place, coef) in enumerate(grid):
+        for seed in range(4):
+            cid = f"{kl}-{place}-{coef}-s{seed}"
+            cells.append({"id": cid})
+            rows.append(
+                {"cell_id": cid, "spec": "grpo", "kl": kl, "place": place, "coef": coef, "seed": str(seed)}
+                | {"status": "ok", "eval_accuracy": str(0.3 + 0.01 * i + NOISE[(seed + i) % 8])}
+            )
+    figs = figures.plot(
+        tmp_path / "k.png",
+        "k",
+        rows[::-1],
+        swept_columns=["kl", "place", "coef"],
+        results_dir=tmp_path,
+        baseline={"kl": "k1", "place": "loss", "coef": "0.0"},
+        cells=cells,
+    )
+    assert figs.factor == "place"
+    loss = ["kl=k1 · place=loss · coef=0.5", "kl=k1 · place=loss · coef=1.0"]
+    loss += ["kl=k2 · place=loss · coef=0.5", "kl=k3 · place=loss · coef=0.5"]
+    assert figs.groups == [("place=loss", loss), ("place=reward", ["kl=k1 · place=reward · coef=0.5"])]
+    ticks = _ticks(figs.forest_figure.axes[0])
+    assert [ticks[y] for y in sorted(ticks, reverse=True)] == [
+        "place=loss",
+        "kl=k1 · coef=0.5",
+        "kl=k1 · coef=1.0",
+        "kl=k2 · coef=0.5",
+        "kl=k3 · coef=0.5",
+        "kl=k1 · place=reward · coef=0.5",
+    ]

@@ -4,15 +4,31 @@
   experiment's baseline (the leader by mean when the experiment names no baseline) in the primary
   metric and in the KL (kl_exact where the runs measured it), with its 95% CI and Holm-corrected p.
   These are the md's numbers: `polgrad.results.compare.against`, one Holm family per metric, as in
-  the md's "Paired differences to the baseline" table. Rows are sorted by the difference in the
-  primary metric, best at the top; the baseline has no row (it is the zero line).
-- results/<experiment>_curves.png, small multiples: one panel per configuration, that configuration
-  against the baseline: train reward (metrics.jsonl `reward_mean`) smoothed per seed by an
-  exponential moving average of span `EMA_SPAN` steps, y_1 = x_1, y_t = a x_t + (1 - a) y_{t-1}
-  with a = 2 / (span + 1), and held-out accuracy from eval.jsonl (step 0 = the starting policy).
-  Line = mean over seeds; band = the 95% CI of that mean over seeds (Student t, n - 1 dof).
+  the md's "Paired differences to the baseline" table. Rows are in grid order (the order of the
+  sweep's cells in experiment.json: the swept values as declared), never sorted by the difference,
+  grouped (`grouping`) by the first column (spec, then the swept bindings) whose values nest the grid
+  (one contiguous run per value: off_policy's staleness, the outer loop of a product; kl_ablation's
+  placement in its list of tuples) under a bold group label and a separator line, unless every group
+  would be one row; the baseline has no row (it is the zero line, drawn on every panel). A marker is filled
+  when the difference is significant after the md's Holm correction (`Comparison.significant`),
+  hollow otherwise; its colour never encodes the sign (one neutral colour, or one colour per
+  within-group label that recurs in several groups, e.g. off_policy's correction at each staleness).
+  A label names only the swept bindings the configuration reads (the CSV's `not_read` leaves the
+  others out). Every panel says which way is better: the primary metric by the experiment's
+  `higher_is_better`, a KL "lower = closer to reference", held-out accuracy "higher is better".
+  A 'no difference' prediction's equivalence margin (experiment.json `predictions`, `margin`) is a
+  shaded band ±margin on its metric's panel (against the baseline only: the margin is a difference
+  to the baseline).
+- results/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one panel per
+  configuration, that configuration against the baseline: train reward (metrics.jsonl
+  `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
+  held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band =
+  the 95% CI of that mean over seeds. The x axis is the cumulative number of sampled sequences when
+  every run's metrics.jsonl rows have `sampled_sequences`, else the optimizer step; its label says
+  which.
 
-`plot` returns the tables it drew (`Figures`), so a test can compare them with the md's statistics.
+`plot` returns the tables it drew (`Figures`, with the matplotlib figures, closed, for inspection), so
+a test can compare them with the md's statistics.
 """
 
 from __future__ import annotations
@@ -25,60 +41,135 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polgrad.io import atomic_path
 from polgrad.results.compare import Key, against, by_seed, leader
+from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' smoothing, re-exported)
+    EMA_SPAN,
+    SEQUENCES,
+    STEPS,
+    draw_curves,
+    ema,
+    mean_band,
+    on_sequences,
+    save_png,
+    seed_curves,
+)
 from polgrad.results.findings import kl_metric
-from polgrad.results.stats import t_ppf
-from polgrad.results.store import read_metrics, unread_columns
+from polgrad.results.store import unread_columns
 
-EMA_SPAN = 10  # steps; a = 2 / 11
-ALPHA_MARK = 0.05  # a filled marker: Holm-corrected p below this
+KL_METRICS = ("kl", "kl_exact")  # lower = closer to the reference policy, not "better"
+NEUTRAL = "0.2"  # the markers' colour where no label recurs across groups
+# (no green: the equivalence margin's band is green)
+PALETTE = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:cyan", "tab:olive")
 
 
-def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
-    """Exponential moving average: y_1 = x_1, y_t = a x_t + (1 - a) y_{t-1}, a = 2 / (span + 1).
-
-    [T] -> [T]. A non-finite x_t carries y_{t-1} forward (NaN until the first finite value).
-    """
-    if span < 1:
-        raise ValueError(f"ema span must be >= 1, got {span}")
-    a = 2.0 / (span + 1.0)
-    out: list[float] = []
-    y = math.nan
-    for x in values:
-        x = float(x)
-        if math.isfinite(x):
-            y = x if math.isnan(y) else a * x + (1.0 - a) * y
-        out.append(y)
-    return out
+def direction(metric: str, primary: str, higher_is_better: bool) -> str:
+    """The panel's reading direction: a KL is closer to the reference when lower (whatever the
+    experiment ranks by); the primary metric follows `higher_is_better`; accuracy is better higher."""
+    if metric in KL_METRICS:
+        return "← lower = closer to reference"
+    if metric == primary and not higher_is_better:
+        return "← lower is better"
+    return "higher is better →"
 
 
 @dataclass
 class Figures:
     """What `plot` drew. `forest`: one dict per (configuration, metric) row (label, metric, mean, low,
-    high, p_holm, n); `order`: the configurations' labels top to bottom; `curves`: {label: {series:
-    (steps, mean, half-width)}}; `note`: the text shown instead of curves (e.g. no run folders)."""
+    high, p_holm, n, significant); `order`: the configurations' labels top to bottom (grid order);
+    `factor`: the grouping column ("" when not grouped); `groups`: [(group label, [labels])] top to
+    bottom; `shown`: the text of each label's row (without the factor under a group label);
+    `margins`: {metric: [(margin, claim)]} drawn as bands; `x_axis`: the curves' x axis (`SEQUENCES`
+    or `STEPS`); `curves`: {label: {series: (x, mean, half-width)}}; `note`: the text
+    shown instead of curves (e.g. no run folders); `forest_figure`, `curves_figure`: the matplotlib
+    figures (closed after saving; their Axes stay inspectable)."""
 
     reference: str
     reference_kind: str  # "baseline" | "leader" | ""
     metrics: list[str]
     forest: list[dict[str, Any]] = field(default_factory=list)
     order: list[str] = field(default_factory=list)
+    factor: str = ""
+    groups: list[tuple[str, list[str]]] = field(default_factory=list)
+    shown: dict[str, str] = field(default_factory=dict)  # label -> the text of its row
+    margins: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    x_axis: str = STEPS
     curves: dict[str, dict[str, tuple[list, list, list]]] = field(default_factory=dict)
     note: str = ""
     seeds: dict[str, int] = field(default_factory=dict)  # run folders with curves, per label
     paths: tuple[Path, ...] = ()
+    forest_figure: Any = field(default=None, repr=False)
+    curves_figure: Any = field(default=None, repr=False)
 
 
-def _label(key: Key, group_columns: Sequence[str], one_spec: bool, unread: set[str] | None = None) -> str:
-    """The configuration's name: its spec (unless all share one) and the swept bindings it reads."""
+def _binding(column: str, value: str) -> str:
+    return f"{column.removeprefix('Algorithm.')}={value}"
+
+
+def _label(
+    key: Key,
+    group_columns: Sequence[str],
+    one_spec: bool,
+    unread: set[str] | None = None,
+    leave_out: str = "",
+) -> str:
+    """The configuration's name: its spec (unless all share one) and the swept bindings it reads
+    (but `leave_out`, the group's factor, which its group label shows)."""
     parts = [] if one_spec and len(group_columns) > 1 else [key[0]]
+    parts = [p for p in parts if leave_out != group_columns[0]]
     parts += [
-        f"{c.removeprefix('Algorithm.')}={v}"
+        _binding(c, v)
         for c, v in zip(group_columns[1:], key[1:], strict=True)
-        if c not in (unread or ())
+        if c not in (unread or ()) and c != leave_out
     ]
-    return " · ".join(parts) or str(key[0])
+    return " · ".join(parts)
+
+
+def grid_order(rows, group_columns: Sequence[str], cells: Sequence[dict[str, Any]] = ()) -> list[Key]:
+    """The configurations in grid order: by the first position of one of their cells in `cells`
+    (experiment.json's list, the expansion order of the swept values as declared); configurations of
+    no listed cell follow in the rows' order."""
+    index = {str(c.get("id")): i for i, c in enumerate(cells)}
+    first: dict[Key, float] = {}
+    for r in rows:
+        key = tuple(str(r.get(c, "")) for c in group_columns)
+        at = index.get(str(r.get("cell_id")), math.inf)
+        first[key] = min(first.get(key, math.inf), at)
+    seen = list(first)  # insertion order = the rows' order
+    return sorted(seen, key=lambda k: (first[k], seen.index(k)))
+
+
+def _value(key: Key, i: int, column: str, unread: dict) -> str:
+    """The configuration's value of group column i, "not read" where it does not read the binding."""
+    return "not read" if column in unread.get(tuple(key), ()) else key[i]
+
+
+def grouping(keys: Sequence[Key], group_columns: Sequence[str], unread: dict) -> str:
+    """The grid's outer factor: the first group column whose values along `keys` (grid order) are two
+    or more contiguous runs, one per value, and not all single configurations ("" when no column is:
+    no groups). In a product of axes that is the first varying one (the outermost loop: off_policy's
+    staleness); in a list of tuples the first binding the list nests by (kl_ablation's placement), so
+    grouping never reorders the grid."""
+    for i, c in enumerate(group_columns):
+        values = [_value(k, i, c, unread) for k in keys]
+        runs = [v for j, v in enumerate(values) if j == 0 or v != values[j - 1]]
+        if 2 <= len(runs) < len(values) and len(set(runs)) == len(runs):
+            return c
+    return ""
+
+
+def margin_bands(predictions: Sequence[dict[str, Any]], reference_kind: str) -> dict[str, list]:
+    """{metric: [(margin, claim)]} of the 'no difference' predictions with a margin (distinct margins;
+    none unless the reference is the baseline the predictions are stated against)."""
+    out: dict[str, list[tuple[float, str]]] = {}
+    if reference_kind != "baseline":
+        return out
+    for p in predictions:
+        margin = p.get("margin")
+        if p.get("expected") == "no difference" and margin is not None and float(margin) > 0:
+            have = out.setdefault(str(p.get("metric")), [])
+            if all(m != float(margin) for m, _ in have):
+                have.append((float(margin), str(p.get("claim", ""))))
+    return out
 
 
 def _reference(rows, group_columns, primary, higher_is_better, baseline) -> tuple[Key | None, str]:
@@ -91,73 +182,20 @@ def _reference(rows, group_columns, primary, higher_is_better, baseline) -> tupl
     return best, ("leader" if best is not None else "")
 
 
-def forest_table(rows, group_columns, primary, metrics, reference, label, higher_is_better=True):
-    """The forest plot's rows: `against(reference)` per metric (the md's numbers), and the labels
-    sorted by the difference in `primary`, best first (configurations without a paired seed last)."""
+def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[list, list[str]]:
+    """The forest plot's rows: `against(reference)` per metric (the md's numbers, its
+    `significant`), and the labels of `keys` (grid order) but the reference's, in that order."""
     table = []
-    order_of: dict[str, float] = {}
     for m in metrics:
         for c in against(rows, group_columns, m, reference):
             t = c.test
             if t.n == 0:
                 continue
-            lab = label(c.other)
             table.append(
-                {"label": lab, "metric": m, "mean": t.mean, "low": t.low, "high": t.high}
+                {"label": label(c.other), "metric": m, "mean": t.mean, "low": t.low, "high": t.high}
                 | {"p_holm": c.p_holm, "n": t.n, "significant": c.significant}
             )
-            if m == primary:
-                order_of[lab] = t.mean if higher_is_better else -t.mean
-    labels = list(dict.fromkeys(r["label"] for r in table))
-    order = sorted(labels, key=lambda lab: (lab not in order_of, -order_of.get(lab, 0.0)))
-    return table, order
-
-
-def _seed_curves(run_dirs: Sequence[Path]) -> dict[str, list[dict[int, float]]]:
-    """Per seed: smoothed train reward {step: EMA} and eval accuracy {step: accuracy} (eval.jsonl)."""
-    from polgrad.evaluation import read_evals
-
-    out: dict[str, list[dict[int, float]]] = {"train reward": [], "eval accuracy": []}
-    for d in run_dirs:
-        m = [r for r in read_metrics(d / "metrics.jsonl") if isinstance(r.get("reward_mean"), (int, float))]
-        if m:
-            out["train reward"].append(
-                dict(zip((r["step"] for r in m), ema([r["reward_mean"] for r in m]), strict=True))
-            )
-        try:
-            evals = read_evals(str(d))
-        except ValueError:  # a torn last line of a run still writing
-            evals = []
-        acc = {int(e["step"]): float(e["accuracy"]) for e in evals if e.get("accuracy") is not None}
-        if acc:
-            out["eval accuracy"].append(acc)
-    return out
-
-
-def _mean_band(series: list[dict[int, float]]) -> tuple[list, list, list]:
-    """(steps, mean over seeds, half-width of its 95% CI: t_{0.975, n-1} s / sqrt(n); NaN where n < 2)."""
-    steps = sorted(set().union(*series))
-    means, halves = [], []
-    for s in steps:
-        xs = [d[s] for d in series if s in d and math.isfinite(d[s])]
-        n = len(xs)
-        mean = sum(xs) / n if n else math.nan
-        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-        means.append(mean)
-        halves.append(t_ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan)
-    return steps, means, halves
-
-
-def _save(fig, path: Path) -> None:
-    """Write the PNG atomically (polgrad.io.atomic_path: no temp file left behind, a full disk is one
-    line naming the file, the PNG readable with the user's umask)."""
-    import matplotlib.pyplot as plt
-
-    try:
-        with atomic_path(path, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")  # long configuration labels stay inside
-    finally:
-        plt.close(fig)
+    return table, [label(k) for k in keys if tuple(k) != tuple(reference)]
 
 
 def curves_path(path: str | os.PathLike) -> Path:
@@ -176,20 +214,21 @@ def plot(
     primary_metric: str = "eval_accuracy",
     higher_is_better: bool = True,
     baseline: dict[str, str] | None = None,
+    cells: Sequence[dict[str, Any]] = (),
+    predictions: Sequence[dict[str, Any]] = (),
 ) -> Figures:
     """Write the forest plot to `path` and the learning curves beside it (`curves_path`); return the
-    tables drawn."""
+    tables drawn. `cells` (experiment.json's) give the grid order, `predictions` the margins."""
     import matplotlib
 
     matplotlib.use("Agg")
     group_columns = ["spec", *swept_columns]
     ok = [r for r in rows if r.get("status") == "ok"]
     one_spec = len({str(r.get("spec", "")) for r in rows}) == 1
-
     unread = unread_columns(rows, group_columns)
 
-    def label(k):
-        return _label(k, group_columns, one_spec, unread.get(tuple(k)))
+    def label(k, leave_out=""):
+        return _label(k, group_columns, one_spec, unread.get(tuple(k)), leave_out) or str(k[0])
 
     ref, kind = _reference(rows, group_columns, primary_metric, higher_is_better, baseline)
     # the metrics of the md's paired table: the primary metric, the KL and the held-out accuracy
@@ -200,31 +239,61 @@ def plot(
         if m == primary_metric or any(str(r.get(m, "")).strip() for r in rows)
     ]
     figs = Figures(label(ref) if ref is not None else "", kind, metrics)
+    keys = grid_order(ok, group_columns, cells)
     if ref is not None:
-        figs.forest, figs.order = forest_table(
-            rows, group_columns, primary_metric, metrics, ref, label, higher_is_better
-        )
+        figs.forest, figs.order = forest_table(rows, group_columns, metrics, ref, label, keys)
+        shown = [k for k in keys if tuple(k) != tuple(ref)]
+        figs.factor = grouping(shown, group_columns, unread)
+        for name, members in _groups(shown, group_columns, figs.factor, unread):
+            figs.groups.append((name, [label(k) for k in members]))
+            # a row under its group's label leaves the factor out; a group of one is one row, named whole
+            figs.shown |= {label(k): label(k, figs.factor) if len(members) > 1 else label(k) for k in members}
+        figs.order = [lab for _, labels in figs.groups for lab in labels]  # grid order, grouped
+        figs.margins = margin_bands(predictions, kind)
     path = Path(path)
-    draw_forest(path, experiment, figs, primary_metric, higher_is_better)
+    figs.forest_figure = draw_forest(path, experiment, figs, primary_metric, higher_is_better)
     # Learning curves of each configuration (and the reference) from its run folders.
-    keys = list(dict.fromkeys(tuple(str(r.get(c, "")) for c in group_columns) for r in ok))
+    per_config = {}
     for k in keys:
         dirs = [
             Path(results_dir) / r["run_dir"]
             for r in ok
             if r.get("run_dir") and tuple(str(r.get(c, "")) for c in group_columns) == k
         ]
-        per = _seed_curves([d for d in dirs if d.is_dir()])
-        figs.seeds[label(k)] = max((len(s) for s in per.values()), default=0)
-        figs.curves[label(k)] = {name: _mean_band(s) for name, s in per.items() if s}
+        per_config[label(k)] = seed_curves([d for d in dirs if d.is_dir()])
+    # against sampled sequences only when every configuration with curves counted them
+    counted = any(q for _, q in per_config.values())
+    counted = counted and all(q or not any(s.values()) for s, q in per_config.values())
+    figs.x_axis = SEQUENCES if counted else STEPS
+    for lab, (per, sequences) in per_config.items():
+        figs.seeds[lab] = max((len(s) for s in per.values()), default=0)
+        bands = {name: mean_band(s) for name, s in per.items() if s}
+        figs.curves[lab] = {n: on_sequences(b, sequences) for n, b in bands.items()} if counted else bands
     if not any(figs.curves.values()):
         figs.note = (
             f"no learning curves: no run folder of {experiment} has metrics.jsonl or eval.jsonl "
             f"under {Path(results_dir) / experiment / 'runs'}"
         )
-    draw_curves(curves_path(path), experiment, figs, [label(k) for k in keys])
+    figs.curves_figure = draw_curves(curves_path(path), experiment, figs, [label(k) for k in keys])
     figs.paths = (path, curves_path(path))
     return figs
+
+
+def _groups(keys, group_columns, factor, unread) -> list[tuple[str, list[Key]]]:
+    """[(group label, [configurations])] in grid order: one group per value of `factor` (the
+    configurations that do not read it form a group of their own), or one unnamed group of all."""
+    if not factor:
+        return [("", list(keys))]
+    i = group_columns.index(factor)
+    out: dict[str, list[Key]] = {}
+    for k in keys:
+        value = _value(k, i, factor, unread)
+        if value == "not read":
+            name = f"{factor.removeprefix('Algorithm.')} not read"
+        else:
+            name = value if factor == "spec" else _binding(factor, value)
+        out.setdefault(name, []).append(k)
+    return list(out.items())
 
 
 def _fmt(x: float) -> str:
@@ -235,49 +304,90 @@ def _p(x: float) -> str:
     return "p –" if x is None or math.isnan(x) else ("p<1e-4" if x < 1e-4 else f"p={x:.2g}")
 
 
-def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher_is_better: bool) -> None:
-    """One panel per metric, one row per configuration: Δ = configuration − reference, paired by seed,
-    95% CI bar, Holm-corrected p on the right; filled marker where p (Holm) < ALPHA_MARK."""
+def _layout(figs: Figures) -> tuple[list[tuple[float, str, str]], list[float]]:
+    """Top to bottom: (y, text, label) per tick, label "" for a group's header; and the y of the
+    separators between groups. A group of one configuration has no header (its row names it whole)."""
+    ticks: list[tuple[str, str]] = []
+    seps: list[int] = []
+    for name, labels in figs.groups:
+        if ticks:
+            seps.append(len(ticks))
+        if name and len(labels) > 1:
+            ticks.append((name, ""))
+        ticks += [(figs.shown.get(lab, lab), lab) for lab in labels]
+    n = len(ticks)
+    return [(n - 1 - i, text, lab) for i, (text, lab) in enumerate(ticks)], [n - i - 0.5 for i in seps]
+
+
+def _colours(figs: Figures) -> dict[str, str]:
+    """One colour per row text that recurs in two or more groups (the inner factor, e.g. the
+    correction at each staleness); every other row neutral. Never the sign of the difference."""
+    counts: dict[str, int] = {}
+    for _, labels in figs.groups:
+        for text in dict.fromkeys(figs.shown.get(lab, lab) for lab in labels):
+            counts[text] = counts.get(text, 0) + 1
+    # in the order of the largest group (off_policy: ppo, tis, icepop as declared, though the
+    # staleness-0 group lacks the baseline's ppo)
+    largest = [figs.shown.get(lab, lab) for lab in max((g for _, g in figs.groups), key=len, default=[])]
+    recurring = [t for t, c in counts.items() if c > 1]
+    recurring.sort(key=lambda t: largest.index(t) if t in largest else len(largest))
+    if len(recurring) > len(PALETTE):
+        recurring = []
+    colour = dict(zip(recurring, PALETTE, strict=False))
+    return {lab: colour.get(figs.shown.get(lab, lab), NEUTRAL) for lab in figs.order}
+
+
+def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher_is_better: bool):
+    """One panel per metric, one row per configuration (grid order, grouped): Δ = configuration −
+    reference, paired by seed, 95% CI bar, Holm-corrected p on the right; filled marker where
+    `significant`, hollow otherwise; the zero line, and the equivalence margins as shaded bands.
+    Returns the figure (closed)."""
     import matplotlib.pyplot as plt
 
-    n = len(figs.order)
+    ticks, seps = _layout(figs)
+    n = len(ticks)
+    colour = _colours(figs)
     ncols = len(figs.metrics)
-    height = 0.42 * max(n, 2) + 1.9
-    fig, axes = plt.subplots(1, ncols, figsize=(5.6 * ncols + 1.6, height), sharey=True, squeeze=False)
-    y_of = {lab: n - 1 - i for i, lab in enumerate(figs.order)}
+    height = 0.4 * max(n, 2) + 2.3
+    fig, axes = plt.subplots(1, ncols, figsize=(5.4 * ncols + 1.6, height), sharey=True, squeeze=False)
     for ax, m in zip(axes[0], figs.metrics, strict=True):
         rows = {r["label"]: r for r in figs.forest if r["metric"] == m}
+        notes = []
+        for margin, claim in figs.margins.get(m, []):
+            ax.axvspan(-margin, margin, color="tab:green", alpha=0.13, lw=0, zorder=0)
+            notes.append(f"shaded: ±{margin:g} equivalence margin ('{claim}')")
         ax.axvline(0.0, color="0.35", lw=1.0, zorder=1)
-        for lab, r in rows.items():
-            y = y_of[lab]
-            # better / worse than the reference in the primary metric; other metrics (KL) neutral
-            better = (r["mean"] >= 0) == higher_is_better
-            color = ("tab:blue" if better else "tab:red") if m == primary else "0.2"
+        for y in seps:
+            ax.axhline(y, color="0.75", lw=0.8, zorder=1)
+        for y, _, lab in ticks:
+            r = rows.get(lab)
+            if r is None:
+                continue
+            c = colour.get(lab, NEUTRAL)
             if not math.isnan(r["low"]):
-                ax.plot([r["low"], r["high"]], [y, y], color=color, lw=2.0, zorder=2)
-            ax.plot(
-                [r["mean"]],
-                [y],
-                "o",
-                ms=7,
-                zorder=3,
-                color=color,
-                markerfacecolor=color if r["significant"] else "white",
-            )
+                ax.plot([r["low"], r["high"]], [y, y], color=c, lw=2.0, zorder=2)
+            face = c if r["significant"] else "white"
+            ax.plot([r["mean"]], [y], "o", ms=7, zorder=3, color=c, markerfacecolor=face, gid=f"{m}|{lab}")
         ax.set_ylim(-0.7, max(n, 1) - 0.3)
         ax.grid(axis="x", alpha=0.3)
-        ax.set_xlabel(f"Δ {m} (configuration − {figs.reference_kind or 'reference'})", fontsize=10)
-        direction = (
-            "" if m != primary else (" (higher is better)" if higher_is_better else " (lower is better)")
-        )
-        ax.set_title(f"{m}{direction}", fontsize=11)
+        ax.locator_params(axis="x", nbins=6)  # a narrow panel's tick labels must not run together
+        xlabel = [f"Δ {m} (configuration − {figs.reference_kind or 'reference'})"]
+        xlabel += [direction(m, primary, higher_is_better), *(textwrap.fill(t, 60) for t in notes)]
+        ax.set_xlabel("\n".join(xlabel), fontsize=10)
+        ax.set_title(m, fontsize=11)
         right = ax.twinx()
         right.set_ylim(ax.get_ylim())
-        right.set_yticks(range(n))
+        right.set_yticks([y for y, _, _ in ticks])
         right.set_yticklabels(
             [
-                (f"{_fmt(rows[lab]['mean'])}  {_p(rows[lab]['p_holm'])}" if lab in rows else "– (no values)")
-                for lab in reversed(figs.order)
+                ""
+                if not lab
+                else (
+                    f"{_fmt(rows[lab]['mean'])}  {_p(rows[lab]['p_holm'])}"
+                    if lab in rows
+                    else "– (no values)"
+                )
+                for _, _, lab in ticks
             ],
             fontsize=8.5,
         )
@@ -292,111 +402,21 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
                 transform=ax.transAxes,
                 fontsize=10,
             )
-    axes[0][0].set_yticks(range(n))
-    axes[0][0].set_yticklabels(list(reversed(figs.order)), fontsize=9.5)
+    left = axes[0][0]
+    left.set_yticks([y for y, _, _ in ticks])
+    left.set_yticklabels([text for _, text, _ in ticks], fontsize=9.5)
+    for tick, (_, _, lab) in zip(left.get_yticklabels(), ticks, strict=True):
+        tick.set_fontweight("normal" if lab else "bold")
+        tick.set_color(colour.get(lab, "black") if lab else "black")
     ref = f"the {figs.reference_kind} {figs.reference}" if figs.reference else "no reference"
+    grouped = f"; grouped by {figs.factor.removeprefix('Algorithm.')}" if figs.factor else ""
     fig.suptitle(
         f"{experiment}: each configuration − {ref}, paired by seed (mean, 95% CI)\n"
-        f"right: Δ and p Holm-corrected per metric (as in the md); filled = p (Holm) < {ALPHA_MARK}",
+        f"rows in grid order{grouped}; filled = significant after Holm's correction (as in the md), "
+        "hollow = not; right: Δ and p (Holm)",
         fontsize=11,
     )
     fig.tight_layout()
     fig.subplots_adjust(top=1 - 0.85 / height)
-    _save(fig, path)
-
-
-def draw_curves(path: Path, experiment: str, figs: Figures, labels: Sequence[str]) -> None:
-    """Small multiples: per configuration (forest order) a pair of panels, held-out accuracy above and
-    train reward below (their scales differ: a reward model's scores are not in [0, 1]), against the
-    reference in grey. Panels of one kind share their y axis; all share the step axis."""
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
-    if figs.note:  # nothing to draw: one panel that says why
-        fig, ax = plt.subplots(figsize=(8.0, 2.2))
-        ax.axis("off")
-        ax.text(0.5, 0.5, textwrap.fill(figs.note, 80), ha="center", va="center", fontsize=10)
-        ax.set_title(f"{experiment}: learning curves", fontsize=11)
-        fig.tight_layout()
-        _save(fig, path)
-        return
-    ref = figs.reference if figs.reference in figs.curves else ""
-    panels = (
-        [lab for lab in figs.order if lab in figs.curves] or [lab for lab in labels if lab != ref] or [ref]
-    )
-    kinds = ("eval accuracy", "train reward")
-    ncols = min(4, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    height = 4.4 * nrows + 1.5
-    fig, axes = plt.subplots(
-        2 * nrows, ncols, figsize=(3.7 * ncols + 0.7, height), sharex=True, squeeze=False
-    )
-    for row in range(2 * nrows):
-        for ax in axes[row]:
-            ax.sharey(axes[row % 2, 0]) if ax is not axes[row % 2, 0] else None
-    for i in range(len(panels), nrows * ncols):
-        for k in range(2):
-            axes[2 * (i // ncols) + k, i % ncols].set_visible(False)
-    for i, lab in enumerate(panels):
-        pair = [axes[2 * (i // ncols) + k, i % ncols] for k in range(2)]
-        for ax, kind in zip(pair, kinds, strict=True):
-            shown = [(ref, "0.45")] if ref and lab != ref else []
-            for who, color in [*shown, (lab, "0.45" if lab == ref else "tab:blue")]:
-                if kind not in figs.curves.get(who, {}):
-                    continue
-                steps, mean, half = figs.curves[who][kind]
-                marker = "o" if kind == "eval accuracy" else None
-                ax.plot(steps, mean, color=color, marker=marker, ms=3.5, lw=1.5)
-                lo = [m - h for m, h in zip(mean, half, strict=True)]
-                hi = [m + h for m, h in zip(mean, half, strict=True)]
-                ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
-            ax.grid(alpha=0.3)
-            ax.tick_params(labelsize=8.5)
-            if kind not in figs.curves.get(lab, {}):
-                ax.text(
-                    0.98,
-                    0.05,
-                    f"no {kind} logged",
-                    ha="right",
-                    va="bottom",
-                    transform=ax.transAxes,
-                    fontsize=8,
-                    color="tab:blue",
-                )
-            if i % ncols == 0:
-                ax.set_ylabel(
-                    kind if kind == "eval accuracy" else f"train reward\n(EMA span {EMA_SPAN})", fontsize=9
-                )
-        n_seeds = figs.seeds.get(lab, 0)
-        title = f"{lab} ({n_seeds} seed{'s' if n_seeds != 1 else ''})" if lab else ""
-        # long labels (several swept bindings) wrap inside their panel's width
-        pair[0].set_title(textwrap.fill(title.replace(" · ", " ·\u00a0"), width=44), fontsize=9.5)
-    for j in range(ncols):
-        last = max(r for r in range(2 * nrows) if axes[r, j].get_visible())
-        axes[last, j].set_xlabel("optimizer step", fontsize=9)
-        axes[last, j].xaxis.set_tick_params(labelbottom=True)
-    handles = [
-        *([Line2D([], [], color="tab:blue", lw=2, label="this configuration")] if panels != [ref] else []),
-        *([Line2D([], [], color="0.45", lw=2, label=f"{figs.reference_kind}: {ref}")] if ref else []),
-    ]
-    width = 3.7 * ncols + 0.7
-    title = textwrap.fill(
-        f"{experiment}: per configuration, held-out accuracy (top; step 0 = the start) and train reward "
-        f"(bottom; EMA of span {EMA_SPAN} steps, a = 2/{EMA_SPAN + 1}, per seed); line = mean over seeds, "
-        "band = 95% CI of that mean over seeds (Student t)",
-        width=int(width * 10.5),
-    )
-    head = 0.2 * (title.count("\n") + 1)  # inches of title
-    fig.suptitle(title, fontsize=10.5, y=1 - 0.06 / height)
-    fig.legend(
-        handles=handles,
-        loc="upper center",
-        ncol=2,
-        fontsize=9,
-        frameon=False,
-        bbox_to_anchor=(0.5, 1 - (head + 0.1) / height),
-    )
-    fig.tight_layout()
-    # room for the title, the legend and the panels' own (possibly two-line) titles
-    fig.subplots_adjust(top=1 - (head + 0.95) / height)
-    _save(fig, path)
+    save_png(fig, path)
+    return fig

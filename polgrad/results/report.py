@@ -325,5 +325,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         primary_metric=meta["primary_metric"],
         higher_is_better=meta.get("higher_is_better", True),
         baseline=meta.get("baseline"),
+        cells=meta["cells"],
+        predictions=meta.get("predictions", ()),
     )
     return md_path, png_path

@@ -1,0 +1,207 @@
+"""The learning curves of an experiment (results/<experiment>_curves.png), read from its run folders.
+
+Per configuration, against the experiment's reference in grey: train reward (metrics.jsonl
+`reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
+held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band = the
+95% CI of that mean over seeds (Student t, n - 1 dof), per step. The x axis is the cumulative number
+of sampled sequences when every run's metrics.jsonl rows have `sampled_sequences` (the budget's
+unit; a step's x = the mean over seeds of that count at the step, 0 at step 0), else the optimizer
+step; the axis label says which (`SEQUENCES`, `STEPS`).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from polgrad.io import atomic_path
+from polgrad.results.stats import t_ppf
+from polgrad.results.store import read_metrics
+
+EMA_SPAN = 10  # steps; a = 2 / 11
+SEQUENCES = "sampled sequences (cumulative)"
+STEPS = "optimizer step"
+
+
+def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
+    """Exponential moving average: y_1 = x_1, y_t = a x_t + (1 - a) y_{t-1}, a = 2 / (span + 1).
+
+    [T] -> [T]. A non-finite x_t carries y_{t-1} forward (NaN until the first finite value).
+    """
+    if span < 1:
+        raise ValueError(f"ema span must be >= 1, got {span}")
+    a = 2.0 / (span + 1.0)
+    out: list[float] = []
+    y = math.nan
+    for x in values:
+        x = float(x)
+        if math.isfinite(x):
+            y = x if math.isnan(y) else a * x + (1.0 - a) * y
+        out.append(y)
+    return out
+
+
+def seed_curves(run_dirs: Sequence[Path]) -> tuple[dict[str, list[dict[int, float]]], list[dict[int, float]]]:
+    """Per seed: smoothed train reward {step: EMA} and eval accuracy {step: accuracy} (eval.jsonl), and
+    the cumulative sampled sequences {step: count} (0 at step 0) of the seeds whose every metrics row
+    has `sampled_sequences` ([] when a seed's rows lack it: the curves are then against steps)."""
+    from polgrad.evaluation import read_evals
+
+    out: dict[str, list[dict[int, float]]] = {"train reward": [], "eval accuracy": []}
+    sequences: list[dict[int, float]] | None = []
+    for d in run_dirs:
+        rows = read_metrics(d / "metrics.jsonl")
+        m = [r for r in rows if isinstance(r.get("reward_mean"), (int, float))]
+        if m:
+            out["train reward"].append(
+                dict(zip((r["step"] for r in m), ema([r["reward_mean"] for r in m]), strict=True))
+            )
+        if rows and sequences is not None and all("sampled_sequences" in r for r in rows):
+            sequences.append({0: 0.0} | {int(r["step"]): float(r["sampled_sequences"]) for r in rows})
+        elif rows:
+            sequences = None
+        try:
+            evals = read_evals(str(d))
+        except ValueError:  # a torn last line of a run still writing
+            evals = []
+        acc = {int(e["step"]): float(e["accuracy"]) for e in evals if e.get("accuracy") is not None}
+        if acc:
+            out["eval accuracy"].append(acc)
+    return out, sequences or []
+
+
+def mean_band(series: list[dict[int, float]]) -> tuple[list, list, list]:
+    """(steps, mean over seeds, half-width of its 95% CI: t_{0.975, n-1} s / sqrt(n); NaN where n < 2)."""
+    steps = sorted(set().union(*series))
+    means, halves = [], []
+    for s in steps:
+        xs = [d[s] for d in series if s in d and math.isfinite(d[s])]
+        n = len(xs)
+        mean = sum(xs) / n if n else math.nan
+        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
+        means.append(mean)
+        halves.append(t_ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan)
+    return steps, means, halves
+
+
+def on_sequences(band: tuple[list, list, list], sequences: list[dict[int, float]]) -> tuple:
+    """The band with each step replaced by the mean over seeds of its cumulative sampled sequences
+    (a step no seed counted is left out)."""
+    kept = [
+        (sum(xs) / len(xs), m, h)
+        for s, m, h in zip(*band, strict=True)
+        if (xs := [q[s] for q in sequences if s in q])
+    ]
+    return tuple(list(col) for col in zip(*kept, strict=True)) if kept else ([], [], [])
+
+
+def save_png(fig, path: Path) -> None:
+    """Write the PNG atomically (polgrad.io.atomic_path: no temp file left behind, a full disk is one
+    line naming the file, the PNG readable with the user's umask)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")  # long configuration labels stay inside
+    finally:
+        plt.close(fig)
+
+
+def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
+    """Small multiples: per configuration (forest order) a pair of panels, held-out accuracy above and
+    train reward below (their scales differ: a reward model's scores are not in [0, 1]), against the
+    reference in grey. Panels of one kind share their y axis; all share the step axis."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    if figs.note:  # nothing to draw: one panel that says why
+        fig, ax = plt.subplots(figsize=(8.0, 2.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, textwrap.fill(figs.note, 80), ha="center", va="center", fontsize=10)
+        ax.set_title(f"{experiment}: learning curves", fontsize=11)
+        fig.tight_layout()
+        save_png(fig, path)
+        return fig
+    ref = figs.reference if figs.reference in figs.curves else ""
+    panels = (
+        [lab for lab in figs.order if lab in figs.curves] or [lab for lab in labels if lab != ref] or [ref]
+    )
+    kinds = ("eval accuracy", "train reward")
+    ncols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    height = 4.4 * nrows + 1.5
+    fig, axes = plt.subplots(
+        2 * nrows, ncols, figsize=(3.7 * ncols + 0.7, height), sharex=True, squeeze=False
+    )
+    for row in range(2 * nrows):
+        for ax in axes[row]:
+            ax.sharey(axes[row % 2, 0]) if ax is not axes[row % 2, 0] else None
+    for i in range(len(panels), nrows * ncols):
+        for k in range(2):
+            axes[2 * (i // ncols) + k, i % ncols].set_visible(False)
+    for i, lab in enumerate(panels):
+        pair = [axes[2 * (i // ncols) + k, i % ncols] for k in range(2)]
+        for ax, kind in zip(pair, kinds, strict=True):
+            shown = [(ref, "0.45")] if ref and lab != ref else []
+            for who, color in [*shown, (lab, "0.45" if lab == ref else "tab:blue")]:
+                if kind not in figs.curves.get(who, {}):
+                    continue
+                steps, mean, half = figs.curves[who][kind]
+                marker = "o" if kind == "eval accuracy" else None
+                ax.plot(steps, mean, color=color, marker=marker, ms=3.5, lw=1.5)
+                lo = [m - h for m, h in zip(mean, half, strict=True)]
+                hi = [m + h for m, h in zip(mean, half, strict=True)]
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=8.5)
+            if kind not in figs.curves.get(lab, {}):
+                ax.text(
+                    0.98,
+                    0.05,
+                    f"no {kind} logged",
+                    ha="right",
+                    va="bottom",
+                    transform=ax.transAxes,
+                    fontsize=8,
+                    color="tab:blue",
+                )
+            if i % ncols == 0:
+                ax.set_ylabel(
+                    kind if kind == "eval accuracy" else f"train reward\n(EMA span {EMA_SPAN})", fontsize=9
+                )
+        n_seeds = figs.seeds.get(lab, 0)
+        title = f"{lab} ({n_seeds} seed{'s' if n_seeds != 1 else ''})" if lab else ""
+        # long labels (several swept bindings) wrap inside their panel's width
+        pair[0].set_title(textwrap.fill(title.replace(" · ", " ·\u00a0"), width=44), fontsize=9.5)
+    for j in range(ncols):
+        last = max(r for r in range(2 * nrows) if axes[r, j].get_visible())
+        axes[last, j].set_xlabel(figs.x_axis, fontsize=9)
+        axes[last, j].xaxis.set_tick_params(labelbottom=True)
+    handles = [
+        *([Line2D([], [], color="tab:blue", lw=2, label="this configuration")] if panels != [ref] else []),
+        *([Line2D([], [], color="0.45", lw=2, label=f"{figs.reference_kind}: {ref}")] if ref else []),
+    ]
+    width = 3.7 * ncols + 0.7
+    title = textwrap.fill(
+        f"{experiment}: per configuration, held-out accuracy (top; step 0 = the start) and train reward "
+        f"(bottom; EMA of span {EMA_SPAN} steps, a = 2/{EMA_SPAN + 1}, per seed); line = mean over seeds, "
+        "band = 95% CI of that mean over seeds (Student t)",
+        width=int(width * 10.5),
+    )
+    head = 0.2 * (title.count("\n") + 1)  # inches of title
+    fig.suptitle(title, fontsize=10.5, y=1 - 0.06 / height)
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=2,
+        fontsize=9,
+        frameon=False,
+        bbox_to_anchor=(0.5, 1 - (head + 0.1) / height),
+    )
+    fig.tight_layout()
+    # room for the title, the legend and the panels' own (possibly two-line) titles
+    fig.subplots_adjust(top=1 - (head + 0.95) / height)
+    save_png(fig, path)
+    return fig
