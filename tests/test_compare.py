@@ -168,7 +168,8 @@ def test_no_findings_section_claims_a_winner_without_a_significant_test():
     md = _md(_rows({"@kl.k1": 0.0, "@kl.k2": 0.01}, seeds=3, noise=0.05, seed=4))
     findings = md.split("## Findings")[1]
     assert "significantly better than each other" not in findings
-    assert re.search(r"tied with \d+ of \d+ others", findings)
+    assert re.search(r"and \d+ of \d+ tested others, no difference detected \(this design detects ≥ ", md)
+    assert "tied" not in md
 
 
 def test_one_seed_says_no_statistics_are_possible_not_tied():
@@ -188,13 +189,11 @@ def test_one_seed_says_no_statistics_are_possible_not_tied():
         )
 
 
-def test_configurations_with_one_paired_seed_are_not_counted_as_tied():
-    """Two configurations with 3 seeds and one with a single (worst) seed: tied is counted over the
-    tested ones, and the untested one is named as such (it counted as 'tied' before)."""
+def test_configurations_with_one_paired_seed_are_not_counted_as_undetected():
+    """Two configurations with 3 seeds and one with a single (worst) seed: 'no difference detected' is
+    counted over the tested ones, and the untested one is named as such (it counted as 'tied' before)."""
     rows = _rows({"@kl.k1": 0.0, "@kl.k2": 0.0}, seeds=3, noise=0.05, seed=1)
     rows.append(rows[0] | {"Algorithm.kl": "@kl.k3", "cell_id": "k3", "eval_accuracy": "0.0"})
     findings = _md(rows).split("## Findings")[1]
-    assert (
-        "is tied with 1 of 1 others at this budget (Holm-corrected p ≥ 0.05); 1 other with fewer than 2 "
-        "paired seeds could not be tested." in findings
-    ), findings
+    assert "and 1 of 1 tested others, no difference detected (this design detects ≥ " in findings, findings
+    assert "; 1 other with fewer than 2 paired seeds could not be tested." in findings
