@@ -278,7 +278,7 @@ def sections(
     if baseline is not None and predictions:
         pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings)
         lines += pred_lines
-    findings.append(_answer(rows, group_columns, label, primary, best, starred, predictions, judged))
+    findings.append(_answer(rows, group_columns, label, primary, higher_is_better, predictions, judged))
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings]
     return lines, best, starred
 
@@ -343,44 +343,52 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings):
     return lines, judged
 
 
-def _answer(rows, group_columns, label, primary, best, starred, predictions, judged) -> str:
+def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged) -> str:
     """One sentence: the question answered, or why not and what would answer it."""
     failed = sorted(health.failed_keys(rows, group_columns))
-    tail = ""
-    if failed:
-        tail = (
-            f" The runs of {len(failed)} configuration{'s' if len(failed) > 1 else ''} failed "
-            f"({'; '.join(label(k) for k in failed)}): for them this experiment answers nothing until "
-            "runs that do not collapse are compared."
-        )
+    names = "; ".join(label(k) for k in failed)
     configs = {health.config_key(r, group_columns) for r in rows if r.get("status") == "ok"}
     if failed and set(failed) >= configs:
         return (
-            f"**Answer.** This experiment cannot answer its question: runs of every configuration failed "
-            f"({'; '.join(label(k) for k in failed)}; see Failed runs), so their differences compare "
-            "failures; more seeds would not help, runs that do not collapse would."
+            f"**Answer.** This experiment cannot answer its question, because runs of every configuration "
+            f"failed ({names}; see Failed runs), so their differences compare failures: runs that do not "
+            "collapse would answer it, more seeds of these runs would only count the collapses."
         )
+    tail = (
+        f", and for {'the configurations' if len(failed) > 1 else 'the configuration'} whose runs failed "
+        f"({names}) it answers nothing until runs that do not collapse are compared"
+        if failed
+        else ""
+    )
     if judged:
         groups: dict[str, list[str]] = {}
         for (claim, *_), j in zip(predictions, judged, strict=True):
             word = j.verdict.split(" ")[0].removesuffix(";")
             word = "not decided" if word in ("undecided", "not", "untested") else word
             groups.setdefault(word, []).append(f"'{claim}'")
-        parts = [f"{word}: {', '.join(cs)}" for word, cs in groups.items()]
-        more = " More paired seeds would decide the rest." if "not decided" in groups else ""
+        text = f"**Answer.** Of {len(judged)} predictions, " + "; ".join(
+            f"{word}: {', '.join(cs)}" for word, cs in groups.items()
+        )
+        if "not decided" in groups:
+            text += ", and more paired seeds would decide the rest"
         fragile = sum("rests on the t-test's normality" in j.verdict for j in judged)
         if fragile:
-            more += (
-                f" {fragile} of these verdicts rest on the t-test's normality alone (the exact sign-flip "
-                "test does not reach α with these seeds); more seeds would make them hold without it."
+            text += (
+                f" ({fragile} of these verdicts rest on the t-test's normality alone: the exact sign-flip "
+                "test does not reach α with these seeds, and more seeds would make them hold without it)"
             )
-        return f"**Answer.** Of {len(judged)} predictions, " + "; ".join(parts) + "." + more + tail
+        return text + tail + "."
+    best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
     if best is None:
-        return "**Answer.** None: no configuration has a finished run." + tail
+        return "**Answer.** None: no configuration has a finished run" + tail + "."
     if starred:
-        return f"**Answer.** {label(best)} is the best configuration in {primary}." + tail
+        return f"**Answer.** {label(best)} is the best configuration in {primary}" + tail + "."
+    reach = [
+        c.mde for c in comps if c.identical_to is None and c.test.n >= 2 and c.reachable and not c.significant
+    ]
+    now = f" (now it detects differences ≥ {_span(reach)} at {POWER:.0%} power)" if reach else ""
     return (
         f"**Answer.** This design cannot say which configuration is best in {primary}: the leader "
-        f"{label(best)} is not significantly better than every other one; more paired seeds would (the "
-        "detectable difference shrinks about as 1/√n)." + tail
+        f"{label(best)} is not significantly better than every other one, and more paired seeds would be "
+        f"needed{now}, the detectable difference shrinking about as 1/√n" + tail + "."
     )
