@@ -80,10 +80,16 @@ def star_is_supported(md: str) -> bool:
             break
     # others − leader: negative when higher is better, positive when lower is better
     behind = "+" if "with the leader lower" in "\n".join(lines[i : i + 4]) else "-"
+
+    def num(text):
+        return 0.0 if text == "<1e-4" else math.nan if text == "–" else float(text)
+
     for row in table:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        delta, p_holm = cells[1], cells[3]
-        p = 0.0 if p_holm == "<1e-4" else float(p_holm)
+        delta, p = cells[1], num(cells[3])
+        if len(cells) >= 7:  # the sign-flip p and the rule that decides (older mds have neither)
+            perm, rule = num(cells[4]), cells[5]
+            p = perm if rule.startswith("sign-flip only") else max(p, perm) if "sign-flip" in rule else p
         if not (p < 0.05 and delta.startswith(behind)):
             return False
     return bool(table)
@@ -134,6 +140,16 @@ def test_the_checker_rejects_an_unsupported_star():
     i = next(i for i, ln in enumerate(lines) if ln.startswith("| rank")) + 2
     lines[i] = lines[i].replace("| 1 |", "| **1 ★** |", 1)
     assert not star_is_supported("\n".join(lines))
+
+
+def test_the_checker_rejects_a_star_the_sign_flip_test_does_not_support():
+    """Non-vacuity of the sign-flip part: a clear leader at 6 seeds, its rows marked as needing the
+    sign-flip test too with a p above 0.05 (as non-normal differences would), loses its ★."""
+    md = _md(_rows({"@kl.k1": 0.0, "@kl.k2": 0.0, "@kl.k3": 0.15}, seeds=6, noise=0.01))
+    assert star_is_supported(md) and "| t-test | 6 |" in md
+    assert not star_is_supported(md.replace("| t-test | 6 |", "| t-test and sign-flip (failed runs) | 6 |"))
+    forged = re.sub(r"\| [0-9.]+ \| t-test \| 6 \|", "| 0.25 | t-test and sign-flip (failed runs) | 6 |", md)
+    assert not star_is_supported(forged)
 
 
 def test_baseline_differences_are_holm_corrected_and_reported_as_findings():
