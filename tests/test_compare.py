@@ -80,10 +80,16 @@ def star_is_supported(md: str) -> bool:
             break
     # others − leader: negative when higher is better, positive when lower is better
     behind = "+" if "with the leader lower" in "\n".join(lines[i : i + 4]) else "-"
+
+    def num(text):
+        return 0.0 if text == "<1e-4" else math.nan if text == "–" else float(text)
+
     for row in table:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        delta, p_holm = cells[1], cells[3]
-        p = 0.0 if p_holm == "<1e-4" else float(p_holm)
+        delta, p = cells[1], num(cells[3])
+        if len(cells) >= 7:  # the sign-flip p and the rule that decides (older mds have neither)
+            perm, rule = num(cells[4]), cells[5]
+            p = perm if rule.startswith("sign-flip only") else max(p, perm) if "sign-flip" in rule else p
         if not (p < 0.05 and delta.startswith(behind)):
             return False
     return bool(table)
@@ -136,6 +142,16 @@ def test_the_checker_rejects_an_unsupported_star():
     assert not star_is_supported("\n".join(lines))
 
 
+def test_the_checker_rejects_a_star_the_sign_flip_test_does_not_support():
+    """Non-vacuity of the sign-flip part: a clear leader at 6 seeds, its rows marked as needing the
+    sign-flip test too with a p above 0.05 (as non-normal differences would), loses its ★."""
+    md = _md(_rows({"@kl.k1": 0.0, "@kl.k2": 0.0, "@kl.k3": 0.15}, seeds=6, noise=0.01))
+    assert star_is_supported(md) and "| t-test | 6 |" in md
+    assert not star_is_supported(md.replace("| t-test | 6 |", "| t-test and sign-flip (failed runs) | 6 |"))
+    forged = re.sub(r"\| [0-9.]+ \| t-test \| 6 \|", "| 0.25 | t-test and sign-flip (failed runs) | 6 |", md)
+    assert not star_is_supported(forged)
+
+
 def test_baseline_differences_are_holm_corrected_and_reported_as_findings():
     rows = _rows({"@kl.k1": 0.0, "@kl.k2": 0.2}, seeds=5, noise=0.01, seed=3)
     # k3 = k1 exactly, seed by seed, up to ±0.01 that cancels: no difference to find
@@ -168,7 +184,8 @@ def test_no_findings_section_claims_a_winner_without_a_significant_test():
     md = _md(_rows({"@kl.k1": 0.0, "@kl.k2": 0.01}, seeds=3, noise=0.05, seed=4))
     findings = md.split("## Findings")[1]
     assert "significantly better than each other" not in findings
-    assert re.search(r"tied with \d+ of \d+ others", findings)
+    assert re.search(r"and \d+ of \d+ tested others, no difference detected \(this design detects ≥ ", md)
+    assert "tied" not in md
 
 
 def test_one_seed_says_no_statistics_are_possible_not_tied():
@@ -188,13 +205,11 @@ def test_one_seed_says_no_statistics_are_possible_not_tied():
         )
 
 
-def test_configurations_with_one_paired_seed_are_not_counted_as_tied():
-    """Two configurations with 3 seeds and one with a single (worst) seed: tied is counted over the
-    tested ones, and the untested one is named as such (it counted as 'tied' before)."""
+def test_configurations_with_one_paired_seed_are_not_counted_as_undetected():
+    """Two configurations with 3 seeds and one with a single (worst) seed: 'no difference detected' is
+    counted over the tested ones, and the untested one is named as such (it counted as 'tied' before)."""
     rows = _rows({"@kl.k1": 0.0, "@kl.k2": 0.0}, seeds=3, noise=0.05, seed=1)
     rows.append(rows[0] | {"Algorithm.kl": "@kl.k3", "cell_id": "k3", "eval_accuracy": "0.0"})
     findings = _md(rows).split("## Findings")[1]
-    assert (
-        "is tied with 1 of 1 others at this budget (Holm-corrected p ≥ 0.05); 1 other with fewer than 2 "
-        "paired seeds could not be tested." in findings
-    ), findings
+    assert "and 1 of 1 tested others, no difference detected (this design detects ≥ " in findings, findings
+    assert "; 1 other with fewer than 2 paired seeds could not be tested." in findings

@@ -13,7 +13,7 @@ from polgrad.components.kl import full
 from polgrad.errors import ConfigError
 from polgrad.evaluation import Evaluator, exact_kl, read_evals
 from polgrad.results.compare import Comparison
-from polgrad.results.findings import verdict
+from polgrad.results.predictions import verdict
 from polgrad.results.stats import Paired
 from polgrad.tasks.synthetic import in_eval_split
 
@@ -108,7 +108,7 @@ def _cmp(mean: float, p_holm: float, n: int = 5) -> Comparison:
         ("lower", -0.05, 0.001, "confirmed"),
         ("lower", 0.05, 0.001, "refuted"),
         ("lower", -0.05, 0.2, "not confirmed"),
-        ("no difference", 0.01, 0.3, "consistent"),
+        ("no difference", 0.01, 0.3, "undecided"),
         ("no difference", 0.05, 0.01, "refuted"),
         ("higher", 0.05, 0.01, "confirmed"),
     ],
@@ -121,9 +121,11 @@ def test_prediction_verdicts_follow_the_corrected_test(expected, mean, p, word):
 def test_no_difference_is_confirmed_only_by_an_equivalence_test_within_the_declared_margin():
     c = _cmp(0.01, 0.3)  # not significantly different
     assert verdict("no difference", c, p_equivalence=0.01, margin=0.03).startswith("confirmed (equivalent")
-    assert verdict("no difference", c, p_equivalence=0.2, margin=0.03).startswith("not confirmed")
-    assert verdict("no difference", c).startswith("consistent")  # no margin declared
-    assert verdict("no difference", _cmp(0.05, 0.01), 0.01, 0.03).startswith("refuted")
+    assert verdict("no difference", c, p_equivalence=0.2, margin=0.03).startswith("undecided")
+    assert verdict("no difference", c).startswith("undecided")  # no margin declared
+    # a significant difference inside the margin is both, not a refutation; beyond it, refuted
+    assert verdict("no difference", _cmp(0.02, 0.01), 0.01, 0.03).startswith("confirmed and different")
+    assert verdict("no difference", _cmp(0.05, 0.01), 0.9, 0.03, p_outside=0.01).startswith("refuted")
 
 
 def test_equivalence_p_known_value():

@@ -34,8 +34,9 @@ incomplete in itself (a column the report needs, an ok row without the primary m
 in one line (polgrad/results/record.py).
 
 Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), record (the CSV checked
-against the run folders, a row built from a run folder), stats (Student-t
-intervals), compare and findings (paired tests, Holm), figures (plot: forest plot and learning
+against the run folders, a row built from a run folder), stats (Student-t intervals, paired t and
+sign-flip tests, TOST, noncentral-t power), health (failed runs), compare, predictions and findings
+(paired comparisons, Holm, verdicts, the md's words), figures (plot: forest plot and learning
 curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
 """
 

@@ -1,11 +1,17 @@
 """The statistical sections of a leaderboard md, and the findings sentences generated from them.
 
-Every claim in these sections comes from `polgrad.results.compare` (paired by seed, Holm-corrected):
-the leader gets ★ only when it is significantly better than every other configuration, a
-difference to the baseline is called a finding only when its corrected p-value is below ALPHA,
-and otherwise the text says plainly that the configurations are tied at this budget. With fewer
-than 2 seeds paired (e.g. one seed) no test exists, and the text says that no statistics are
-possible instead of calling the configurations tied.
+Every claim in these sections comes from `polgrad.results.compare` (paired by seed, Holm-corrected,
+decided by the rule its section states: t-test, or t-test and exact sign-flip test where the outcomes
+are non-normal, or sign-flip only where the differences have no spread): the leader gets ★ only when
+it is significantly better than every other configuration, and a difference to the baseline is
+called a finding only when its corrected p-value is below ALPHA. A difference that is not significant
+is written "no difference detected (this design detects ≥ X at 80% power)", never as equality:
+equality is only claimed by a 'no difference' prediction confirmed by TOST within a margin declared
+in the experiment (polgrad.results.predictions). Configurations whose runs failed (collapse, KL
+explosion, bimodal outcomes: polgrad.results.health) are named as failures, not as 'no difference'.
+With fewer than 2 seeds paired no test exists, and the text says that no statistics are possible.
+The findings end with one **Answer.** sentence: the question answered, or why it cannot be and what
+would answer it.
 """
 
 from __future__ import annotations
@@ -14,11 +20,28 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from polgrad.results.compare import ALPHA, POWER, Comparison, Key, against, leader
-from polgrad.results.stats import holm
+from polgrad.results import health
+from polgrad.results.compare import (
+    ALPHA,
+    NORMALITY_ALPHA,
+    POWER,
+    RULE_BOTH,
+    RULE_PERM,
+    RULE_T,
+    Comparison,
+    Key,
+    against,
+    by_seed,
+    dropped_seeds,
+    leader,
+    ranking_seeds,
+)
+from polgrad.results.predictions import judge
+from polgrad.results.stats import min_signflip_p
 
 LEADER_HEADING = "## Is the leader better than every other configuration?"
 BASELINE_HEADING = "## Paired differences to the baseline"
+RULES_HEADING = "## How the tests decide"
 
 
 def kl_metric(rows: Sequence[dict[str, Any]]) -> str:
@@ -36,7 +59,198 @@ def _p(x: float) -> str:
 
 def _delta(c: Comparison) -> str:
     t = c.test
-    return f"{t.mean:+.3g} [{_num(t.low)}, {_num(t.high)}]" if t.n >= 2 else f"{t.mean:+.3g} (n={t.n})"
+    if c.identical_to is not None:
+        return f"{t.mean:+.3g} (identical)"
+    if t.n < 2:
+        return f"{t.mean:+.3g} (n={t.n})"
+    if t.no_spread:
+        return f"{t.mean:+.3g} (no spread)"
+    return f"{t.mean:+.3g} [{_num(t.low)}, {_num(t.high)}]"
+
+
+def _rule(c: Comparison, label) -> str:
+    if c.identical_to is not None:
+        return f"identical to {label(c.identical_to)}: not tested"
+    if c.test.n < 2:
+        return "not tested (n < 2)"
+    return c.rule + (f" ({c.reason})" if c.reason else "")
+
+
+def _span(xs: Sequence[float]) -> str:
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return "–"
+    lo, hi = min(xs), max(xs)
+    return _num(lo) if _num(lo) == _num(hi) else f"{_num(lo)} to {_num(hi)}"
+
+
+def _undetected(comps: Sequence[Comparison]) -> str:
+    """'no difference detected (this design detects ≥ X at 80% power)' for non-significant tests."""
+    reach = [c for c in comps if c.reachable]
+    text = "no difference detected"
+    if reach:
+        span = _span([c.mde for c in reach])
+        which = ", depending on the configuration" if " to " in span else ""
+        text += f" (this design detects ≥ {span} at {POWER:.0%} power{which})"
+    stuck = [c for c in comps if not c.reachable]
+    if stuck:
+        n = min(c.test.n for c in stuck)
+        text += (
+            f"; for {len(stuck)} of them the sign-flip test is required and with {n} paired seeds its p "
+            f"cannot go below {min_signflip_p(n):.2g} (×{stuck[0].m} after Holm): no verdict is possible "
+            "without more seeds"
+        )
+    return text
+
+
+def rules_lines(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label) -> list[str]:
+    """The md's statement of the rules, and the seeds dropped from every test."""
+    lines = [
+        "",
+        RULES_HEADING,
+        "",
+        f"Each comparison pairs two configurations seed by seed and reports the paired t-test and the exact "
+        f"paired permutation (sign-flip) test, each Holm-corrected within its family (α = {ALPHA}). Which "
+        f"decides: the **{RULE_T}** where the paired differences look normal; **{RULE_BOTH}**, both "
+        f"corrected p below α, where the outcomes are visibly non-normal (Shapiro-Wilk p < {NORMALITY_ALPHA} "
+        f"on the differences, or failed runs in either configuration); **{RULE_PERM}** where the "
+        "differences have no spread (the t-test is undefined). With n seeds the sign-flip p cannot go below "
+        "2/2^n (0.0625 at n = 5), so where the sign-flip test is required a small design can give no "
+        "verdict. 'detectable' = the smallest true difference the t-test finds with "
+        f"{POWER:.0%} power at the corrected level (noncentral t, from the observed spread). A configuration "
+        "identical to another in every outcome metric, seed by seed, is the same runs: it is named, not "
+        "tested, and not counted in Holm's m. Only ok runs are tested, and a seed that is not ok in any "
+        "configuration with an ok run is dropped from every comparison, so all tests use the same seeds.",
+    ]
+    dropped = dropped_seeds(rows, group_columns)
+    if dropped:
+        lines += ["", f"Seeds dropped from every comparison ({len(dropped)}):", ""]
+        for seed, bad in dropped.items():
+            why = "; ".join(
+                f"{label(health.config_key(r, group_columns))} {r.get('status')}"
+                + (f" ({str(r.get('error'))[:120]})" if r.get("error") else "")
+                for r in bad
+            )
+            lines.append(f"- seed {seed}: {why}")
+    return lines
+
+
+def _leader_lines(rows, group_columns, label, primary, higher_is_better, findings):
+    best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
+    if best is None or not comps:
+        return [], best, starred
+    direction = "higher" if higher_is_better else "lower"
+    seeds = ranking_seeds(by_seed(rows, group_columns, primary))
+    over = f"over the {len(seeds)} seeds every configuration has" if seeds else "over each one's own seeds"
+    members = [c for c in comps if c.identical_to is None and c.test.n >= 2]
+    lines = [
+        "",
+        f"{LEADER_HEADING} ({primary})",
+        "",
+        f"Leader by mean {over}: **{label(best)}**. Each row: that configuration − the leader, paired by "
+        f"seed (mean and 95% CI), paired t-test p, p Holm-corrected over the {len(members)} tested "
+        f"comparisons, the sign-flip p Holm-corrected, the rule that decides. ★ requires every deciding "
+        f"corrected p < {ALPHA} with the leader {direction}.",
+        "",
+        "| configuration | Δ vs leader [95% CI] | p | p (Holm) | p sign-flip (Holm) | decided by | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in comps:
+        lines.append(
+            f"| {label(c.other)} | {_delta(c)} | {_p(math.nan if c.identical_to else c.test.p)} | "
+            f"{_p(c.p_holm)} | {_p(c.p_perm_holm)} | "
+            f"{_rule(c, label)} | {c.test.n} |"
+        )
+    if starred:
+        findings.append(
+            f"{label(best)} has the {'highest' if higher_is_better else 'lowest'} {primary}: significantly "
+            f"better than each other configuration (paired by seed; largest deciding Holm-corrected p = "
+            f"{_p(max(c.p_decision for c in members))})."
+        )
+    elif not members:
+        findings.append(_no_statistics(primary, f"the leader {label(best)}", comps))
+    else:
+        failed = health.failed_keys(rows, group_columns)
+        quiet = [c for c in members if not c.significant]
+        clean = [c for c in quiet if c.other not in failed and best not in failed]
+        text = (
+            f"No configuration is significantly better than all others in {primary}: between the leader "
+            f"{label(best)} and {len(quiet)} of {len(members)} tested others, "
+        )
+        text += _undetected(clean) if clean else "no difference was detected"
+        if len(clean) < len(quiet):
+            text += f"; {len(quiet) - len(clean)} of these comparisons rest on failed runs (see Failed runs)"
+        findings.append(text + _untested(sum(c.test.n < 2 for c in comps)))
+    return lines, best, starred
+
+
+def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
+    metrics = list(dict.fromkeys([primary, kl_metric(rows), "eval_accuracy"]))
+    fams = {m: {c.other: c for c in against(rows, group_columns, m, baseline)} for m in metrics}
+    others = list(fams[primary])
+    head = ["configuration"]
+    for m in metrics:
+        head += [f"Δ {m} [95% CI]", "p (Holm)", "p sign-flip (Holm)", "detectable"]
+    head.append("decided by")
+    lines = [
+        "",
+        f"{BASELINE_HEADING}: {label(baseline)}",
+        "",
+        "Each configuration − the baseline, paired by seed; p Holm-corrected within each metric over its "
+        "tested comparisons; 'decided by' gives the rule per metric (see How the tests decide).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for k in others:
+        cells, rules = [label(k)], []
+        for m in metrics:
+            c = fams[m].get(k)
+            mde = math.nan if c is None or c.identical_to or not c.reachable else c.mde
+            cells += [_delta(c), _p(c.p_holm), _p(c.p_perm_holm), _num(mde)] if c else ["–"] * 4
+            if c:
+                rules.append(f"{m}: {_rule(c, label)}")
+        same = {_rule(fams[m][k], label) for m in metrics if k in fams[m]}
+        cells.append(same.pop() if len(same) == 1 else "; ".join(rules))
+        lines.append("| " + " | ".join(cells) + " |")
+    failed = health.failed_keys(rows, group_columns)
+    identical = [c for c in fams[primary].values() if c.identical_to is not None]
+    if identical:
+        findings.append(
+            "; ".join(f"{label(c.other)} is identical to {label(c.identical_to)}" for c in identical)
+            + " in every outcome metric, seed by seed: the same runs (these settings compute the same thing "
+            "here), not tested and not counted in Holm's m."
+        )
+    for m in metrics:
+        comps = [c for c in fams[m].values() if c.identical_to is None]
+        members = [c for c in comps if c.test.n >= 2]
+        for c in members:
+            if c.significant:
+                findings.append(
+                    f"{label(c.other)}: {m} {'higher' if c.test.mean > 0 else 'lower'} than the baseline by "
+                    f"{abs(c.test.mean):.3g} (95% CI [{_num(c.test.low)}, {_num(c.test.high)}], Holm p = "
+                    f"{_p(c.p_holm)}, sign-flip Holm p = {_p(c.p_perm_holm)}; {_rule(c, label)})"
+                    + _normality(c)
+                )
+        if comps and not members:
+            findings.append(_no_statistics(m, "the baseline", comps))
+            continue
+        quiet = [c for c in members if not c.significant]
+        clean = [c for c in quiet if c.other not in failed and baseline not in failed]
+        if clean:
+            who = (
+                f"No configuration differs significantly from the baseline in {m}"
+                if len(quiet) == len(members)
+                else f"In {m}, for {len(clean)} of {len(members)} tested configurations"
+            )
+            findings.append(f"{who}: {_undetected(clean)}" + _untested(len(comps) - len(members)))
+        if len(clean) < len(quiet):
+            names = ", ".join(label(c.other) for c in quiet if c not in clean)
+            findings.append(
+                f"In {m} the comparisons of {names} with the baseline rest on failed runs (see Failed runs): "
+                "not significant, and not evidence of 'no difference' either."
+            )
+    return lines
 
 
 def sections(
@@ -49,100 +263,38 @@ def sections(
     baseline: Key | None,
     predictions: Sequence[tuple[str, Key | None, str, str, float | None]] = (),
 ) -> tuple[list[str], Key | None, bool]:
-    """Markdown lines of the leader and baseline sections and the findings; the leader and its ★."""
-    best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
-    lines: list[str] = []
-    findings: list[str] = []
-    direction = "higher" if higher_is_better else "lower"
-    if best is not None and comps:
-        lines += [
-            "",
-            f"{LEADER_HEADING} ({primary})",
-            "",
-            f"Leader by mean: **{label(best)}**. Each row: that configuration − the leader, paired by "
-            f"seed (mean and 95% CI), paired t-test p, and p Holm-corrected over the {len(comps)} "
-            f"comparisons. ★ requires every corrected p < {ALPHA} with the leader {direction}.",
-            "",
-            "| configuration | Δ vs leader [95% CI] | p | p (Holm) | seeds |",
-            "|---|---|---|---|---|",
-        ]
-        for c in comps:
-            lines.append(f"| {label(c.other)} | {_delta(c)} | {_p(c.test.p)} | {_p(c.p_holm)} | {c.test.n} |")
-        if starred:
-            worst_p = _p(max(c.p_holm for c in comps))
-            findings.append(
-                f"{label(best)} has the {'highest' if higher_is_better else 'lowest'} {primary}: "
-                "significantly better than each other "
-                f"configuration (paired by seed; largest Holm-corrected p = {worst_p})."
-            )
-        else:
-            tested = [c for c in comps if c.test.n >= 2]
-            tied = [label(c.other) for c in tested if not c.significant]
-            if tested:
-                findings.append(
-                    f"No configuration is significantly better than all others in {primary}: the leader "
-                    f"{label(best)} is tied with {len(tied)} of {len(tested)} others at this budget "
-                    f"(Holm-corrected p ≥ {ALPHA})" + _untested(len(comps) - len(tested))
-                )
-            else:
-                findings.append(_no_statistics(primary, f"the leader {label(best)}", comps))
+    """Markdown lines of the rules, leader, baseline, failed-runs and predictions sections and the
+    findings ending in the answer; the leader and its ★."""
+    failed_lines, findings = health.section(rows, group_columns, label)
+    lines = rules_lines(rows, group_columns, label)
+    leader_lines, best, starred = _leader_lines(
+        rows, group_columns, label, primary, higher_is_better, findings
+    )
+    lines += leader_lines
     if baseline is not None:
-        metrics = list(dict.fromkeys([primary, kl_metric(rows), "eval_accuracy"]))
-        fams = {m: {c.other: c for c in against(rows, group_columns, m, baseline)} for m in metrics}
-        others = list(fams[primary])
-        head = ["configuration"]
-        for m in metrics:
-            head += [f"Δ {m} [95% CI]", "p (Holm)", "detectable"]
-        lines += [
-            "",
-            f"{BASELINE_HEADING}: {label(baseline)}",
-            "",
-            "Each configuration − the baseline, paired by seed; p Holm-corrected within each metric; "
-            f"'detectable' = the smallest true difference this design finds with {POWER:.0%} power at the "
-            "corrected level, from the observed spread of the paired differences.",
-            "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
-        ]
-        for k in others:
-            cells = [label(k)]
-            for m in metrics:
-                c = fams[m].get(k)
-                cells += [_delta(c), _p(c.p_holm), _num(c.mde)] if c else ["–", "–", "–"]
-            lines.append("| " + " | ".join(cells) + " |")
-        for m in metrics:
-            sig = [c for c in fams[m].values() if c.significant]
-            for c in sig:
-                word = "higher" if c.test.mean > 0 else "lower"
-                findings.append(
-                    f"{label(c.other)}: {m} {word} than the baseline by {abs(c.test.mean):.3g} "
-                    f"(95% CI [{_num(c.test.low)}, {_num(c.test.high)}], Holm p = {_p(c.p_holm)})."
-                )
-            if fams[m] and not any(c.test.n >= 2 for c in fams[m].values()):
-                findings.append(_no_statistics(m, "the baseline", list(fams[m].values())))
-            elif not sig and fams[m]:
-                mdes = [c.mde for c in fams[m].values() if not math.isnan(c.mde)]
-                span = (
-                    f"{_num(min(mdes))}"
-                    if mdes and len(set(mdes)) == 1
-                    else f"{_num(min(mdes))} to {_num(max(mdes))}, depending on the configuration"
-                    if mdes
-                    else "–"
-                )
-                untested = sum(c.test.n < 2 for c in fams[m].values())
-                findings.append(
-                    f"No configuration differs significantly from the baseline in {m}: they are tied at "
-                    f"this budget (the smallest difference these seeds detect at {POWER:.0%} power is "
-                    f"{span})" + _untested(untested)
-                )
+        lines += _baseline_lines(rows, group_columns, label, primary, baseline, findings)
+    lines += failed_lines
+    judged = []
     if baseline is not None and predictions:
-        lines += _predictions(rows, group_columns, label, baseline, predictions, findings)
-    lines += ["", "## Findings", ""] + [f"- {f}" for f in findings or ["No comparison was possible."]]
+        pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings)
+        lines += pred_lines
+    findings.append(_answer(rows, group_columns, label, primary, higher_is_better, predictions, judged))
+    lines += ["", "## Findings", ""] + [f"- {f}" for f in findings]
     return lines, best, starred
 
 
+def _normality(c: Comparison) -> str:
+    """The tail of a significant finding: '.' or that it rests on the t-test's normality alone."""
+    if c.rule == RULE_T and not c.p_perm_holm < ALPHA:
+        return (
+            f". This rests on the t-test's normality assumption: the sign-flip test alone would not reach "
+            f"α (Holm p = {_p(c.p_perm_holm)})."
+        )
+    return "."
+
+
 def _no_statistics(metric: str, reference: str, comps: Sequence[Comparison]) -> str:
-    """With fewer than 2 seeds paired with the reference no test exists: say so, not 'tied'."""
+    """With fewer than 2 seeds paired with the reference no test exists: say so."""
     n = max((c.test.n for c in comps), default=0)
     return (
         f"No statistics are possible in {metric}: no configuration has 2 seeds paired with {reference} "
@@ -152,64 +304,91 @@ def _no_statistics(metric: str, reference: str, comps: Sequence[Comparison]) -> 
 
 
 def _untested(k: int) -> str:
-    """The tail of a 'tied' finding: how many configurations had too few paired seeds to be tested."""
+    """The tail of a finding: how many configurations had too few paired seeds to be tested."""
     if not k:
         return "."
     return f"; {k} other{'s' if k > 1 else ''} with fewer than 2 paired seeds could not be tested."
 
 
-def verdict(expected: str, c: Comparison | None, p_equivalence: float = math.nan, margin=None) -> str:
-    """confirmed / refuted / not confirmed / consistent, from the corrected tests of config − baseline.
-
-    'no difference' is confirmed only by an equivalence test within ±margin (p_equivalence, already
-    corrected), refuted by a significant difference, and otherwise only 'consistent'."""
-    if c is None or c.test.n < 2:
-        return "untested (no paired seeds)"
-    if expected == "no difference":
-        if c.significant:
-            return "refuted (a significant difference)"
-        if not math.isnan(p_equivalence) and p_equivalence < ALPHA:
-            return f"confirmed (equivalent within ±{margin:g})"
-        if margin is not None:
-            return f"not confirmed (neither different nor shown within ±{margin:g})"
-        return "consistent (no significant difference; no equivalence margin declared)"
-    went = "lower" if c.test.mean < 0 else "higher"
-    if c.significant:
-        return "confirmed" if went == expected else f"refuted (significantly {went})"
-    return "not confirmed (no significant difference)"
-
-
-def _predictions(rows, group_columns, label, baseline, predictions, findings) -> list[str]:
+def _predictions(rows, group_columns, label, baseline, predictions, findings):
     lines = [
         "",
         "## Predictions",
         "",
-        f"Each prediction is about a configuration − the baseline ({label(baseline)}), judged by the same "
-        f"paired, Holm-corrected test as above (α = {ALPHA}). A 'no difference' prediction is confirmed "
-        "only by an equivalence test (two one-sided t-tests, Holm-corrected over the equivalence "
-        "predictions) within the margin the experiment declared; a non-significant difference alone "
-        "does not prove equality.",
+        f"Each prediction is about a configuration − the baseline ({label(baseline)}), α = {ALPHA}. The "
+        "tested predictions are one Holm family (directional and equivalence predictions together). A "
+        "'no difference' prediction is confirmed only by an equivalence test (two one-sided tests) within "
+        "the margin the experiment declared, refuted only when the difference lies significantly beyond "
+        "that margin, and otherwise undecided; a significant difference inside the margin is reported as "
+        "both. Each p below is the deciding one of the comparison's rule.",
         "",
-        "| prediction | configuration | metric | expected | Δ [95% CI] | p (Holm) | p equivalence (Holm) "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| prediction | configuration | metric | expected | Δ [95% CI] | p difference (Holm) | "
+        "p equivalence (Holm) | p beyond margin (Holm) | decided by | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     fams: dict[str, dict[Key, Comparison]] = {}
     for _, _key, metric, _, _ in predictions:
         if metric not in fams:
             fams[metric] = {c.other: c for c in against(rows, group_columns, metric, baseline)}
     comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in predictions]
-    raw = [
-        c.test.equivalence_p(mg) if c and mg else math.nan
-        for c, (*_, mg) in zip(comps, predictions, strict=True)
-    ]
-    p_eq = holm(raw)
-    for (claim, key, metric, expected, margin), c, pe in zip(predictions, comps, p_eq, strict=True):
-        v = verdict(expected, c, pe, margin)
+    judged = judge(predictions, comps)
+    for (claim, key, metric, expected, _), c, j in zip(predictions, comps, judged, strict=True):
         where = label(key) if key is not None else "(no such configuration)"
-        delta, p = (_delta(c), _p(c.p_holm)) if c else ("–", "–")
-        lines.append(f"| {claim} | {where} | {metric} | {expected} | {delta} | {p} | {_p(pe)} | {v} |")
-        findings.append(
-            f"Prediction '{claim}': {v}" + (f" (Δ {metric} = {delta}, Holm p = {p})." if c else ".")
+        delta, rule = (_delta(c), _rule(c, label)) if c else ("–", "–")
+        lines.append(
+            f"| {claim} | {where} | {metric} | {expected} | {delta} | {_p(j.p_difference)} | "
+            f"{_p(j.p_equivalence)} | {_p(j.p_outside)} | {rule} | {j.verdict} |"
         )
-    return lines
+        findings.append(f"Prediction '{claim}': {j.verdict}" + (f" (Δ {metric} = {delta})." if c else "."))
+    return lines, judged
+
+
+def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged) -> str:
+    """One sentence: the question answered, or why not and what would answer it."""
+    failed = sorted(health.failed_keys(rows, group_columns))
+    names = "; ".join(label(k) for k in failed)
+    configs = {health.config_key(r, group_columns) for r in rows if r.get("status") == "ok"}
+    if failed and set(failed) >= configs:
+        return (
+            f"**Answer.** This experiment cannot answer its question, because runs of every configuration "
+            f"failed ({names}; see Failed runs), so their differences compare failures: runs that do not "
+            "collapse would answer it, more seeds of these runs would only count the collapses."
+        )
+    tail = (
+        f", and for {'the configurations' if len(failed) > 1 else 'the configuration'} whose runs failed "
+        f"({names}) it answers nothing until runs that do not collapse are compared"
+        if failed
+        else ""
+    )
+    if judged:
+        groups: dict[str, list[str]] = {}
+        for (claim, *_), j in zip(predictions, judged, strict=True):
+            word = j.verdict.split(" ")[0].removesuffix(";")
+            word = "not decided" if word in ("undecided", "not", "untested") else word
+            groups.setdefault(word, []).append(f"'{claim}'")
+        text = f"**Answer.** Of {len(judged)} predictions, " + "; ".join(
+            f"{word}: {', '.join(cs)}" for word, cs in groups.items()
+        )
+        if "not decided" in groups:
+            text += ", and more paired seeds would decide the rest"
+        fragile = sum("rests on the t-test's normality" in j.verdict for j in judged)
+        if fragile:
+            text += (
+                f" ({fragile} of these verdicts rest on the t-test's normality alone: the exact sign-flip "
+                "test does not reach α with these seeds, and more seeds would make them hold without it)"
+            )
+        return text + tail + "."
+    best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
+    if best is None:
+        return "**Answer.** None: no configuration has a finished run" + tail + "."
+    if starred:
+        return f"**Answer.** {label(best)} is the best configuration in {primary}" + tail + "."
+    reach = [
+        c.mde for c in comps if c.identical_to is None and c.test.n >= 2 and c.reachable and not c.significant
+    ]
+    now = f" (now it detects differences ≥ {_span(reach)} at {POWER:.0%} power)" if reach else ""
+    return (
+        f"**Answer.** This design cannot say which configuration is best in {primary}: the leader "
+        f"{label(best)} is not significantly better than every other one, and more paired seeds would be "
+        f"needed{now}, the detectable difference shrinking about as 1/√n" + tail + "."
+    )

@@ -192,8 +192,8 @@ def markdown(
         + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
         + f"{len(rows) - n_ok - n_unstable} failed) in {len(board)} groups (spec + swept "
         f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly better than "
-        "every other one (paired by seed, Holm-corrected: see below), so no group has ★ when the leaders are "
-        "tied. Each value is "
+        "every other one (paired by seed, Holm-corrected: see below), so no group has ★ when no "
+        "configuration is significantly better than every other. Each value is "
         "the mean over seeds ± the half-width of its 95% confidence interval (Student t, n−1 degrees of "
         "freedom); `(n=1)` means a single seed, so no interval.",
     ]

@@ -49,7 +49,7 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 | `predictions`        | `[]`              | [(claim, {column: value}, metric, 'lower' | 'higher' | |
 |                      |                   | 'no difference' [, margin])]: statements about a       |
 |                      |                   | configuration − the baseline, each marked confirmed /  |
-|                      |                   | refuted / not confirmed by the paired statistics; 'no  |
+|                      |                   | refuted / undecided by the paired statistics; 'no      |
 |                      |                   | difference' needs a margin to be confirmed (an         |
 |                      |                   | equivalence test within ±margin)                       |
 

@@ -1,0 +1,162 @@
+"""The verdicts of an experiment's declared predictions (`Sweep.predictions`), each about a
+configuration − the baseline in one metric.
+
+**One family.** The tested predictions are one Holm family of m (directional and equivalence
+predictions together; a prediction whose configuration is the baseline's runs again, or with fewer
+than 2 paired seeds, is not tested and not counted). A directional prediction is tested by the
+paired difference test, a 'no difference' prediction with a margin by TOST within ±margin; the
+refuting test of a 'no difference' prediction (the difference lies beyond ±margin) and its
+difference test are corrected with the same m. Each is decided by the comparison's rule
+(polgrad.results.compare: t-test, both t-test and sign-flip, or sign-flip only).
+
+**'no difference'**: confirmed when TOST puts the difference within ±margin; refuted only when it is
+significantly beyond the margin; otherwise undecided. A significant difference inside the margin is
+reported as both (significant, and equivalent within ±margin). Without a declared margin it can
+only be refuted (by a significant difference): equality needs a margin declared before the data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from polgrad.results.compare import ALPHA, POWER, RULE_T, Comparison, Key, decide
+from polgrad.results.stats import holm, min_signflip_p
+
+NO_DIFFERENCE = "no difference"
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One prediction's corrected p-values (within the predictions' family) and its verdict."""
+
+    p_difference: float
+    p_equivalence: float
+    p_outside: float
+    m: int
+    verdict: str
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def verdict(
+    expected: str,
+    c: Comparison | None,
+    p_equivalence: float = math.nan,
+    margin: float | None = None,
+    *,
+    p_outside: float = math.nan,
+    p_difference: float | None = None,
+    detectable: float = math.nan,
+) -> str:
+    """confirmed / refuted / undecided / not confirmed, from the corrected tests of config − baseline.
+
+    `p_difference` defaults to the comparison's own deciding p. 'no difference' is confirmed only by
+    an equivalence test within ±margin (p_equivalence, corrected), refuted only by a difference
+    significantly beyond the margin (p_outside) or, without a margin, by a significant difference."""
+    if c is None or c.test.n < 2:
+        return "untested (no paired seeds)"
+    if c.identical_to == c.reference:
+        return "untested (the same runs as the baseline: identical in every outcome metric)"
+    p_diff = c.p_decision if p_difference is None else p_difference
+    diff = not math.isnan(p_diff) and p_diff < ALPHA
+    delta = f"{c.test.mean:+.3g}"
+    if expected == NO_DIFFERENCE:
+        if margin:
+            if not math.isnan(p_equivalence) and p_equivalence < ALPHA:
+                both = f"confirmed and different: a significant difference of {delta}, and equivalent"
+                return f"{both} within ±{margin:g}" if diff else f"confirmed (equivalent within ±{margin:g})"
+            if not math.isnan(p_outside) and p_outside < ALPHA:
+                return f"refuted (the difference {delta} lies significantly beyond ±{margin:g})"
+            neither = f"neither shown within nor beyond ±{margin:g}"
+            return (
+                f"undecided (a significant difference of {delta}, {neither})"
+                if diff
+                else f"undecided ({neither})"
+            )
+        if diff:
+            return f"refuted (a significant difference of {delta})"
+        return (
+            "undecided (no difference detected; equality needs an equivalence margin declared before the "
+            "data)"
+        )
+    went = "lower" if c.test.mean < 0 else "higher"
+    if diff:
+        return "confirmed" if went == expected else f"refuted (significantly {went})"
+    if not math.isnan(detectable):
+        return (
+            f"not confirmed (no difference detected; this design detects ≥ {_fmt(detectable)} at "
+            f"{POWER:.0%} power)"
+        )
+    return "not confirmed (no difference detected)"
+
+
+def judge(
+    predictions: Sequence[tuple[str, Key | None, str, str, float | None]], comps: Sequence[Comparison | None]
+) -> list[Judged]:
+    """The verdict of each prediction (claim, configuration, metric, expected, margin) given its
+    comparison with the baseline, the predictions corrected as one family."""
+    tested = [c is not None and c.test.n >= 2 and c.identical_to != c.reference for c in comps]
+    m = sum(tested)
+
+    def keep(xs: list[float]) -> list[float]:
+        return [x if ok else math.nan for x, ok in zip(xs, tested, strict=True)]
+
+    def corrected(raw_t: list[float], raw_perm: list[float]) -> tuple[list[float], list[float]]:
+        return holm(keep(raw_t), m), holm(keep(raw_perm), m)
+
+    nan = math.nan
+    margins = [mg if expected == NO_DIFFERENCE and mg else None for (*_, expected, mg) in predictions]
+    diff_t = [c.test.p if c else nan for c in comps]
+    diff_perm = [c.test.p_perm if c else nan for c in comps]
+    eq_t = [c.test.equivalence_p(mg) if c and mg else nan for c, mg in zip(comps, margins, strict=True)]
+    eq_perm = [
+        c.test.equivalence_p_perm(mg) if c and mg else nan for c, mg in zip(comps, margins, strict=True)
+    ]
+    out_t = [c.test.outside_p(mg) if c and mg else nan for c, mg in zip(comps, margins, strict=True)]
+    out_perm = [c.test.outside_p_perm(mg) if c and mg else nan for c, mg in zip(comps, margins, strict=True)]
+    # the main test of each prediction: TOST where a margin is declared, else the difference
+    main_t = [e if mg else d for d, e, mg in zip(diff_t, eq_t, margins, strict=True)]
+    main_perm = [e if mg else d for d, e, mg in zip(diff_perm, eq_perm, margins, strict=True)]
+    main = corrected(main_t, main_perm)
+    sec_diff = corrected(
+        [d if mg else nan for d, mg in zip(diff_t, margins, strict=True)],
+        [d if mg else nan for d, mg in zip(diff_perm, margins, strict=True)],
+    )
+    sec_out = corrected(out_t, out_perm)
+    out = []
+    for i, ((_, _, _, expected, margin), c) in enumerate(zip(predictions, comps, strict=True)):
+        if c is None:
+            out.append(Judged(nan, nan, nan, m, verdict(expected, None)))
+            continue
+        p_main = decide(c.rule, main[0][i], main[1][i])
+        if margins[i]:
+            p_diff = decide(c.rule, sec_diff[0][i], sec_diff[1][i])
+            p_eq, p_out = p_main, decide(c.rule, sec_out[0][i], sec_out[1][i])
+        else:
+            p_diff, p_eq, p_out = p_main, nan, nan
+        mde = c.test.mde(ALPHA / max(m, 1), POWER) if _reachable(c, m) else nan
+        v = verdict(expected, c, p_eq, margin, p_outside=p_out, p_difference=p_diff, detectable=mde)
+        # the sign-flip p of the test the verdict rests on: where the t-test alone decided and the
+        # sign-flip test would not have, the verdict rests on normality, and says so
+        perm = nan
+        if v.startswith("confirmed"):
+            perm = main[1][i] if not v.startswith("confirmed and") else max(main[1][i], sec_diff[1][i])
+        elif v.startswith("refuted"):
+            perm = sec_out[1][i] if margins[i] else main[1][i]
+        if c.rule == RULE_T and perm >= ALPHA:
+            v += f"; this rests on the t-test's normality: the sign-flip p (Holm) is {perm:.2g}"
+        if tested[i] and not _reachable(c, m) and not v.startswith(("confirmed", "refuted")):
+            v += (
+                f"; with {c.test.n} seeds the sign-flip p this rule needs cannot go below "
+                f"{min_signflip_p(c.test.n):.2g} (×{m} after Holm), so no verdict is possible"
+            )
+        out.append(Judged(p_diff, p_eq, p_out, m, v))
+    return out
+
+
+def _reachable(c: Comparison, m: int) -> bool:
+    return c.rule == RULE_T or max(m, 1) * min_signflip_p(c.test.n) < ALPHA
