@@ -134,3 +134,89 @@ def test_summary_records_the_warm_start_each_run_started_from(fake_sft, tmp_path
     assert {got["grpo", 1], got["grpo", 2]} == {
         p.name.removeprefix("add-") for p in (tmp_path / "cache" / "sft").glob("add-*")
     }
+
+
+# ------------------------------------------------------------------------ the CSV column and the md
+def fake_sweep(tmp_path: Path, warm_start: str | None) -> tuple[list[str], list[dict[str, str]], str]:
+    """A fake-trainer sweep (tests/fake_train.py) of 2 learning rates x seeds 0, 1 whose runs record
+    `warm_start` (formatted with the cell's seed and lr): the CSV's header and rows and the md."""
+    import csv
+
+    from polgrad import sweep
+
+    data = REPO / "tests" / "data"
+    exp = tmp_path / "exp.gin"
+    exp.write_text(
+        f"include '{data / 'base_fake.gin'}'\nSweep.specs = ['{data / 'spec_a.gin'}']\n"
+        "Sweep.grid = {'fake_train.lr': [0.1, 0.2]}\nSweep.seeds = [0, 1]\n"
+        "Sweep.seed_binding = 'fake_train.seed'\nSweep.primary_metric = 'eval_accuracy'\n"
+        + ("" if warm_start is None else f"fake_train.warm_start = '{warm_start}'\n")
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(exp), "--results", str(out)]) == 0
+    with open(out / "exp.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+    return list(reader.fieldnames or []), rows, (out / "exp.md").read_text()
+
+
+def paragraph(md: str) -> str:
+    """The md's first paragraph after its header (title, question, machine line)."""
+    blocks = [b for b in md.split("\n\n") if not b.startswith(("# ", "**Question.**", "Machine: "))]
+    return blocks[0]
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_the_csv_records_each_runs_warm_start_and_the_md_says_each_seed_has_its_own(tmp_path):
+    header, rows, md = fake_sweep(tmp_path, "ws{seed}")
+    assert header[header.index("seed") + 1] == "warm_start"
+    assert sorted((r["seed"], r["fake_train.lr"], r["warm_start"]) for r in rows) == [
+        ("0", "0.1", "ws0"),
+        ("0", "0.2", "ws0"),
+        ("1", "0.1", "ws1"),
+        ("1", "0.2", "ws1"),
+    ]
+    assert paragraph(md).startswith(
+        "**Warm start.** Each seed has its own warm start (same seed → same warm start in every "
+        "configuration)"
+    )
+    assert "Pairing broken" not in md
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_one_warm_start_for_every_seed_is_said_first(tmp_path):
+    _, rows, md = fake_sweep(tmp_path, "sft0")
+    assert {r["warm_start"] for r in rows} == {"sft0"} and {r["seed"] for r in rows} == {"0", "1"}
+    assert paragraph(md) == (
+        "**Warm start.** One warm start for every seed: the conclusions hold for this one SFT policy "
+        "(`sft0`); the spread over seeds leaves out the warm start's own variance."
+    )
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_a_seed_with_two_warm_starts_is_named_as_broken_pairing(tmp_path):
+    _, rows, md = fake_sweep(tmp_path, "ws{seed}-{lr}")  # the warm start changes with the grid's lr
+    assert len({r["warm_start"] for r in rows}) == 4
+    assert (
+        "**Pairing broken:** 2 of 2 seeds started from different warm starts in different configurations "
+        "(seed 0: `ws0-0.1` (1 runs), `ws0-0.2` (1 runs); seed 1: `ws1-0.1` (1 runs), `ws1-0.2` (1 runs))"
+    ) in md
+    assert paragraph(md) == "**Warm start.** 4 warm starts for 2 seeds."
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_runs_that_did_not_record_a_warm_start_are_said_so(tmp_path):
+    header, rows, md = fake_sweep(tmp_path, None)
+    assert all(r["warm_start"] == "" for r in rows)
+    assert paragraph(md).startswith("**Warm start.** Warm start not recorded")
+    # an older CSV: no warm_start column at all
+    from polgrad.results.report import markdown
+
+    old = [{k: v for k, v in r.items() if k != "warm_start"} for r in rows]
+    md = markdown("exp", old, swept_columns=["fake_train.lr"], primary_metric="eval_accuracy")
+    assert paragraph(md).startswith("**Warm start.** Warm start not recorded")
+    # some rows with, some without: the design of those that have it, and how many lack it
+    some = [dict(r, warm_start="sft0") for r in rows[:3]] + rows[3:]
+    md = markdown("exp", some, swept_columns=["fake_train.lr"], primary_metric="eval_accuracy")
+    assert paragraph(md).startswith("**Warm start.** One warm start for every seed")
+    assert paragraph(md).endswith("(Warm start not recorded for 1 of 4 runs.)")
