@@ -48,9 +48,11 @@ def cell_config(experiment: str, config_index: int, seed: int, extra: tuple[str,
     cells = expand(exp)
     first_seed = cells[0].seed
     cell = [c for c in cells if c.seed == first_seed][config_index]
-    assert cell.bindings[-1] == f"train.seed = {first_seed}", cell.bindings[-1]  # the seed binding
+    seed_line = f"train.seed = {first_seed}"
+    assert cell.bindings.count(seed_line) == 1, cell.bindings  # the sweep's seed binding
+    bindings = [f"train.seed = {seed}" if b == seed_line else b for b in cell.bindings]
     gin.clear_config()
-    config.parse_config(list(cell.config_files), [*cell.bindings[:-1], f"train.seed = {seed}", *extra])
+    config.parse_config(list(cell.config_files), [*bindings, *extra])
     cfg, _, _ = config.build()
     return cfg
 
