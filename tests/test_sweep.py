@@ -607,6 +607,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
         "fake_train.kl",
         "fake_train.eval_every",
         "seed",
+        "warm_start",  # the policy the run started from (empty: the stand-in trainer records none)
         "not_read",  # the swept bindings a cell does not read (empty: a stand-in trainer is not built)
         *results.METRICS,
         "steps",

@@ -29,6 +29,7 @@ from polgrad.results.store import (
     METRICS,
     NOT_READ,
     TABLE5_COLUMNS,
+    WARM_START,
     csv_path,
     locked,
     read_table,
@@ -61,6 +62,7 @@ def cell_row(
     if isinstance(table5, dict):
         row.update({f"table5_{k}": table5.get(k) for k in TABLE5_FIELDS})
     row["seed"] = cell["seed"]
+    row[WARM_START] = summary.get(WARM_START)  # the starting policy (blank: a run that did not record it)
     row[NOT_READ] = " ".join(cell.get("not_read", []))  # swept bindings the cell never reads: not in labels
     for m in METRICS:
         row[m] = summary.get(m) if ok else None

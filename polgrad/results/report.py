@@ -17,6 +17,7 @@ from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
+from polgrad.results.warm_starts import warm_start_paragraph
 
 # The md's Table-5 columns: (CSV column, header). The method is the group's spec (a row may name it
 # otherwise in an optional `table5_method` column); the others come from the CSV's table5_* columns.
@@ -133,6 +134,7 @@ def markdown(
     figures: Sequence[str] = (),
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
+    design of warm starts (polgrad.results.warm_starts), one line per
     group (spec + swept bindings) with mean ± 95% CI per metric, its world size and ZeRO stage, and the
     group's Table-5 columns (read
     from the rows' table5_* columns, "n/a" where they have none), the paired comparisons with the
@@ -188,6 +190,9 @@ def markdown(
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
         f"commit {one('git_commit')} · {date} · command: `{command}`",
         "",
+    ]
+    lines += warm_start_paragraph(rows)  # one warm start, one per seed, or not recorded; broken pairing
+    lines += [
         f"{len(rows)} cells ({n_ok} ok, "
         + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
         + f"{len(rows) - n_ok - n_unstable} failed) in {len(board)} groups (spec + swept "

@@ -1,0 +1,87 @@
+"""Which warm starts an experiment's runs started from, in words: the md's first paragraph.
+
+Each finished run records the policy it started from (summary.json's `warm_start`, the CSV's
+`warm_start` column: the SFT warm start's cache key, polgrad/run.py `warm_start_id`). By default a
+seed fixes its warm start (train.init_seed follows train.seed), so an experiment's rows fall in one of
+these designs, and `warm_start_paragraph` says which:
+
+- one warm start for every seed (train.init_seed bound, or one train.policy_path): the conclusions
+  hold for that one SFT policy, and the spread over seeds leaves out the warm start's variance;
+- each seed its own warm start, the same in every configuration (the default): paired by seed, and
+  the spread includes the warm start's variance;
+- not recorded (a CSV from before the column): the md says so instead of guessing.
+
+Pairing: the paired statistics compare configurations seed by seed, assuming a seed's cells start
+from one policy. A seed whose cells started from different warm starts is named in a **Pairing
+broken** warning (not an error: a grid axis may change the warm start on purpose, e.g.
+train.sft_steps or train.model_kwargs, and the md is still the record of what ran).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from polgrad.results.record import FINISHED
+from polgrad.results.store import WARM_START
+
+
+def _seed_key(seed: str) -> tuple[int, str]:
+    try:
+        return (0, f"{int(seed):012d}")
+    except ValueError:
+        return (1, seed)
+
+
+def warm_start_paragraph(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The md's paragraph on the runs' warm starts (then a blank line), [] when no run finished."""
+    done = [r for r in rows if r.get("status") in FINISHED]
+    if not done:
+        return []
+    known = [r for r in done if (r.get(WARM_START) or "").strip()]
+    if not known:
+        return [
+            "**Warm start.** Warm start not recorded: these runs predate the CSV's `warm_start` column, so "
+            "this md cannot say whether every seed started from one SFT policy or each from its own.",
+            "",
+        ]
+    by_seed: dict[str, dict[str, int]] = {}
+    for r in known:
+        counts = by_seed.setdefault(str(r.get("seed", "")), {})
+        counts[r[WARM_START]] = counts.get(r[WARM_START], 0) + 1
+    seeds = sorted(by_seed, key=_seed_key)
+    distinct = {w for counts in by_seed.values() for w in counts}
+    broken = [s for s in seeds if len(by_seed[s]) > 1]
+    if len(distinct) == 1:
+        text = (
+            "One warm start for every seed: the conclusions hold for this one SFT policy "
+            f"(`{distinct.pop()}`); the spread over seeds leaves out the warm start's own variance."
+        )
+    elif not broken and len(distinct) == len(seeds):
+        text = (
+            "Each seed has its own warm start (same seed → same warm start in every configuration), so the "
+            "spread over seeds includes the warm start's variance."
+        )
+    elif not broken:
+        text = (
+            f"{len(distinct)} warm starts for {len(seeds)} seeds (same seed → same warm start in every "
+            "configuration)."
+        )
+    else:
+        text = f"{len(distinct)} warm starts for {len(seeds)} seeds."
+    if len(known) < len(done):
+        text += f" (Warm start not recorded for {len(done) - len(known)} of {len(done)} runs.)"
+    lines = [f"**Warm start.** {text}", ""]
+    if broken:
+        which = "; ".join(
+            f"seed {s}: " + ", ".join(f"`{w}` ({n} runs)" for w, n in sorted(by_seed[s].items()))
+            for s in broken[:3]
+        )
+        more = f" (+{len(broken) - 3} more seeds)" if len(broken) > 3 else ""
+        lines += [
+            f"**Pairing broken:** {len(broken)} of {len(seeds)} seeds started from different warm starts "
+            f"in different configurations ({which}{more}), so the paired comparisons below also compare "
+            "different SFT policies. Intended only when a swept binding changes the warm start (e.g. "
+            "train.sft_steps, train.model_kwargs, train.init_seed); otherwise re-run those cells.",
+            "",
+        ]
+    return lines
