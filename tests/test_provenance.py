@@ -210,7 +210,7 @@ def test_the_check_command_passes_clean_rows_and_flags_dirty_and_foreign_commits
     out, err = capsys.readouterr()
     assert out.splitlines() == [
         f"{r0['cell_id']}: {ran_at}-dirty: the tree differed from the commit (diff 0123456789ab, "
-        f"saved as {r0['run_dir']}/diff.patch)",
+        f"saved as results/{r0['run_dir']}/diff.patch)",
         f"{r1['cell_id']}: {side}: not in the history of HEAD",
         "ghost: deadbeef: not a commit of this repository",
         "lost: -: no git_commit recorded",

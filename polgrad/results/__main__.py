@@ -71,7 +71,7 @@ def check_provenance(experiment: str, results_dir: str) -> int:
     except PolgradError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    bad, clean = check(rows)
+    bad, clean = check(rows, results_dir=results_dir)
     for line in bad:
         print(line)
     if bad:

@@ -170,10 +170,13 @@ def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, A
 
 
 def check(
-    rows: Sequence[dict[str, str]], cwd: str | os.PathLike | None = None
+    rows: Sequence[dict[str, str]],
+    cwd: str | os.PathLike | None = None,
+    results_dir: str | os.PathLike = "results",
 ) -> tuple[list[str], list[str]]:
     """(one line per row not from a clean commit in the history of HEAD: cell id, commit, why; the
-    clean commits the other rows name). Run in the repository the rows belong to."""
+    clean commits the other rows name). Run in the repository the rows belong to; `results_dir` is
+    where the rows' run_dir lie (for the path of a dirty row's diff.patch)."""
     known: dict[str, str | None] = {}
 
     def why_not(sha: str) -> str | None:
@@ -196,7 +199,12 @@ def check(
             why = "ran outside a git repository"
         elif commit.endswith(DIRTY):
             digest = (r.get("git_diff") or "").strip()
-            where = f"{r['run_dir']}/diff.patch" if r.get("run_dir") else "its run folder's diff.patch"
+            run_dir = r.get("run_dir")
+            where = (
+                (Path(results_dir) / run_dir / "diff.patch").as_posix()
+                if run_dir
+                else "diff.patch in its run folder"
+            )
             why = (
                 f"the tree differed from the commit (diff {digest}, saved as {where})"
                 if digest
