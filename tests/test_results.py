@@ -132,7 +132,16 @@ def test_load_returns_the_dataframe_and_a_one_line_error_when_missing(tmp_path):
 
 def test_environment_reports_versions_without_importing_them():
     env = results.environment()
-    assert set(env) == {"git_commit", "python", "torch", "transformers", "deepspeed", "hostname", "cpu_count"}
+    assert set(env) == {
+        "git_commit",
+        "git_diff",
+        "python",
+        "torch",
+        "transformers",
+        "deepspeed",
+        "hostname",
+        "cpu_count",
+    }
     assert env["cpu_count"] >= 1 and env["python"].count(".") == 2
     assert results.git_commit("/") == "unknown"  # not a repository
 

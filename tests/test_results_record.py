@@ -146,12 +146,12 @@ def test_a_commit_landing_while_a_cell_runs_is_no_disagreement(tmp_path, monkeyp
     from polgrad import results as results_pkg
 
     calls = iter(range(10_000))
-    real = results_pkg.environment
+    real = results_pkg.cell_environment
 
-    def drifting():  # every call sees a new commit, as if one landed while the cells ran
-        return {**real(), "git_commit": f"c{next(calls):04d}"}
+    def drifting(*args, **kwargs):  # every call sees a new commit, as if one landed while the cells ran
+        return {**real(*args, **kwargs), "git_commit": f"c{next(calls):04d}"}
 
-    monkeypatch.setattr(results_pkg, "environment", drifting)
+    monkeypatch.setattr(results_pkg, "cell_environment", drifting)
     exp, out = _sweep(tmp_path, "0.1, 0.2", "0")
     _, rows = _rows(out / "exp.csv")
     for r in rows:

@@ -623,6 +623,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
         "error",
         "run_dir",
         "git_commit",
+        "git_diff",
         "python",
         "torch",
         "transformers",

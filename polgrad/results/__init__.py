@@ -19,13 +19,20 @@ how the run was spread (world_size: data-parallel ranks; zero_stage: its DeepSpe
 the run's Table-5 row (table5_method, table5_type, table5_reward_model, table5_value_function,
 table5_reference_policy, table5_core_loss), status (ok | unstable | failed; only ok rows are ranked
 and tested, unstable ones are listed apart), error (for unstable: why), run_dir, and where it ran:
-git_commit, python, torch, transformers, deepspeed, hostname, cpu_count, finished_at.
+git_commit (`<sha>-dirty` when a tracked file other than the experiment's own outputs differed from
+the commit as the cell started), git_diff (then the first 12 hex digits of that diff's sha256; the diff
+is diff.patch in the run folder; empty when clean), python, torch, transformers, deepspeed, hostname,
+cpu_count, finished_at. X/experiment.json records paths relative to the repository root, so a run
+from another checkout path rewrites it byte for byte.
 
     >>> import polgrad.results
     >>> df = polgrad.results.load("kl_ablation")          # results/kl_ablation.csv as a DataFrame
 
 `python -m polgrad.results X [--results DIR]` rewrites X.md, X.png and X_curves.png from X.csv
-(and the run folders under X/runs/, for the curves).
+(and the run folders under X/runs/, for the curves). `python -m polgrad.results X --check-provenance`
+writes nothing: it checks that every row of X.csv comes from a clean commit in the history of the
+working directory's HEAD, printing one line per row that does not (cell id, commit, why) and exiting 1,
+else "all N rows from clean commits: <shas>" and 0.
 
 The CSV is checked, never trusted: the sweep (before it runs) and `python -m polgrad.results` compare
 it with the run folders and rebuild it whole from them when they disagree (a missing column or row, a
@@ -33,16 +40,25 @@ hand-edited value), saying so in one line; without run folders (a fresh clone) a
 incomplete in itself (a column the report needs, an ok row without the primary metric) is refused
 in one line (polgrad/results/record.py).
 
-Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), record (the CSV checked
-against the run folders, a row built from a run folder), stats (Student-t intervals, paired t and
-sign-flip tests, TOST, noncentral-t power), health (failed runs), compare, predictions and findings
-(paired comparisons, Holm, verdicts, the md's words), figures (plot: forest plot and learning
+Modules: provenance (where a row ran, and the check of a CSV's commits), store (the CSV and
+metrics.jsonl), record (the CSV checked against the run folders, a row built from a run folder),
+stats (Student-t intervals, paired t and sign-flip tests, TOST, noncentral-t power), health (failed
+runs), compare, predictions and findings (paired comparisons, Holm, verdicts, the md's words),
+warm_starts (which warm starts the rows started from), figures and curves (forest plot and learning
 curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
 """
 
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import plot
-from polgrad.results.provenance import cpu_count, environment, git_commit
+from polgrad.results.provenance import (
+    cell_environment,
+    cpu_count,
+    environment,
+    git_commit,
+    outputs,
+    repo_relative,
+    repo_root,
+)
 from polgrad.results.record import FINISHED, cell_row, reconcile
 from polgrad.results.report import (
     TABLE5,
@@ -77,6 +93,7 @@ __all__ = [
     "TABLE5",
     "TABLE5_COLUMNS",
     "atomic_write_text",
+    "cell_environment",
     "cell_row",
     "cpu_count",
     "csv_path",
@@ -90,10 +107,13 @@ __all__ = [
     "markdown",
     "mean_ci",
     "order_columns",
+    "outputs",
     "plot",
     "read_metrics",
     "read_rows",
     "reconcile",
+    "repo_relative",
+    "repo_root",
     "t_cdf",
     "t_ppf",
     "upsert_row",

@@ -2,17 +2,23 @@
 
 The CSV is checked first (polgrad.results.record.reconcile): rebuilt whole from the run folders when
 it disagrees with them (one line says so), refused in one line when it is incomplete and no run folder
-can complete it."""
+can complete it.
+
+`--check-provenance` writes nothing: every row of the CSV must come from a clean commit in the history
+of the working directory's HEAD (polgrad.results.provenance.check); exit 1 with one line per row that
+does not (cell id, commit, why) and a summary, else 0 with "all N rows from clean commits: <shas>"."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from polgrad.errors import PolgradError
+from polgrad.errors import DataError, PolgradError
 from polgrad.results.figures import curves_path
+from polgrad.results.provenance import DIRTY, check, git_commit, repo_root
 from polgrad.results.record import reconcile
 from polgrad.results.report import experiment_meta, write_report
+from polgrad.results.store import csv_path, read_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("experiment", help="experiment name (the CSV's stem)")
     ap.add_argument("--results", default="results", help="results folder (default: results)")
+    ap.add_argument(
+        "--check-provenance",
+        action="store_true",
+        help="write nothing; check that every row comes from a clean commit in the history of HEAD",
+    )
     args = ap.parse_args(argv)
+    if args.check_provenance:
+        return check_provenance(args.experiment, args.results)
     try:
         meta = experiment_meta(args.experiment, args.results)
         rebuilt = reconcile(
@@ -35,6 +48,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {md}, {png} and {curves_path(png)}")
+    return 0
+
+
+def check_provenance(experiment: str, results_dir: str) -> int:
+    """0 when every row of results_dir/<experiment>.csv comes from a clean commit in the history of
+    HEAD, 1 (one line per bad row and a summary) when not, 2 when there is nothing to check against."""
+    path = csv_path(experiment, results_dir)
+    try:
+        if repo_root() is None:
+            raise DataError(
+                "--check-provenance: the working directory is not in a git repository; run it in the "
+                f"checkout {path} belongs to"
+            )
+        if not path.is_file():
+            raise DataError(
+                f"--check-provenance: {path} does not exist (run the sweep, or give --results DIR)"
+            )
+        rows = read_table(path)[1]
+        if not rows:
+            raise DataError(f"--check-provenance: {path} has no rows")
+    except PolgradError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    bad, clean = check(rows, results_dir=results_dir)
+    for line in bad:
+        print(line)
+    if bad:
+        head = git_commit().removesuffix(DIRTY)
+        print(
+            f"error: {len(bad)} of {len(rows)} rows of {path} do not come from a clean commit in the history "
+            f"of HEAD ({head}); re-run those cells from a clean checkout (--restart CELL_ID ...)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"all {len(rows)} rows from clean commits: {', '.join(clean)}")
     return 0
 
 

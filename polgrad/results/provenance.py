@@ -1,14 +1,36 @@
-"""Where a results row ran: git commit, package versions, hostname, CPU count (no heavy imports)."""
+"""Where a results row ran: the git commit (and the diff when the tree differs from it), package
+versions, hostname, CPU count (no heavy imports).
+
+A row is clean when `git diff HEAD` over the tracked files is empty once the experiment's own outputs
+are left out (`outputs`: results/X.csv, X.md, X.png, X_curves.png, the results/X/ folder, and the same
+for the tuning stage's results/X_tuning): the sweep rewrites those itself while it runs, so a run from
+a clean checkout stays clean from its first cell to its last. Otherwise its git_commit is
+`<sha>-dirty` and its git_diff the first 12 hex digits of the sha256 of that diff, which the sweep saves
+as diff.patch in the cell's run folder (`cell_environment`, taken when the cell starts). Untracked
+files are not looked at. `check` tells whether every row of a CSV comes from a clean commit in the
+history of this repository's HEAD (`python -m polgrad.results X --check-provenance`).
+"""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import os
 import platform
 import socket
 import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
+
+from polgrad.io import atomic_path
+
+DIRTY = "-dirty"
+# The stages of an experiment whose outputs sit beside its own: results/<experiment><stage>.csv, ...
+STAGES = ("", "_tuning")
+# The files a sweep writes per stage, beside the folder results/<experiment><stage>/.
+OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
 
 
 def _version(dist: str) -> str:
@@ -18,24 +40,79 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def git_commit(cwd: str | os.PathLike | None = None) -> str:
-    """Short sha of HEAD (with `-dirty` if tracked files changed), or 'unknown' outside git."""
+def _git(args: Sequence[str], cwd: str | os.PathLike | None) -> subprocess.CompletedProcess | None:
+    """`git args` in `cwd` (bytes out), or None when git cannot be run."""
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
-        )
-        if sha.returncode != 0 or not sha.stdout.strip():
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
+
+
+def repo_root(cwd: str | os.PathLike | None = None) -> Path | None:
+    """The top folder of the git work tree holding `cwd` (default: the working directory), or None."""
+    out = _git(["rev-parse", "--show-toplevel"], cwd)
+    if out is None or out.returncode != 0 or not out.stdout.strip():
+        return None
+    return Path(os.fsdecode(out.stdout.strip())).resolve()
+
+
+def repo_relative(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
+    """`path` relative to `root` (default: the working directory), in '/' form, when it lies inside;
+    else as given. What a tracked file records, so that it reads the same from any checkout path."""
+    base = Path(root if root is not None else os.getcwd()).resolve()
+    try:
+        return Path(path).resolve().relative_to(base).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def outputs(experiment: str, results_dir: str | os.PathLike) -> list[Path]:
+    """What a sweep of `experiment` writes under `results_dir` (the provenance check ignores them)."""
+    results_dir = Path(results_dir)
+    paths = []
+    for stage in STAGES:
+        paths += [results_dir / f"{experiment}{stage}{s}" for s in OUTPUT_SUFFIXES]
+        paths.append(results_dir / f"{experiment}{stage}")
+    return paths
+
+
+def git_state(
+    cwd: str | os.PathLike | None = None, ignore: Iterable[str | os.PathLike] = ()
+) -> tuple[str, bytes]:
+    """(short sha of HEAD, with `-dirty` if a tracked file outside `ignore` differs from it; that diff).
+
+    ('unknown', b'') outside git. The diff is `git diff HEAD` (staged and unstaged changes, binary
+    files too) in a fixed format, whatever the user's git configuration says."""
+    sha = _git(["rev-parse", "--short", "HEAD"], cwd)
+    root = repo_root(cwd)
+    if sha is None or sha.returncode != 0 or not sha.stdout.strip() or root is None:
+        return "unknown", b""
+    specs = [":(top)"]
+    for p in ignore:
+        rel = repo_relative(Path(cwd or os.getcwd()) / p, root)
+        if not Path(rel).is_absolute():
+            specs.append(f":(top,exclude,literal){rel}")
+    diff = _git(
+        [
+            *("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),
+            *("diff", "HEAD", "--no-ext-diff", "--no-textconv", "--no-color", "--binary", "--no-renames"),
+            *("--no-relative", "--src-prefix=a/", "--dst-prefix=b/", "--", *specs),
+        ],
+        cwd,
+    )
+    if diff is None or diff.returncode != 0:
+        return "unknown", b""
+    return os.fsdecode(sha.stdout.strip()) + (DIRTY if diff.stdout else ""), diff.stdout
+
+
+def git_commit(cwd: str | os.PathLike | None = None, ignore: Iterable[str | os.PathLike] = ()) -> str:
+    """Short sha of HEAD (`-dirty` if a tracked file outside `ignore` changed), 'unknown' outside git."""
+    return git_state(cwd, ignore)[0]
+
+
+def diff_hash(diff: bytes) -> str:
+    """The git_diff column: the first 12 hex digits of the diff's sha256 ('' for no diff)."""
+    return hashlib.sha256(diff).hexdigest()[:12] if diff else ""
 
 
 def cpu_count() -> int:
@@ -47,10 +124,9 @@ def cpu_count() -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def environment() -> dict[str, Any]:
-    """git commit, python/torch/transformers/deepspeed versions, hostname, cpu count (no heavy imports)."""
+def machine() -> dict[str, Any]:
+    """python/torch/transformers/deepspeed versions, hostname, cpu count: fixed for a process."""
     return {
-        "git_commit": git_commit(),
         "python": platform.python_version(),
         "torch": _version("torch"),
         "transformers": _version("transformers"),
@@ -58,3 +134,86 @@ def environment() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "cpu_count": cpu_count(),
     }
+
+
+def environment(
+    ignore: Iterable[str | os.PathLike] = (),
+    diff_to: str | os.PathLike | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """git_commit and git_diff now (never cached: a commit may land between two cells), then `machine()`.
+
+    With `diff_to`, the diff is written there when the tree is dirty, and a stale file there is
+    removed when it is clean (a resumed cell's folder keeps no patch of its earlier start)."""
+    commit, diff = git_state(cwd, ignore)
+    if diff_to is not None:
+        if diff:
+            with atomic_path(diff_to) as tmp:
+                tmp.write_bytes(diff)
+        else:
+            Path(diff_to).unlink(missing_ok=True)
+    return {"git_commit": commit, "git_diff": diff_hash(diff), **machine()}
+
+
+def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, Any]:
+    """`environment` at the start of a sweep cell whose run folder is
+    <results>/<experiment>/runs/<cell>: the experiment's outputs ignored, the diff saved as
+    run_dir/diff.patch. A folder laid out otherwise ignores nothing."""
+    run_dir = Path(run_dir)
+    exp_dir = run_dir.parent.parent
+    ignore = (
+        outputs(experiment, exp_dir.parent)
+        if run_dir.parent.name == "runs" and exp_dir.name == experiment
+        else []
+    )
+    return environment(ignore, diff_to=run_dir / "diff.patch")
+
+
+def check(
+    rows: Sequence[dict[str, str]],
+    cwd: str | os.PathLike | None = None,
+    results_dir: str | os.PathLike = "results",
+) -> tuple[list[str], list[str]]:
+    """(one line per row not from a clean commit in the history of HEAD: cell id, commit, why; the
+    clean commits the other rows name). Run in the repository the rows belong to; `results_dir` is
+    where the rows' run_dir lie (for the path of a dirty row's diff.patch)."""
+    known: dict[str, str | None] = {}
+
+    def why_not(sha: str) -> str | None:
+        if sha not in known:
+            found = _git(["cat-file", "-e", f"{sha}^{{commit}}"], cwd)
+            if found is None or found.returncode != 0:
+                known[sha] = "not a commit of this repository"
+            else:
+                anc = _git(["merge-base", "--is-ancestor", sha, "HEAD"], cwd)
+                known[sha] = None if anc is not None and anc.returncode == 0 else "not in the history of HEAD"
+        return known[sha]
+
+    bad, clean = [], []
+    for n, r in enumerate(rows, 1):
+        cid = r.get("cell_id") or f"row {n}"
+        commit = (r.get("git_commit") or "").strip()
+        if not commit:
+            why = "no git_commit recorded"
+        elif commit == "unknown":
+            why = "ran outside a git repository"
+        elif commit.endswith(DIRTY):
+            digest = (r.get("git_diff") or "").strip()
+            run_dir = r.get("run_dir")
+            where = (
+                (Path(results_dir) / run_dir / "diff.patch").as_posix()
+                if run_dir
+                else "diff.patch in its run folder"
+            )
+            why = (
+                f"the tree differed from the commit (diff {digest}, saved as {where})"
+                if digest
+                else "the tree differed from the commit (no diff recorded)"
+            )
+        else:
+            why = why_not(commit)
+        if why:
+            bad.append(f"{cid}: {commit or '-'}: {why}")
+        elif commit not in clean:
+            clean.append(commit)
+    return bad, clean

@@ -60,6 +60,7 @@ BACK_COLUMNS = (
     "error",
     "run_dir",
     "git_commit",
+    "git_diff",
     "python",
     "torch",
     "transformers",

@@ -163,9 +163,13 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     runs = exp_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     order = [c.id for c in cells]
+    # experiment.json is tracked: its paths are relative to the repository root (the working directory
+    # outside git), so a run from another checkout path writes the same bytes; the cells keep their
+    # absolute paths in memory and in the untracked run folders.
+    root = _results.repo_root(Path(exp.file).resolve().parent)
     meta = {
         "name": exp.name,
-        "file": exp.file,
+        "file": _results.repo_relative(exp.file, root),
         "command": command,
         "primary_metric": exp.primary_metric,
         "higher_is_better": exp.higher_is_better,
@@ -173,7 +177,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         "baseline": exp.baseline,
         "question": exp.question,
         "predictions": exp.predictions,
-        "cells": [{**_cell_meta(c), "spec_path": c.spec_path} for c in cells],
+        "cells": [{**_cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
     }
     _results.atomic_write_text(exp_dir / "experiment.json", json.dumps(meta, indent=2) + "\n")
     csv_file = _results.csv_path(exp.name, results_dir)
@@ -300,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(format_cells(exp, cells))
             return 0
-        command = shlex.join(["python", "-m", "polgrad.sweep", *argv])
+        root = _results.repo_root(Path(args.experiment).resolve().parent)
+        shown = [_results.repo_relative(a, root) if os.path.isabs(a) else a for a in argv]
+        command = shlex.join(["python", "-m", "polgrad.sweep", *shown])
         return run(
             exp,
             cells,

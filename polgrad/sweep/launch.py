@@ -288,7 +288,8 @@ def run_cell(
         "cwd": os.getcwd(),
         "env": {k: env_changes.get(k, env.get(k)) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")},
         "ranks": n_ranks,
-        "environment": _results.environment(),
+        # the commit (and diff.patch when the tree differs), the experiment's own outputs left out
+        "environment": _results.cell_environment(run_dir, experiment),
         "started_at": started,
         "resume": resume,
     }

@@ -1,0 +1,233 @@
+"""Clean provenance (polgrad/results/provenance.py): a run records the commit it ran at, `-dirty` plus
+the diff's hash (and the diff as diff.patch) only when a tracked file other than the experiment's own
+outputs differs from it; experiment.json reads the same from any checkout path; `python -m
+polgrad.results X --check-provenance` flags every row not from a clean commit in the history of HEAD.
+
+Each test makes a git repository in tmp_path holding a tiny experiment (experiments/exp.gin, the fake
+spec and base config of tests/data, a source file, the project's own .gitignore) and runs the sweep
+in it with the fake trainer (tests/fake_train.py); git reads no user or system configuration.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polgrad import results, sweep
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+DATA = TESTS / "data"
+EXPERIMENT = (
+    "include 'experiments/base_fake.gin'\n"
+    "Sweep.name = 'exp'\n"
+    "Sweep.specs = ['registry/spec_a.gin']\n"
+    "Sweep.seeds = [0, 1]\n"
+    "Sweep.seed_binding = 'fake_train.seed'\n"
+)
+# What a sweep of `exp` may rewrite in its results folder (the files the provenance check ignores;
+# experiment.json records the command, here with its --restart).
+OUTPUTS = {
+    "results/exp.csv",
+    "results/exp.md",
+    "results/exp.png",
+    "results/exp_curves.png",
+    "results/exp/experiment.json",
+}
+
+pytestmark = pytest.mark.usefixtures("fake_trainer")  # tests/conftest.py
+
+
+@pytest.fixture(autouse=True)
+def plain_git(monkeypatch):
+    """git without the user's or the system's configuration (a signing key, a diff driver)."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for who in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{who}_NAME", "test")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "test@example.com")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_repo(path: Path) -> Path:
+    """A committed checkout with an experiment, its spec and base config, and a source file."""
+    (path / "experiments").mkdir(parents=True)
+    (path / "registry").mkdir()
+    (path / "src").mkdir()
+    (path / "experiments" / "exp.gin").write_text(EXPERIMENT)
+    shutil.copy(DATA / "base_fake.gin", path / "experiments" / "base_fake.gin")
+    shutil.copy(DATA / "spec_a.gin", path / "registry" / "spec_a.gin")
+    shutil.copy(REPO / ".gitignore", path / ".gitignore")  # the project's own: run folders untracked
+    (path / "src" / "code.py").write_text("x = 1\n")
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "experiment")
+    return path
+
+
+def rows(repo: Path) -> list[dict[str, str]]:
+    with open(repo / "results" / "exp.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def run_and_commit(repo: Path, monkeypatch) -> str:
+    """Run the sweep in `repo`, commit its results as the project does; the results commit's sha."""
+    monkeypatch.chdir(repo)
+    assert sweep.main(["experiments/exp.gin"]) == 0
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "results")
+    return git(repo, "rev-parse", "--short", "HEAD")
+
+
+def test_a_run_from_a_clean_checkout_is_clean_although_the_sweep_rewrites_its_csv(tmp_path, monkeypatch):
+    """The restart rewrites the tracked results/exp.csv before its cell starts (and the sweep process
+    has run cells before): the cell still records the commit it runs at, clean, and nothing tracked
+    but the experiment's own outputs was rewritten."""
+    repo = make_repo(tmp_path / "a")
+    head = run_and_commit(repo, monkeypatch)
+    cid = rows(repo)[0]["cell_id"]
+    assert sweep.main(["experiments/exp.gin", "--restart", cid]) == 0
+    changed = set(git(repo, "diff", "--name-only", "HEAD").split())
+    assert "results/exp.csv" in changed and changed <= OUTPUTS, changed
+    row = {r["cell_id"]: r for r in rows(repo)}[cid]
+    assert row["git_commit"] == head
+    assert row["git_diff"] == ""
+    assert not (repo / "results" / row["run_dir"] / "diff.patch").exists()
+
+
+def test_an_edited_source_file_is_dirty_with_the_diffs_hash_and_the_diff_saved(tmp_path, monkeypatch):
+    repo = make_repo(tmp_path / "a")
+    head = run_and_commit(repo, monkeypatch)
+    (repo / "src" / "code.py").write_text("x = 2\n")
+    cid = rows(repo)[1]["cell_id"]
+    assert sweep.main(["experiments/exp.gin", "--restart", cid]) == 0
+    row = {r["cell_id"]: r for r in rows(repo)}[cid]
+    patch = (repo / "results" / row["run_dir"] / "diff.patch").read_bytes()
+    # the source edit only: the rewritten CSV and md are the run's own outputs, not in the diff
+    assert (
+        patch
+        == subprocess.run(
+            ["git", "diff", "HEAD", "--", "src/code.py"], cwd=repo, capture_output=True, check=True
+        ).stdout
+    )
+    assert b"+x = 2" in patch
+    assert row["git_commit"] == f"{head}-dirty"
+    assert row["git_diff"] == hashlib.sha256(patch).hexdigest()[:12]
+    git(repo, "apply", "--check", "-R", str(repo / "results" / row["run_dir"] / "diff.patch"))
+
+
+def test_experiment_json_is_the_same_bytes_from_another_checkout_path(tmp_path, monkeypatch):
+    """A clone elsewhere reruns every cell (run folders are not committed) and rewrites
+    experiment.json: the tracked file must not change. The clone is given the experiment's absolute
+    path, the first checkout a relative one: the recorded command and file are the same."""
+    a = make_repo(tmp_path / "a")
+    run_and_commit(a, monkeypatch)
+    b = tmp_path / "elsewhere" / "b"
+    git(tmp_path, "clone", "-q", str(a), str(b))
+    monkeypatch.chdir(b)
+    assert sweep.main([str(b / "experiments" / "exp.gin")]) == 0
+    assert git(b, "status", "--porcelain", "--", "results/exp").strip() == ""
+    text = (b / "results" / "exp" / "experiment.json").read_text()
+    assert str(tmp_path) not in text
+    meta = json.loads(text)
+    assert meta["file"] == "experiments/exp.gin"
+    assert meta["command"] == "python -m polgrad.sweep experiments/exp.gin"
+    assert {c["spec_path"] for c in meta["cells"]} == {"registry/spec_a.gin"}
+
+
+def test_only_the_experiments_own_outputs_are_ignored(tmp_path, monkeypatch):
+    """cell_environment at a cell's start: every output of `exp` (and of its tuning stage) may
+    differ; another experiment's file, even one whose name starts with `exp`, makes the tree dirty; a
+    resumed cell's stale diff.patch goes when the tree is clean again."""
+    repo = make_repo(tmp_path / "a")
+    tracked = [
+        *sorted(OUTPUTS),
+        "results/exp_tuning.csv",
+        "results/exp_tuning/experiment.json",
+        "results/expx.csv",
+    ]
+    for f in tracked:
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text("committed\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "results")
+    head = git(repo, "rev-parse", "--short", "HEAD")
+    monkeypatch.chdir(repo)
+    run_dir = repo / "results" / "exp" / "runs" / "c0"
+    run_dir.mkdir(parents=True)
+    for f in tracked[:-1]:
+        (repo / f).write_text("rewritten by the run\n")
+    (run_dir / "diff.patch").write_text("stale\n")
+    env = results.cell_environment(run_dir, "exp")
+    assert (env["git_commit"], env["git_diff"]) == (head, "")
+    assert not (run_dir / "diff.patch").exists()
+
+    (repo / "results" / "expx.csv").write_text("another experiment's\n")
+    env = results.cell_environment(run_dir, "exp")
+    assert env["git_commit"] == f"{head}-dirty"
+    patch = (run_dir / "diff.patch").read_text()
+    assert patch.count("diff --git") == 1 and "results/expx.csv" in patch
+    assert env["git_diff"] == hashlib.sha256(patch.encode()).hexdigest()[:12]
+
+
+def test_the_check_command_passes_clean_rows_and_flags_dirty_and_foreign_commits(
+    tmp_path, monkeypatch, capsys
+):
+    repo = make_repo(tmp_path / "a")
+    run_and_commit(repo, monkeypatch)
+    ran_at = git(repo, "rev-parse", "--short", "HEAD~1")  # the cells ran before their results' commit
+    before = (repo / "results" / "exp.csv").read_text()
+    assert results.main(["exp", "--check-provenance"]) == 0
+    assert capsys.readouterr().out == f"all 2 rows from clean commits: {ran_at}\n"
+    assert (repo / "results" / "exp.csv").read_text() == before  # the check writes nothing
+
+    git(repo, "checkout", "-q", "-b", "side")  # a commit on another branch, not in main's history
+    (repo / "src" / "code.py").write_text("x = 3\n")
+    git(repo, "commit", "-q", "-am", "side")
+    side = git(repo, "rev-parse", "--short", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    r0, r1 = rows(repo)
+    fields = list(r0)
+    r0.update(git_commit=f"{ran_at}-dirty", git_diff="0123456789ab")
+    r1.update(git_commit=side)
+    ghost = {**r1, "cell_id": "ghost", "git_commit": "deadbeef"}
+    lost = {**r1, "cell_id": "lost", "git_commit": "", "git_diff": ""}
+    with open(repo / "results" / "exp.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows([r0, r1, ghost, lost])
+    assert results.main(["exp", "--check-provenance"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        f"{r0['cell_id']}: {ran_at}-dirty: the tree differed from the commit (diff 0123456789ab, "
+        f"saved as results/{r0['run_dir']}/diff.patch)",
+        f"{r1['cell_id']}: {side}: not in the history of HEAD",
+        "ghost: deadbeef: not a commit of this repository",
+        "lost: -: no git_commit recorded",
+    ]
+    assert err.startswith("error: 4 of 4 rows of results/exp.csv do not come from a clean commit")
+    assert err.count("\n") == 1
+
+
+def test_the_check_command_outside_git_or_without_a_csv_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert results.main(["exp", "--check-provenance"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --check-provenance: the working directory is not in a git repository")
+    assert err.count("\n") == 1
+    repo = make_repo(tmp_path / "a")
+    monkeypatch.chdir(repo)
+    assert results.main(["exp", "--check-provenance"]) == 2
+    err = capsys.readouterr().err
+    missing = "results/exp.csv does not exist (run the sweep, or give --results DIR)"
+    assert err == f"error: --check-provenance: {missing}\n"
