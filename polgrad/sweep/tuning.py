@@ -257,7 +257,7 @@ def _check_unchanged(exp: Experiment, cells: Sequence[Cell], chosen: dict, resul
         if started:
             raise PolgradError(
                 f"{exp.file}: the tuning stage now chooses {_text(chosen[key])} for {_label(key)} "
-                f"(its evaluation cells ran with {_text(c['chosen'])}: tuning cells finished since); "
+                f"(its evaluation cells ran with {_text(c['chosen'])}: the tuning results changed since); "
                 f"start them over with --restart {' '.join(started)}"
             )
 
