@@ -36,7 +36,8 @@ in one line (polgrad/results/record.py).
 Modules: provenance (where a row ran), store (the CSV and metrics.jsonl), record (the CSV checked
 against the run folders, a row built from a run folder), stats (Student-t
 intervals), compare and findings (paired tests, Holm), figures (plot: forest plot and learning
-curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
+curves), report (leaderboard, markdown, write_report), tuning (the md's Tuning section: the values a
+sweep's tuning stage chose), __main__ (the CLI).
 """
 
 from polgrad.io import atomic_write_text

@@ -77,8 +77,6 @@ def declared(exp: Experiment) -> Declared | None:
     value = exp.tuning
     if value is None:
         return None
-    if isinstance(value, Declared):
-        return value
     where = f"line {exp.lines['tuning']}: Sweep.tuning" if "tuning" in exp.lines else "Sweep.tuning"
     example = "e.g. {'seeds': [100, 101, 102], 'grid': {'train.lr': [3e-5, 1e-4, 3e-4]}}"
     if not isinstance(value, dict) or set(value) - set(KEYS) or not set(KEYS) <= set(value):
