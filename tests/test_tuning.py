@@ -167,6 +167,7 @@ def test_each_configuration_gets_its_best_mean_bound_in_its_evaluation_cells(tun
 def test_the_md_has_the_tuning_section(tuned):
     _, out = tuned
     md = (out / "exp.md").read_text()
+    assert "\n## Tuning\n" in md, md
     section = md.split("## Tuning\n", 1)[1].split("\n## ", 1)[0]
     assert "on the tuning seeds 10, 11" in section and "`fake_train.lr` ∈ {0.1, 0.3, 0.5}" in section
     means = _means(out / "exp_tuning")
