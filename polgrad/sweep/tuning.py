@@ -152,7 +152,7 @@ def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_mo
                         index=len(out),
                         swept=(*swept, *tuned),
                         seed=seed,
-                        bindings=(*exp.imports, *fixed, *grid, seed_line),
+                        bindings=_with(first, [f"{k} = {v}" for k, v in tuned], exp.seed_binding, seed),
                         not_read=(),
                     )
                 )
@@ -236,8 +236,15 @@ def bind(
     out = []
     for c in cells:
         tuned = [f"{k} = {v}" for k, v in chosen[(("spec", c.spec_name), *c.swept)].items()]
-        out.append(dataclasses.replace(c, bindings=(*c.bindings[:-1], *tuned, c.bindings[-1])))
+        out.append(dataclasses.replace(c, bindings=_with(c, tuned, exp.seed_binding, c.seed)))
     return dataclasses.replace(exp, tuning=dataclasses.replace(p, record=record)), out
+
+
+def _with(cell: Cell, tuned: Sequence[str], seed_binding: str, seed: int) -> tuple[str, ...]:
+    """The cell's bindings but its seed's, the tuned ones, then `seed` (later wins in gin): whatever
+    else the evaluation cell binds, its tuning cells and its tuned self bind too."""
+    own = f"{seed_binding} = {cell.seed}"
+    return (*(b for b in cell.bindings if b != own), *tuned, f"{seed_binding} = {seed}")
 
 
 def _check_unchanged(exp: Experiment, cells: Sequence[Cell], chosen: dict, results_dir: Path) -> None:
