@@ -45,7 +45,8 @@ metrics.jsonl), record (the CSV checked against the run folders, a row built fro
 stats (Student-t intervals, paired t and sign-flip tests, TOST, noncentral-t power), health (failed
 runs), compare, predictions and findings (paired comparisons, Holm, verdicts, the md's words),
 warm_starts (which warm starts the rows started from), figures and curves (forest plot and learning
-curves), report (leaderboard, markdown, write_report), __main__ (the CLI).
+curves), report (leaderboard, markdown, write_report), tuning (the md's Tuning section: the values a
+sweep's tuning stage chose), __main__ (the CLI).
 """
 
 from polgrad.io import atomic_write_text

@@ -18,6 +18,7 @@ from polgrad.results.findings import sections
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
 from polgrad.results.warm_starts import warm_start_paragraph
+from polgrad.results.tuning import section as tuning_section
 
 # The md's Table-5 columns: (CSV column, header). The method is the group's spec (a row may name it
 # otherwise in an optional `table5_method` column); the others come from the CSV's table5_* columns.
@@ -132,6 +133,7 @@ def markdown(
     question: str = "",
     predictions: Sequence[dict[str, Any]] = (),
     figures: Sequence[str] = (),
+    tuning: dict[str, Any] | None = None,
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     design of warm starts (polgrad.results.warm_starts), one line per
@@ -263,6 +265,7 @@ def markdown(
         ]
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
+    lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
     lines += stats_lines
     unstable = [r for r in rows if r.get("status") == UNSTABLE]
     if unstable:
@@ -318,6 +321,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         question=meta.get("question", ""),
         predictions=meta.get("predictions", ()),
         figures=(png_path.name, curves_path(png_path).name),
+        tuning=meta.get("tuning"),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

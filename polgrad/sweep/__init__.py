@@ -52,6 +52,8 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                      |                   | refuted / undecided by the paired statistics; 'no      |
 |                      |                   | difference' needs a margin to be confirmed (an         |
 |                      |                   | equivalence test within ±margin)                       |
+| `tuning`             | `None`            | {'seeds': [ints], 'grid': {axis: values}}: a tuning    |
+|                      |                   | stage run first (see "Tuning stage" below)             |
 
 Every cell runs in a fresh process as
 
@@ -100,6 +102,28 @@ when varying it gives otherwise identical cells (polgrad/sweep/reads.py; the rul
 CONTRIBUTING.md, "Adding an experiment"). `--dry-run` marks a swept binding a cell does not read
 `(not read)` (the CSV's `not_read`; labels leave it out) and lists the other bindings a cell does not
 read (allowed, e.g. a base-config binding of a part the spec does not use).
+
+## Tuning stage
+
+    Sweep.tuning = {'seeds': [100, 101, 102],
+                    'grid': {'train.lr': [3e-5, 1e-4, 3e-4], 'Algorithm.kl_coef': [0.01, 0.1]}}
+
+declares tuned baselines (Henderson et al. 2018, "Deep RL that Matters"): the sweep first runs every
+configuration of the evaluation (spec + swept bindings) with every value of the tuning grid (axes as
+in `Sweep.grid`, zipped ones too) on the tuning seeds, as an experiment of its own named
+`<name>_tuning` (results/<name>_tuning.csv, .md and folder, with the same lock, skip and resume),
+then binds in each configuration's evaluation cells the value with the best mean primary metric over
+the tuning seeds (ties: the first declared; a value with an unstable or failed tuning run ranks
+last) and records the choice in experiment.json and in the md's Tuning section (every value's mean).
+The tuning seeds must be disjoint from `Sweep.seeds` (one line naming the overlap otherwise), and a
+tuning axis cannot also be a `Sweep.grid` axis. An axis is tuned only in the configurations that
+read its bindings (the dry run's reads, as for an axis that changes nothing: `Algorithm.kl_coef` is
+not read under `Algorithm.kl = None`), so β is tuned for the specs with a KL term and only the
+learning rate for the others. `--dry-run` prints both stages' cells and says which bindings of the
+evaluation cells come from tuning. The choice is a function of the tuning CSV; a re-run skips the
+finished tuning cells. An evaluation cell's id hashes the declaration (a new grid: new cells); when
+the choice changes under evaluation cells that already ran (a tuning cell re-run or restarted), the
+sweep stops with one line naming them for `--restart`. The code: polgrad/sweep/tuning.py.
 
 ## Running
 
@@ -152,6 +176,7 @@ ranks the sweep started.
     launch.py       run_cell (a cell's trainer processes and their outcome), stopping them
     executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar
     cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
+    tuning.py       Sweep.tuning: the tuning stage's cells, the choice, its binding in the evaluation
 """
 
 from polgrad.sweep.cli import main, prepare, run

@@ -25,10 +25,10 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
-from polgrad.sweep import launch
+from polgrad.sweep import launch, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
-from polgrad.sweep.grid import Cell, expand, format_cells
+from polgrad.sweep.grid import Cell, expand
 from polgrad.sweep.launch import FINISHED, is_finished
 from polgrad.sweep.validation import validate
 
@@ -57,16 +57,38 @@ def run(
     """Run the cells not yet finished, record each in the CSV, write the report; 0 iff no cell failed.
 
     `restart` (cell ids) and `restart_failed` (every cell the CSV records as failed) start cells over
-    from scratch: their run folders are moved aside (`_restart`), their CSV rows replaced when they end."""
+    from scratch: their run folders are moved aside (`_restart`), their CSV rows replaced when they end.
+    With a tuning stage (`exp.tuning`, a `tuning.Plan`) its experiment runs first, then the evaluation
+    cells with the chosen values bound (`tuning.bind`)."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
-    _check_cell_ids(exp, cells, restart)
+    stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
+    _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
+    code = 0
+    if stage:  # stage 1, a sweep of its own; its failed cells count as worst in the choice
+        ids = {c.id for c in stage.cells}
+        code = run(
+            stage.experiment,
+            stage.cells,
+            results_dir=results_dir,
+            parallel=parallel,
+            executor=executor,
+            train_module=train_module,
+            ray_address=ray_address,
+            command=command,
+            restart=[i for i in restart if i in ids],
+            restart_failed=restart_failed,
+        )
+        if code == 130:
+            return code
+        restart = [i for i in restart if i not in ids]
+        exp, cells = tuning.bind(exp, cells, Path(results_dir), restart)
     exp_dir = Path(results_dir) / exp.name
     exp_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(exp_dir):
         if restart or restart_failed:
             _restart(exp, cells, Path(results_dir), restart, restart_failed)
-        return _run(
+        done = _run(
             exp,
             cells,
             results_dir=Path(results_dir),
@@ -76,6 +98,7 @@ def run(
             ray_address=ray_address,
             command=command,
         )
+    return max(code, done)
 
 
 def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) -> None:
@@ -179,6 +202,8 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         "predictions": exp.predictions,
         "cells": [{**_cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
     }
+    if isinstance(exp.tuning, tuning.Plan):
+        meta["tuning"] = exp.tuning.record
     _results.atomic_write_text(exp_dir / "experiment.json", json.dumps(meta, indent=2) + "\n")
     csv_file = _results.csv_path(exp.name, results_dir)
     run_dirs = {c.id: runs / c.id for c in cells}
@@ -262,9 +287,10 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
 def prepare(path: str, train_module: str | None = None) -> tuple[Experiment, list[Cell]]:
     """Read, expand and validate an experiment file; raise one line on any problem."""
     exp = load_experiment(path)
-    cells = expand(exp)
-    cells = validate(exp, cells, train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE)
-    return exp, cells
+    train_module = train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE
+    declared = tuning.declared(exp)
+    cells = validate(exp, expand(exp), train_module, ask=declared.keys if declared else ())
+    return tuning.plan(exp, declared, cells, train_module)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         PREFLIGHT.get(args.executor, _no_preflight)()
         exp, cells = prepare(args.experiment, train_module)
         if args.dry_run:
-            print(format_cells(exp, cells))
+            print(tuning.format_stages(exp, cells))
             return 0
         root = _results.repo_root(Path(args.experiment).resolve().parent)
         shown = [_results.repo_relative(a, root) if os.path.isabs(a) else a for a in argv]

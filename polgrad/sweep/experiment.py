@@ -38,6 +38,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "baseline": None,
     "question": "",
     "predictions": [],
+    "tuning": None,  # checked and expanded by polgrad.sweep.tuning
 }
 EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
@@ -69,6 +70,8 @@ class Experiment:
     question: str = ""
     predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     processes_per_cell: int = 1  # data-parallel trainer processes (ranks) per CPU cell
+    # Sweep.tuning as written; polgrad.sweep.tuning.plan replaces it by a checked tuning.Plan
+    tuning: Any = None
 
     @property
     def swept_columns(self) -> list[str]:
@@ -451,4 +454,5 @@ def load_experiment(path: str) -> Experiment:
         processes_per_cell=processes,
         timeout_s=timeout_s,
         lines=lines,
+        tuning=param("tuning"),
     )

@@ -77,6 +77,8 @@ def expand(exp: Experiment) -> list[Cell]:
     """Every cell: specs × product of the axes × seeds, in that nesting order."""
     cells: list[Cell] = []
     fixed = [b.text for b in exp.fixed]
+    # A tuning stage's values are bound later (polgrad/sweep/tuning.py); its declaration is in the id
+    tuned = [f"Sweep.tuning = {gin_text(exp.tuning)}"] if exp.tuning is not None else []
     for spec, spec_path in zip(exp.specs, exp.spec_paths, strict=True):
         for combo in itertools.product(*[values for _, values in exp.axes]):
             swept: list[tuple[str, str]] = []
@@ -87,7 +89,7 @@ def expand(exp: Experiment) -> list[Cell]:
             for seed in exp.seeds:
                 seed_line = f"{exp.seed_binding} = {seed}"
                 cid = cell_id(
-                    exp.includes, spec, [*fixed, *grid, seed_line], seed, [_slug(v) for _, v in swept]
+                    exp.includes, spec, [*fixed, *grid, seed_line, *tuned], seed, [_slug(v) for _, v in swept]
                 )
                 cells.append(
                     Cell(

@@ -57,10 +57,13 @@ def ranks_per_cell(exp: Experiment) -> tuple[int, str]:
     return exp.processes_per_cell, f"Sweep.processes_per_cell = {exp.processes_per_cell}"
 
 
-def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> list[Cell]:
+def validate(
+    exp: Experiment, cells: Sequence[Cell], train_module: str, ask: Sequence[str] = ()
+) -> list[Cell]:
     """Parse (and, for polgrad's trainer, build) every cell; one ConfigError line on the first problem.
 
-    Returns the cells, each with the bindings its built cell does not read (`Cell.not_read`)."""
+    Returns the cells, each with the bindings its built cell does not read (`Cell.not_read`), the keys
+    in `ask` included (the tuning stage asks which of its bindings each configuration reads)."""
     import_train_module(train_module)
     build = train_module == DEFAULT_TRAIN_MODULE
     labels = _labels(exp)
@@ -96,7 +99,7 @@ def validate(exp: Experiment, cells: Sequence[Cell], train_module: str) -> list[
                     except ConfigError as e:
                         raise ConfigError(f"at {ranks_label}: {e}") from None
                     reads = reads_of(cfg, algo)
-                    keys = dict.fromkeys([*bound_keys(), *(k for k, _ in cell.swept)])
+                    keys = dict.fromkeys([*bound_keys(), *(k for k, _ in cell.swept), *ask])
                     not_read = ((k, reads.why_unread(k)) for k in keys)
                     out[i] = dataclasses.replace(cell, not_read=tuple((k, w) for k, w in not_read if w))
             except PolgradError as e:

@@ -1,0 +1,253 @@
+"""The tuning stage of a sweep (`Sweep.tuning`, polgrad/sweep/tuning.py): declared, checked, run as
+`<name>_tuning`, its best value per configuration bound in the evaluation cells and shown in the md.
+
+The sweeps run tests/fake_train.py (conftest's `fake_trainer`): its eval_accuracy is a fixed function
+of (lr, kl, seed) (0.5 · crc32(f"{lr}|{kl}") % 1000 / 1000 + 0.02 · seed at the last step), so with
+the tuning grid lr ∈ {0.1, 0.3, 0.5} the best lr is 0.5 under @fakekl.k1 (0.874 vs 0.869 and 0.39)
+and 0.1 under @fakekl.k2 (0.991 vs 0.524 and 0.872): two configurations, two different choices, one
+of them not the first value. The tests read the means from the tuning runs' own summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from polgrad import sweep
+from polgrad.sweep import prepare, tuning
+
+DATA = Path(__file__).resolve().parent / "data"
+REPO = Path(__file__).resolve().parent.parent
+LRS = ["0.1", "0.3", "0.5"]
+
+
+def fake_exp(tmp_path: Path, tuning_decl: str, seeds: str = "[0, 1]", name: str = "exp") -> Path:
+    path = tmp_path / f"{name}.gin"
+    path.write_text(
+        f"include '{DATA / 'base_fake.gin'}'\n"
+        f"Sweep.specs = ['{DATA / 'spec_a.gin'}']\n"
+        "Sweep.grid = {'fake_train.kl': [@fakekl.k1, @fakekl.k2]}\n"
+        f"Sweep.seeds = {seeds}\n"
+        "Sweep.seed_binding = 'fake_train.seed'\n"
+        "Sweep.primary_metric = 'eval_accuracy'\n"
+        f"Sweep.tuning = {tuning_decl}\n"
+    )
+    return path
+
+
+DECL = "{'seeds': [10, 11], 'grid': {'fake_train.lr': [" + ", ".join(LRS) + "]}}"
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def summaries(folder: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("runs/*/summary.json")}
+
+
+# ------------------------------------------------------------------------------ the declaration
+@pytest.mark.usefixtures("fake_trainer")
+def test_tuning_seeds_that_are_also_evaluation_seeds_are_refused_in_one_line(tmp_path, capsys):
+    path = fake_exp(
+        tmp_path, "{'seeds': [1, 2, 10], 'grid': {'fake_train.lr': [0.1, 0.3]}}", seeds="[0, 1, 2]"
+    )
+    assert sweep.main([str(path), "--dry-run"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {path}: line 7: Sweep.tuning['seeds']: "), err
+    assert "seeds 1, 2 also evaluate (Sweep.seeds = [0, 1, 2])" in err, err
+
+
+@pytest.mark.usefixtures("fake_trainer")
+@pytest.mark.parametrize(
+    "decl, says",
+    [
+        ("[10, 11]", "must be a dict with the keys 'seeds', 'grid'"),
+        (
+            "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'metric': 'kl'}",
+            "with the keys 'seeds', 'grid'",
+        ),
+        ("{'seeds': [10, 10], 'grid': {'fake_train.lr': [0.1]}}", "must be a list of distinct ints"),
+        ("{'seeds': [10], 'grid': {}}", "must be a non-empty dict of axes"),
+        (
+            "{'seeds': [10], 'grid': {'fake_train.kl': [@fakekl.k3]}}",
+            "'fake_train.kl' is also a Sweep.grid axis",
+        ),
+        ("{'seeds': [10], 'grid': {'fake_train.seed': [1, 2]}}", "is the seed binding"),
+        ("{'seeds': [10], 'grid': {'fake_train.lr': [0.1, 'x']}}", "values mix types"),
+    ],
+)
+def test_a_bad_tuning_declaration_is_one_line_naming_the_file(tmp_path, capsys, decl, says):
+    path = fake_exp(tmp_path, decl)
+    assert sweep.main([str(path), "--dry-run"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {path}: line 7: Sweep.tuning") and says in err, err
+
+
+# ------------------------------------------------------------------------------ the expansion
+def test_beta_is_tuned_only_in_the_configurations_with_a_kl_term(tmp_path, monkeypatch):
+    """GRPO binds a KL estimator, RLOO binds `Algorithm.kl = None` (checked here on the spec files):
+    GRPO's tuning cells cross 3 lr × 2 β, RLOO's only the 3 lr (its β stays the first, not read)."""
+    monkeypatch.chdir(REPO)
+    assert "\nAlgorithm.kl = @kl.k3\n" in (REPO / "registry/grpo.gin").read_text()
+    assert "\nAlgorithm.kl = None\n" in (REPO / "registry/rloo.gin").read_text()
+    path = tmp_path / "tiny.gin"
+    path.write_text(
+        "include 'experiments/base_tiny.gin'\n"
+        "Sweep.specs = ['registry/grpo.gin', 'registry/rloo.gin']\n"
+        "Sweep.seeds = [0, 1]\n"
+        "Sweep.tuning = {'seeds': [7, 8], "
+        "'grid': {'train.lr': [3e-5, 1e-4, 3e-4], 'Algorithm.kl_coef': [0.01, 0.1]}}\n"
+    )
+    exp, cells = prepare(str(path), "polgrad.train")
+    plan = exp.tuning
+    by_spec: dict[str, set] = {}
+    for c in plan.cells:
+        by_spec.setdefault(c.spec_name, set()).add(
+            (dict(c.swept)["train.lr"], dict(c.swept)["Algorithm.kl_coef"])
+        )
+        assert c.seed in (7, 8)
+    lrs = ["3e-05", "0.0001", "0.0003"]
+    assert by_spec["grpo"] == {(lr, b) for lr in lrs for b in ("0.01", "0.1")}
+    assert by_spec["rloo"] == {(lr, "0.01") for lr in lrs}
+    assert len(plan.cells) == (6 + 3) * 2
+    assert all(c.unread == ("Algorithm.kl_coef",) for c in plan.cells if c.spec_name == "rloo")
+    assert all(c.unread == () for c in plan.cells if c.spec_name == "grpo")
+    assert [g.tuned for g in plan.groups] == [["train.lr", "Algorithm.kl_coef"], ["train.lr"]]
+    # the evaluation cells keep their own seeds and do not list the tuning keys as bound-but-unread
+    assert {c.seed for c in cells} == {0, 1}
+    assert all("Algorithm.kl_coef" not in dict(c.not_read) for c in cells)
+    text = tuning.format_stages(exp, cells)
+    assert "stage 1, tuning: tiny_tuning:" in text and "= 18 cells" in text
+    assert "The evaluation cells' train.lr, Algorithm.kl_coef come from tuning" in text
+    assert "not tuned where not read: Algorithm.kl_coef in rloo" in text
+
+
+# ------------------------------------------------------------------------------ the choice, end to end
+def _means(tuning_dir: Path) -> dict[tuple[str, str], float]:
+    """Mean eval_accuracy per (kl, lr) over the tuning seeds, from the tuning runs' summary.json."""
+    got: dict[tuple[str, str], list[float]] = {}
+    for cid, s in summaries(tuning_dir).items():
+        cell = json.loads((tuning_dir / "runs" / cid / "cell.json").read_text())["cell"]
+        swept = dict(map(tuple, cell["swept"]))
+        got.setdefault((swept["fake_train.kl"], swept["fake_train.lr"]), []).append(s["eval_accuracy"])
+    assert all(len(v) == 2 for v in got.values()) and len(got) == 6
+    return {k: sum(v) / len(v) for k, v in got.items()}
+
+
+@pytest.fixture
+def tuned(tmp_path, fake_trainer):
+    path = fake_exp(tmp_path, DECL)
+    out = tmp_path / "results"
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    return path, out
+
+
+def test_each_configuration_gets_its_best_mean_bound_in_its_evaluation_cells(tuned):
+    path, out = tuned
+    means = _means(out / "exp_tuning")
+    best = {kl: max(LRS, key=lambda lr: means[(kl, lr)]) for kl in ("@fakekl.k1", "@fakekl.k2")}
+    assert best == {"@fakekl.k1": "0.5", "@fakekl.k2": "0.1"}  # as the docstring works out by hand
+    meta = json.loads((out / "exp" / "experiment.json").read_text())
+    chosen = {c["config"]["fake_train.kl"]: c["chosen"] for c in meta["tuning"]["configurations"]}
+    assert chosen == {kl: {"fake_train.lr": lr} for kl, lr in best.items()}
+    for s_id in summaries(out / "exp"):  # each evaluation run trained with its configuration's lr
+        cell = json.loads((out / "exp" / "runs" / s_id / "cell.json").read_text())["cell"]
+        kl = dict(map(tuple, cell["swept"]))["fake_train.kl"]
+        config_gin = (out / "exp" / "runs" / s_id / "config.gin").read_text()
+        assert f"fake_train.lr = {best[kl]}\n" in config_gin, config_gin
+        assert cell["seed"] in (0, 1)
+    assert len(summaries(out / "exp")) == 4 and len(summaries(out / "exp_tuning")) == 12
+
+
+def test_the_md_has_the_tuning_section(tuned):
+    _, out = tuned
+    md = (out / "exp.md").read_text()
+    assert "\n## Tuning\n" in md, md
+    section = md.split("## Tuning\n", 1)[1].split("\n## ", 1)[0]
+    assert "on the tuning seeds 10, 11" in section and "`fake_train.lr` ∈ {0.1, 0.3, 0.5}" in section
+    means = _means(out / "exp_tuning")
+    row = next(ln for ln in section.splitlines() if ln.startswith("| spec_a · fake_train.kl=@fakekl.k1 |"))
+    assert "| `fake_train.lr = 0.5` |" in row
+    for lr in LRS:
+        assert f"`fake_train.lr = {lr}`: {means[('@fakekl.k1', lr)]:.4g}" in row
+    assert (out / "exp_tuning.md").exists() and (out / "exp_tuning.csv").exists()
+    assert "## Tuning" not in (out / "exp_tuning.md").read_text()
+
+
+def test_a_rerun_runs_no_tuning_cell_again_and_keeps_the_choice(tuned):
+    path, out = tuned
+    before = (out / "exp" / "experiment.json").read_text()
+    runs = out / "exp_tuning" / "runs"
+    starts = {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()}
+    assert len(starts) == 12
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    assert {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()} == starts
+    after = json.loads((out / "exp" / "experiment.json").read_text())
+    assert after["tuning"] == json.loads(before)["tuning"]
+
+
+def test_a_choice_that_changed_under_evaluation_runs_is_refused_until_they_restart(tuned, capsys):
+    """A tuning run's result changes (here by hand: lr 0.3 under k2 now scores best): the evaluation
+    cells of that configuration ran with lr 0.1, so the sweep stops in one line naming them; with
+    --restart they run again with 0.3."""
+    path, out = tuned
+    for cid in summaries(out / "exp_tuning"):
+        if "-k2-0.3-" in cid:
+            f = out / "exp_tuning" / "runs" / cid / "summary.json"
+            f.write_text(json.dumps({**json.loads(f.read_text()), "eval_accuracy": 0.999}))
+    capsys.readouterr()
+    assert sweep.main([str(path), "--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the tuning stage's own report
+    assert err.startswith(f"error: {path}: the tuning stage now chooses "), err
+    k2 = sorted(p.name for p in (out / "exp" / "runs").iterdir() if "-k2-" in p.name)
+    assert "chooses fake_train.lr = 0.3 for spec_a · fake_train.kl=@fakekl.k2" in err, err
+    assert "--restart " in err and all(cid in err for cid in k2) and len(k2) == 2, err
+    assert sweep.main([str(path), "--results", str(out), "--restart", *k2]) == 0
+    for cid in k2:
+        assert "fake_train.lr = 0.3\n" in (out / "exp" / "runs" / cid / "config.gin").read_text()
+
+
+# ------------------------------------------------------------------------------ the choice, its rules
+@pytest.mark.usefixtures("fake_trainer")
+def test_ties_go_to_the_first_value_and_unfinished_values_rank_last(tmp_path):
+    exp, _ = prepare(str(fake_exp(tmp_path, DECL)))
+    group = exp.tuning.groups[0]  # spec_a · k1: lr 0.1, 0.3, 0.5, two seeds each
+    ids = {tuned[0][1]: cids for tuned, cids in group.values}
+
+    def rows(scores: dict[str, list[tuple[str, str]]]) -> dict[str, dict[str, str]]:
+        return {
+            cid: {"cell_id": cid, "status": st, "eval_accuracy": v}
+            for lr, pairs in scores.items()
+            for cid, (st, v) in zip(ids[lr], pairs, strict=True)
+        }
+
+    def chosen(scores, higher=True):
+        import dataclasses
+
+        e = dataclasses.replace(exp, higher_is_better=higher)
+        return tuning.choose(e, rows(scores))["configurations"][0]
+
+    ok = lambda *vs: [("ok", str(v)) for v in vs]  # noqa: E731
+    # a tie between 0.3 and 0.5 (mean 0.5): the first declared wins
+    assert chosen({"0.1": ok(0.1, 0.1), "0.3": ok(0.4, 0.6), "0.5": ok(0.5, 0.5)})["chosen"] == {
+        "fake_train.lr": "0.3"
+    }
+    # 0.5 is best on the seed it finished, but its other run is unstable: it ranks last
+    got = chosen({"0.1": ok(0.1, 0.1), "0.3": ok(0.2, 0.2), "0.5": [("ok", "0.9"), ("unstable", "0.9")]})
+    assert got["chosen"] == {"fake_train.lr": "0.3"}
+    assert got["values"][2] == {"values": {"fake_train.lr": "0.5"}, "mean": None, "n_ok": 1, "n": 2}
+    # a failed run (no value) and a run with no row at all rank last too
+    got = chosen({"0.1": [("failed", ""), ("ok", "0.9")], "0.3": ok(0.2, 0.2), "0.5": ok(0.1, 0.1)})
+    assert got["chosen"] == {"fake_train.lr": "0.3"}
+    # lower is better: the smallest mean
+    assert chosen({"0.1": ok(0.3, 0.3), "0.3": ok(0.1, 0.2), "0.5": ok(0.2, 0.2)}, higher=False)[
+        "chosen"
+    ] == {"fake_train.lr": "0.3"}
+    # nothing finished: the first value, said so
+    got = chosen({})
+    assert got["chosen"] == {"fake_train.lr": "0.1"} and got["note"]
