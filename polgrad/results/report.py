@@ -17,8 +17,8 @@ from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
-from polgrad.results.warm_starts import warm_start_paragraph
 from polgrad.results.tuning import section as tuning_section
+from polgrad.results.warm_starts import warm_start_paragraph
 
 # The md's Table-5 columns: (CSV column, header). The method is the group's spec (a row may name it
 # otherwise in an optional `table5_method` column); the others come from the CSV's table5_* columns.
