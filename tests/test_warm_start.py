@@ -222,3 +222,31 @@ def test_runs_that_did_not_record_a_warm_start_are_said_so(tmp_path):
     md = markdown("exp", some, swept_columns=["fake_train.lr"], primary_metric="eval_accuracy")
     assert paragraph(md).startswith("**Warm start.** One warm start for every seed")
     assert paragraph(md).endswith("(Warm start not recorded for 1 of 4 runs.)")
+
+
+def test_an_old_csv_shows_its_warm_starts_by_their_step_0_accuracy():
+    """Rows without the warm_start column: one eval_accuracy_init in every row of several seeds is what
+    one shared warm start gives (the committed CSVs from before the column: 0.3442 in all 50 kl_ablation
+    rows), one value per seed is what one warm start per seed gives, two values within a seed break
+    pairing. Row values are made here, not read from the code."""
+    from polgrad.results.warm_starts import warm_start_paragraph
+
+    def rows(init):  # 2 configurations x 2 seeds; init(seed, config) -> eval_accuracy_init text
+        return [
+            {"status": "ok", "seed": str(s), "spec": c, "eval_accuracy_init": init(s, c)}
+            for s in (0, 1)
+            for c in ("a", "b")
+        ]
+
+    one = warm_start_paragraph(rows(lambda s, c: "0.3442"))[0]
+    assert one.startswith("**Warm start.** Warm start not recorded: ")
+    assert (
+        "every run of all 2 seeds starts at the same held-out accuracy (eval_accuracy_init = 0.3442)" in one
+    )
+    assert "most likely hold for that one SFT policy" in one
+    per_seed = warm_start_paragraph(rows(lambda s, c: ["0.3", "0.5"][s]))[0]
+    assert "as one warm start per seed gives" in per_seed and "2 values for 2 seeds" in per_seed
+    broken = warm_start_paragraph(rows(lambda s, c: {"a": "0.3", "b": "0.4"}[c]))[0]
+    assert "the pairing by seed may be broken" in broken
+    no_init = warm_start_paragraph(rows(lambda s, c: ""))[0]
+    assert no_init.endswith("cannot say whether every seed started from one SFT policy or each from its own.")
