@@ -131,6 +131,7 @@ def markdown(
     question: str = "",
     predictions: Sequence[dict[str, Any]] = (),
     figures: Sequence[str] = (),
+    budget: str = "",
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     group (spec + swept bindings) with mean ± 95% CI per metric, its world size and ZeRO stage, and the
@@ -183,6 +184,8 @@ def markdown(
     lines = [f"# {experiment}", ""]
     if question:
         lines += [f"**Question.** {question}", ""]
+    if budget:  # Sweep.budget, as the sweep's dry run stated it (polgrad/sweep/budget.py)
+        lines += [f"**Budget.** {budget}", ""]
     lines += [
         f"Machine: {one('hostname')} ({one('cpu_count')} CPUs) · python {one('python')} · torch "
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
@@ -313,6 +316,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         question=meta.get("question", ""),
         predictions=meta.get("predictions", ()),
         figures=(png_path.name, curves_path(png_path).name),
+        budget=(meta.get("budget") or {}).get("text", ""),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

@@ -15,6 +15,8 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import ConfigError, did_you_mean
+from polgrad.sweep import budget as _budget
+from polgrad.sweep.budget import Budget
 from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
 
 # The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
@@ -38,6 +40,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "baseline": None,
     "question": "",
     "predictions": [],
+    "budget": None,
 }
 EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
@@ -69,6 +72,7 @@ class Experiment:
     question: str = ""
     predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     processes_per_cell: int = 1  # data-parallel trainer processes (ranks) per CPU cell
+    budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
 
     @property
     def swept_columns(self) -> list[str]:
@@ -422,6 +426,8 @@ def load_experiment(path: str) -> Experiment:
     ):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
 
+    budget = _budget.read(file, param("budget"), where("budget"))
+    _budget.check_file(file, budget, fixed, axes)
     baseline = _read_baseline(file, param("baseline"), specs, axes, where)
     predictions = _read_predictions(file, param("predictions"), specs, axes, where)
     question = param("question")
@@ -451,4 +457,5 @@ def load_experiment(path: str) -> Experiment:
         processes_per_cell=processes,
         timeout_s=timeout_s,
         lines=lines,
+        budget=budget,
     )
