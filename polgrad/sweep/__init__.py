@@ -19,6 +19,7 @@ say what varies. Grid values are real gin values: `@kl.k3` is a reference, `'los
         ('clip.ppo.eps_low', 'clip.ppo.eps_high'): [(0.2, 0.2), (0.2, 0.28)],  # zipped: varied together
     }
     Sweep.seeds = [0, 1, 2]
+    Sweep.budget = ('sampled_sequences', 64) # what every cell gets equally (polgrad/sweep/budget.py)
     Sweep.primary_metric = 'eval_accuracy'   # the leaderboard's sort key
 
 That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parameters:
