@@ -1,4 +1,5 @@
-"""What a run measures besides its training metrics: held-out accuracy per prompt, and the exact KL.
+"""What a run measures besides its training metrics: held-out accuracy per prompt, the exact KL, and
+the critic's explained variance.
 
 `Evaluator` scores the policy greedily on a fixed list of distinct held-out prompts (the task's
 `eval_examples`: the whole held-out split by default), the same list at every evaluation and in
@@ -16,6 +17,7 @@ chunks of rows so that at most `max_elements` logits of each model are held at o
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -160,3 +162,14 @@ def exact_kl(
         out.append(exact_kl_part(pol.logp, ref.logp, mask, logits=pol.logits, ref_logits=ref.logits))
         ref_logp.append(ref.logp)
     return torch.cat(out).double(), torch.cat(ref_logp)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over the valid tokens of every rank (sample variances)."""
+    valid = mask.bool()
+    n, _, var_r = collective.moments(returns[valid].double(), ddof=1)
+    _, _, var_d = collective.moments((returns[valid] - values[valid]).double(), ddof=1)
+    if n < 2:
+        return math.nan
+    var_r, var_d = float(var_r), float(var_d)
+    return 1.0 - var_d / var_r if var_r > 0 else math.nan

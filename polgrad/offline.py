@@ -12,7 +12,8 @@ part, in the same order as the RL step (`trainer.rl_step`):
 
 Its row logs the mean loss, the implicit-reward accuracy (β·log-ratio of the chosen response
 above the rejected one's), the mean margin and the two mean rewards; evaluation, logging and
-checkpoints are the loop's.
+checkpoints are the loop's. It samples nothing: the budget's counters (polgrad/stopping.py) count
+the sequences it trains on, 2 per pair, and their response tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from polgrad import collective, config, hooks
+from polgrad import collective, config, hooks, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.models import encode_sequences
@@ -86,4 +87,6 @@ def pair_step(
     row.update(skipped_steps=state.skipped_steps, optimizer_steps=1)
     times = {"time_ref": t_ref - t0, "time_update": time.perf_counter() - t_ref}
     tokens = float(collective.all_sum(resp.sum().double()))
+    # It samples nothing: the budget counts the sequences it trains on (2 per pair) and their tokens.
+    state = stopping.counted(state, 2 * n_pairs, kept=2 * n_pairs, tokens=tokens)
     return row, times, tokens, state

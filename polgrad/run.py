@@ -206,6 +206,10 @@ class LoopState:
     step: int = 0  # steps done
     kl_coef: float = 0.0  # the KL coefficient of the next step
     skipped_steps: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+    # What the run has sampled, cumulative over its steps and ranks (polgrad/stopping.py: the budget).
+    sampled_sequences: int = 0
+    kept_sequences: int = 0
+    generated_tokens: int = 0
 
 
 def start_or_resume(
@@ -226,7 +230,7 @@ def start_or_resume(
         saved = _load(m.engine, os.path.join(ckpt, "policy"), tag)["polgrad"]
         if m.critic_engine is not None:
             _load(m.critic_engine, os.path.join(ckpt, "critic"), tag)
-        state = LoopState(step=saved["step"], kl_coef=saved["kl_coef"], skipped_steps=saved["skipped_steps"])
+        state = LoopState(**{f.name: saved[f.name] for f in dataclasses.fields(LoopState) if f.name in saved})
         state = _config_changes(cfg, algo, m, out_dir, state, writer)
         if writer:
             _truncate_metrics(metrics_path, state.step)

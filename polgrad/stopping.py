@@ -1,4 +1,6 @@
-"""^C and SIGTERM during training: finish the step, checkpoint it, stop (no step is redone on resume).
+"""When the loop stops: ^C / SIGTERM after the step (checkpointed), and the sampling budget.
+
+^C and SIGTERM during training: finish the step, checkpoint it, stop (no step is redone on resume).
 
 `python -m polgrad.train` runs `train()` inside `on_signals()`. Once the loop has started (`arm()`,
 at the end of `polgrad.run.start_or_resume`), the first SIGINT or SIGTERM only sets a flag and
@@ -9,11 +11,23 @@ or 143 (SIGTERM). A second ^C does not wait: KeyboardInterrupt at once (no new c
 last periodic one stays). A second SIGTERM (the sweep sends one more with its grace period) waits
 like the first. Before the loop starts, and outside `on_signals()` (a library caller), signals
 behave as Python's defaults.
+
+The budget: the loop state counts, cumulatively over the run and every rank, what the run has
+sampled (`COUNTERS`): `sampled_sequences` (every sequence a step sampled: all of DAPO's refill
+rounds, the groups a faulty reward drops, and ReMax's greedy baseline, one per prompt),
+`kept_sequences` (those the update trained on, after the filters) and `generated_tokens` (the
+response tokens of the sampled sequences, EOS included, the greedy ones too). A preference spec
+(DPO) samples nothing: it counts the sequences it trains on (2 per pair) and their response tokens.
+`done` ends the run after the step at which the count reaches `train.max_sampled_sequences` or
+`train.max_generated_tokens` (the sweep's `Sweep.budget` sets them, polgrad/sweep/budget.py), or
+at `train.steps`, whichever comes first: a spec that samples more per step (DAPO's refill) stops
+after fewer optimizer steps, and the last step may overshoot the total by at most its own sampling.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 import threading
@@ -22,6 +36,8 @@ from collections.abc import Iterator
 from polgrad import collective
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The loop state's cumulative counters (polgrad.run.LoopState), logged in every metrics row and summary.
+COUNTERS = ("sampled_sequences", "kept_sequences", "generated_tokens")
 _state: dict[str, int | bool | None] = {"installed": False, "armed": False, "signum": None, "last": None}
 
 
@@ -92,3 +108,43 @@ def stop_if(stop: bool, step: int) -> None:
     """Raise `Stopped` after the checkpoint of `step` when a stop was requested."""
     if stop:
         raise Stopped(int(_state["signum"] or signal.SIGTERM), step)
+
+
+# --------------------------------------------------------------------------- the sampling budget
+def sampled(rollout) -> tuple[float, float]:
+    """(sequences, generated tokens) one sampling call produced on this rank: every row of
+    `rollout` and, with a greedy baseline (ReMax), its greedy response, one per prompt (the baseline
+    repeats it on each row of the prompt's group, so only the first row of each group is counted)."""
+    sequences, tokens = float(len(rollout)), float(rollout.mask.sum())
+    baseline = getattr(rollout, "baseline", None)
+    if baseline is not None:
+        ids = baseline.group_ids.tolist()
+        first = [ids.index(g) for g in dict.fromkeys(ids)]
+        sequences, tokens = sequences + len(first), tokens + float(baseline.mask[first].sum())
+    return sequences, tokens
+
+
+def counted(state, sampled: float, kept: float, tokens: float):
+    """The loop state (a dataclass with the `COUNTERS` fields) after a step that sampled `sampled`
+    sequences of `tokens` generated tokens and trained on `kept` (each summed over the ranks)."""
+    return dataclasses.replace(
+        state,
+        sampled_sequences=state.sampled_sequences + round(sampled),
+        kept_sequences=state.kept_sequences + round(kept),
+        generated_tokens=state.generated_tokens + round(tokens),
+    )
+
+
+def counts(state) -> dict[str, int]:
+    """The cumulative counters of the loop state, as a metrics row and the summary record them."""
+    return {k: int(getattr(state, k)) for k in COUNTERS}
+
+
+def done(cfg, state) -> bool:
+    """The run has done its `train.steps`, or spent its sampling budget (`train.max_sampled_sequences`,
+    `train.max_generated_tokens`; None: no such limit)."""
+    limits = (
+        (cfg.max_sampled_sequences, state.sampled_sequences),
+        (cfg.max_generated_tokens, state.generated_tokens),
+    )
+    return state.step >= cfg.steps or any(limit is not None and used >= limit for limit, used in limits)

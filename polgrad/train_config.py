@@ -31,6 +31,12 @@ ROLLOUT_BACKENDS = ("hf", "vllm")
 class TrainConfig:
     """The `train.*` bindings of a run: task, model, budget, optimiser, DeepSpeed. Checked on creation.
 
+    steps: the loop's steps (each samples `prompts_per_step` prompts; a preference spec trains on that
+    many pairs). max_sampled_sequences / max_generated_tokens (None: no limit): the sampling budget;
+    the run ends after the step at which its cumulative count of sampled sequences (every refill
+    round, greedy baselines included) or of generated tokens reaches it, or at `steps`, whichever
+    comes first (polgrad/stopping.py; the sweep's `Sweep.budget` sets them, polgrad/sweep/budget.py).
+
     task: a task factory (`@task.add`). policy_path: a HF checkpoint; None builds the tiny default
     for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the default of
     polgrad.pretrain.sft). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
@@ -83,6 +89,8 @@ class TrainConfig:
     task: Callable[..., Any] = gin.REQUIRED
     steps: int = 20
     prompts_per_step: int = 8
+    max_sampled_sequences: int | None = None
+    max_generated_tokens: int | None = None
     max_new_tokens: int = gin.REQUIRED
     temperature: float = 1.0
     top_p: float = 1.0
@@ -128,7 +136,7 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("checkpoint_every", self.checkpoint_every)
-        for name in ("threads", "rm_steps", "eval_size"):
+        for name in ("threads", "rm_steps", "eval_size", "max_sampled_sequences", "max_generated_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if self.init_seed is not None and not _is_int(self.init_seed):

@@ -7,7 +7,8 @@ out_dir:
 
     config.gin            every binding of the run (written first, so a crash still has it); a resume
                           whose bindings differ rewrites it and appends to resume_overrides.jsonl
-    metrics.jsonl         one JSON object per step, flushed every step
+    metrics.jsonl         one JSON object per step, flushed every step; its sampled_sequences,
+                          kept_sequences and generated_tokens are cumulative (polgrad/stopping.py)
     eval.jsonl            one record per evaluation (step 0 = the starting policy): accuracy and
                           the per-prompt results on the same held-out prompts every time
     summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row;
@@ -21,9 +22,9 @@ out_dir:
     final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py);
                           with LoRA the adapter merged in, and adapter/
 
-Loop state: the step, the KL coefficient (a controller may move it; the spec never changes) and
-the count of skipped optimizer steps. It is saved in every checkpoint and restored on resume
-(polgrad/run.py holds the models, the loop state, checkpoints and the summary).
+Loop state: the step, the KL coefficient (a controller may move it; the spec never changes), the
+count of skipped optimizer steps and the budget's counters. It is saved in every checkpoint and
+restored on resume (polgrad/run.py holds the models, the loop state, checkpoints and the summary).
 
 Reproducibility: the warm start and reward model are seeded by `train.init_seed` (default: the RL seed), so
 a seed starts from the same policy in every configuration (paired); summary.json's `warm_start` names it.
@@ -74,7 +75,7 @@ from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
 from polgrad.errors import PolgradError
-from polgrad.evaluation import Evaluator, exact_kl
+from polgrad.evaluation import Evaluator, exact_kl, explained_variance
 from polgrad.io import atomic_write_text
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
@@ -92,7 +93,8 @@ from polgrad.tasks.rewards import RewardGuard
 
 
 def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Train the configured Algorithm for `train.steps` steps; returns the summary dict.
+    """Train the configured Algorithm for `train.steps` steps, or until its sampling budget is spent
+    (`train.max_sampled_sequences` / `max_generated_tokens`, polgrad/stopping.py); returns the summary.
 
     resume / progress override `train.resume` / `train.progress` when given.
     """
@@ -123,19 +125,18 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     one_step = offline.pair_step if algo.offline else rl_step
     bar = _progress(range(state.step, cfg.steps), enabled=cfg.progress and rank == 0, desc=algo.name)
     for step in bar:
+        if stopping.done(cfg, state):  # the sampling budget is spent (e.g. resumed after its last step)
+            break
         hooks.event("step")
         row, times, tokens, state = one_step(cfg, algo, m, task, step_seed(cfg.seed, step, rank), state)
-        # 6. Evaluate; log; checkpoint.
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+        # 6. Evaluate; log; checkpoint (at the last step: train.steps, or the sampling budget spent).
+        if (step + 1) % cfg.eval_every == 0 or stopping.done(cfg, state):
             with hooks.phase("eval"):
                 row["eval_accuracy"] = evaluate(m.engine.module, m.tokenizer, step + 1)
-        row.update(times)
-        peak = dist_lib.peak_memory_mb()
-        row.update(
-            tokens_per_s=float(tokens) / max(sum(times.values()), 1e-9),
-            peak_mem_mb=float(collective.all_max(torch.tensor(peak))),
-            time_s=time.time() - t_start,
-        )
+        row.update(times, **stopping.counts(state))  # cumulative sampled/kept sequences, generated tokens
+        peak = float(collective.all_max(torch.tensor(dist_lib.peak_memory_mb())))
+        seconds = max(sum(times.values()), 1e-9)
+        row.update(tokens_per_s=float(tokens) / seconds, peak_mem_mb=peak, time_s=time.time() - t_start)
         if rank == 0:
             with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -145,7 +146,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
                 loss=f"{row.get('pg_loss', row.get('pref_loss', 0.0)):.3f}", acc=row.get("eval_accuracy", "")
             )
         stop = stopping.requested()  # ^C / SIGTERM (on any rank): checkpoint this step, then stop
-        if stop or (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        if stop or (step + 1) % cfg.checkpoint_every == 0 or stopping.done(cfg, state):
             with hooks.phase("checkpoint"):
                 save_checkpoint(m, out_dir, state)
         stopping.stop_if(stop, state.step)
@@ -156,7 +157,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
     if m.vllm is not None:
         m.vllm.close()
     summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
-    summary["table5"] = algo.table_row()
+    summary.update(stopping.counts(state), table5=algo.table_row())  # the totals the budget counts
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, **m.summary_fields())
     if rank == 0:
         atomic_write_text(
@@ -204,18 +205,23 @@ def rl_step(
     # The row; the KL controller moves the coefficient for the next step.
     state = dataclasses.replace(state, step=state.step + 1, skipped_steps=state.skipped_steps + skipped)
     row = step_row(m, got.sampled, batch, state, {**prep_metrics, **got.info}, update_metrics)
+    # The budget's counters: everything sampled (every round, greedy baselines), what was trained on.
+    sampled, tokens = collective.all_sum(torch.tensor(got.counts, dtype=torch.float64)).tolist()
+    state = stopping.counted(state, sampled, kept=row["update_seqs"], tokens=tokens)
     if m.producer is not None:  # staleness, the wait for rollouts, the IS weights π_old/π_behaviour
         row.update(m.producer.metrics(batch))
     row["optimizer_steps"] = n_updates  # the denominator of the summary's skipped_frac
     if "kl_seq" in row:  # the per-sequence KL, the unit of the controllers' targets
         new_coef = algo.next_kl_coef(state.kl_coef, row["kl_seq"], n_steps=int(row["update_seqs"]))
         state = dataclasses.replace(state, kl_coef=new_coef)
-    return row, times, float(collective.all_sum(got.sampled.rollout.mask.sum())), state
+    return row, times, tokens, state
 
 
 # --------------------------------------------------------------------------- 3. collect a batch
 def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> tuple[Batch, dict]:
-    """Sample G responses for each of this step's prompts and add what the parts need; phase times."""
+    """Sample G responses for each of this step's prompts and add what the parts need; phase times.
+
+    The batch still holds the groups of faulty rewards (`collect_kept` counts, then drops them)."""
     t0 = time.perf_counter()
     examples = task.examples("train", cfg.prompts_per_step, seed=seed)
     m.engine.module.eval()
@@ -265,7 +271,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         rollout=rollout,
     )
     t_values = time.perf_counter()
-    return without_faulty_groups(batch), {
+    return batch, {
         "time_gen": t_gen - t0,
         "time_ref": t_ref - t_gen,
         "time_values": t_values - t_ref,
@@ -274,12 +280,14 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
 
 class Collected(NamedTuple):
     """What step 3 hands on: everything sampled (for the reward metrics), the batch to train on
-    (what the filters kept), the phase times and the dynamic-sampling metrics."""
+    (what the filters kept), the phase times, the dynamic-sampling metrics and this rank's counts of
+    (sequences, generated tokens) sampled, faulty groups and greedy baselines included (stopping.sampled)."""
 
     sampled: Batch
     batch: Batch
     times: dict[str, float]
     info: dict[str, float]
+    counts: tuple[float, float] = (0.0, 0.0)
 
 
 def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> Collected:
@@ -295,13 +303,16 @@ def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed
     batch statistics are those of the rows trained on). Yu et al. 2025 (DAPO), dynamic sampling.
     """
     if not algo.filters:
-        batch, times = collect(cfg, algo, m, task, seed)
-        return Collected(batch, same_groups_on_every_rank(batch), times, {})
+        raw, times = collect(cfg, algo, m, task, seed)
+        batch = without_faulty_groups(raw)
+        return Collected(batch, same_groups_on_every_rank(batch), times, {}, stopping.sampled(raw.rollout))
     need, pad_id = cfg.prompts_per_step, m.tokenizer.pad_token_id
-    sampled, kept, times = [], [], {}
+    sampled, kept, times, drawn = [], [], {}, (0.0, 0.0)
     for r in range(algo.max_sampling_rounds):
-        part, part_times = collect(cfg, algo, m, task, round_seed(seed, r))
+        raw, part_times = collect(cfg, algo, m, task, round_seed(seed, r))
         times = {k: times.get(k, 0.0) + v for k, v in part_times.items()}
+        drawn = tuple(a + b for a, b in zip(drawn, stopping.sampled(raw.rollout), strict=True))
+        part = without_faulty_groups(raw)
         sampled.append(part)
         kept.append(part.select(algo.keep(part)))
         have = sum(_n_groups(b) for b in kept)
@@ -323,7 +334,7 @@ def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed
         "kept_frac": float(n_kept / n_sampled.clamp_min(1)),
         "filtered_frac": float(1 - rows_kept / rows_sampled.clamp_min(1)),  # prepare sees kept rows only
     }
-    return Collected(all_sampled, batch, times, info)
+    return Collected(all_sampled, batch, times, info, drawn)
 
 
 def _n_groups(batch: Batch) -> int:
@@ -484,16 +495,5 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
         row["kl_exact"] = kl_exact_sum / max(tokens, 1.0)
         row["kl_seq"] = kl_sum / update_seqs
     if m.critic is not None and update_seqs and batch.returns is not None:
-        row["explained_variance"] = _explained_variance(batch.values, batch.returns, mask)
+        row["explained_variance"] = explained_variance(batch.values, batch.returns, mask)
     return row
-
-
-def _explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) over the valid tokens of every rank (sample variances)."""
-    valid = mask.bool()
-    n, _, var_r = collective.moments(returns[valid].double(), ddof=1)
-    _, _, var_d = collective.moments((returns[valid] - values[valid]).double(), ddof=1)
-    if n < 2:
-        return math.nan
-    var_r, var_d = float(var_r), float(var_d)
-    return 1.0 - var_d / var_r if var_r > 0 else math.nan

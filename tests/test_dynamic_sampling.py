@@ -6,6 +6,7 @@ are chosen per round, so which groups the zero-variance filter keeps is known by
 
 from __future__ import annotations
 
+import sys
 import time
 
 import gin
@@ -102,6 +103,26 @@ def test_samples_until_the_batch_holds_prompts_per_step_kept_groups(monkeypatch)
     # everything sampled is kept for the reward metrics
     assert got.sampled.size == 3 * PROMPTS * G
     assert got.times == {"time_gen": 3.0}
+
+
+def test_the_budget_counts_every_round_sampled_not_what_is_kept(monkeypatch):
+    """DAPO's refill samples more than it keeps: the budget's counter (`Collected.counts`, this
+    rank's sequences and generated tokens) sees all 3 rounds of 6 rows, whose responses are 2, 3 and
+    2 tokens long (12 + 18 + 12), though the batch trains on 6 rows."""
+    got, _ = _collect_kept(monkeypatch, rounds=10)
+    assert got.counts == (18.0, 42.0)
+    assert got.batch.size == 6
+
+
+def test_the_budget_counts_the_groups_a_faulty_reward_drops(monkeypatch):
+    """A NaN score ('skip_group') drops its group from the batch, but it was sampled: round 0 keeps
+    groups 1 and 2 of its 3 (group 0 faulty), round 1 the other one needed; 2 rounds x 6 rows of 2
+    and 3 tokens are counted (12 + 18 tokens)."""
+    rounds = [[(float("nan"), 1.0), (0, 1), (1, 0)], [(0, 1), (0, 1), (0, 1)]]
+    monkeypatch.setattr(sys.modules[__name__], "ROUNDS", rounds)
+    got, seeds = _collect_kept(monkeypatch, rounds=10)
+    assert len(seeds) == 2 and got.counts == (12.0, 30.0)
+    assert got.sampled.size == 10  # the faulty group is out of the reward metrics
 
 
 def test_stops_at_max_sampling_rounds_with_what_it_has(monkeypatch):

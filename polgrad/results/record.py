@@ -26,6 +26,7 @@ from typing import Any
 from polgrad.errors import DataError
 from polgrad.results.provenance import environment
 from polgrad.results.store import (
+    BUDGET_COLUMNS,
     METRICS,
     NOT_READ,
     TABLE5_COLUMNS,
@@ -70,6 +71,9 @@ def cell_row(
     # What the trainer reports; a failed cell without a summary: the ranks the sweep started.
     row["world_size"] = summary.get("world_size", outcome.get("world_size"))
     row["zero_stage"] = summary.get("zero_stage")
+    # The budget's counts (a trainer that writes them) and what the dry run made of the cell (Sweep.budget).
+    row.update({k: summary[k] if ok else None for k in BUDGET_COLUMNS[:3] if k in summary})
+    row.update({k: cell[k] for k in BUDGET_COLUMNS[3:] if k in cell})
     row["status"] = outcome["status"]
     row["error"] = outcome.get("error", "")
     try:

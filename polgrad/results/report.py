@@ -134,6 +134,7 @@ def markdown(
     predictions: Sequence[dict[str, Any]] = (),
     figures: Sequence[str] = (),
     tuning: dict[str, Any] | None = None,
+    budget: str = "",
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     design of warm starts (polgrad.results.warm_starts), one line per
@@ -187,6 +188,8 @@ def markdown(
     lines = [f"# {experiment}", ""]
     if question:
         lines += [f"**Question.** {question}", ""]
+    if budget:  # Sweep.budget, as the sweep's dry run stated it (polgrad/sweep/budget.py)
+        lines += [f"**Budget.** {budget}", ""]
     lines += [
         f"Machine: {one('hostname')} ({one('cpu_count')} CPUs) · python {one('python')} · torch "
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
@@ -322,6 +325,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         predictions=meta.get("predictions", ()),
         figures=(png_path.name, curves_path(png_path).name),
         tuning=meta.get("tuning"),
+        budget=(meta.get("budget") or {}).get("text", ""),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

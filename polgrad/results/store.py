@@ -41,6 +41,17 @@ TABLE5_COLUMNS = (
 # How the run was spread: data-parallel ranks and ZeRO stage (summary.json's world_size and
 # zero_stage); they sit after `steps`. An older CSV without them still loads (blank there).
 RUN_COLUMNS = ("world_size", "zero_stage")
+# The budget (polgrad/sweep/budget.py): what the run sampled, kept and generated in total (summary.json)
+# and, from the sweep's dry run, its prompts per step and how it spends a step (experiment.json's cell;
+# e.g. "8 prompts × 8 = 64 sequences", or a preference spec's "not sampled: 32 preference pairs per
+# step"). They sit after the run columns; rows without them leave them blank.
+BUDGET_COLUMNS = (
+    "sampled_sequences",
+    "kept_sequences",
+    "generated_tokens",
+    "prompts_per_step",
+    "budget_note",
+)
 # The swept bindings a cell's built config never reads (space-separated; the sweep's dry run finds
 # them, polgrad/sweep/reads.py): labels and the md's table leave them out of that cell's group.
 NOT_READ = "not_read"
@@ -55,6 +66,7 @@ BACK_COLUMNS = (
     *METRICS,
     "steps",
     *RUN_COLUMNS,
+    *BUDGET_COLUMNS,
     *TABLE5_COLUMNS,
     "status",
     "error",

@@ -19,6 +19,7 @@ say what varies. Grid values are real gin values: `@kl.k3` is a reference, `'los
         ('clip.ppo.eps_low', 'clip.ppo.eps_high'): [(0.2, 0.2), (0.2, 0.28)],  # zipped: varied together
     }
     Sweep.seeds = [0, 1, 2]
+    Sweep.budget = ('sampled_sequences', 64) # what every cell gets equally (polgrad/sweep/budget.py)
     Sweep.primary_metric = 'eval_accuracy'   # the leaderboard's sort key
 
 That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parameters:
@@ -54,22 +55,28 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                      |                   | equivalence test within ±margin)                       |
 | `tuning`             | `None`            | {'seeds': [ints], 'grid': {axis: values}}: a tuning    |
 |                      |                   | stage run first (see "Tuning stage" below)             |
+| `budget`             | `None`            | (unit, value per step): what every cell gets equally,  |
+|                      |                   | 'sampled_sequences', 'generated_tokens' (each sets the |
+|                      |                   | cells' prompts per step and stop) or 'optimizer_steps' |
+|                      |                   | (value = train.steps, checked); polgrad/sweep/budget.py|
 
 Every cell runs in a fresh process as
 
     python -m polgrad.train <includes...> <spec> --bind <fixed...> --bind <grid...> \\
         --bind '<seed_binding> = <seed>' --out results/<name>/runs/<cell-id> [--resume]
 
-so later wins: the included files, then the spec, then the file's own bindings, then the cell's
-grid values, then its seed. `Sweep` lines never reach the trainer; its environment carries
-POLGRAD_CELL_ID (the cell id), POLGRAD_EXPERIMENT (`Sweep.name`) and POLGRAD_CELL_PARAMS (JSON:
-the spec, the swept bindings as written, the seed), which name the cell's tracker runs when it
-sets `train.loggers` (polgrad/tracking.py). Paths in `include` and
-`Sweep.specs` are tried relative to the working directory, then to the experiment file's folder
-and its parents. The cell id is a readable prefix plus a hash of what the file says about the
-cell (includes, spec, bindings, seed): e.g. `grpo-k3-loss-s0-1a2b3c4d`. It does not change
-between runs or machines; editing an included file's *content* does not change it (start a new
-experiment name, or delete the run folders, to redo such cells).
+so later wins: the included files, then the spec, then the file's own bindings, then the cell's grid
+values, then what `Sweep.budget` sets for the cell (`train.prompts_per_step` and the trainer's stop,
+`train.max_sampled_sequences` or `train.max_generated_tokens`), then its seed. `Sweep` lines never
+reach the trainer; its environment carries POLGRAD_CELL_ID (the cell id), POLGRAD_EXPERIMENT
+(`Sweep.name`) and POLGRAD_CELL_PARAMS (JSON: the spec, the swept bindings as written, the seed),
+which name the cell's tracker runs when it sets `train.loggers` (polgrad/tracking.py). Paths in
+`include` and `Sweep.specs` are tried relative to the working directory, then to the experiment
+file's folder and its parents. The cell id is a readable prefix plus a hash of what the file says
+about the cell (includes, spec, bindings, what `Sweep.budget` sets, seed): e.g.
+`grpo-k3-loss-s0-1a2b3c4d`. It does not change between runs or machines; editing an included file's
+*content* does not change it (start a new experiment name, or delete the run folders, to redo such
+cells).
 
 A cell of several ranks (`Sweep.processes_per_cell = k` on CPU, or `num_gpus = k` GPUs) starts the
 same trainer command under `Sweep.launcher` instead of plain python; on CPU:
@@ -99,7 +106,9 @@ the file and the binding: an unknown component (with the valid names and the clo
 binding to a parameter that does not exist, a bad value, an axis whose values mix types, a
 missing include or spec, no seeds, an empty axis or grid, or a grid axis that some cell does not read
 when varying it gives otherwise identical cells (polgrad/sweep/reads.py; the rule is in
-CONTRIBUTING.md, "Adding an experiment"). `--dry-run` marks a swept binding a cell does not read
+CONTRIBUTING.md, "Adding an experiment"). With `Sweep.budget` the dry run also sets each cell's
+prompts per step from its built Algorithm and refuses a grid it cannot equalise, or cells of
+different `train.steps` (polgrad/sweep/budget.py). `--dry-run` marks a swept binding a cell does not read
 `(not read)` (the CSV's `not_read`; labels leave it out) and lists the other bindings a cell does not
 read (allowed, e.g. a base-config binding of a part the spec does not use).
 
@@ -163,13 +172,17 @@ When a trainer's summary.json carries a Table-5 row (`summary["table5"]`, a dict
 into the CSV row as table5_method, table5_type, table5_reward_model, table5_value_function,
 table5_reference_policy and table5_core_loss. Its `world_size` and `zero_stage` go into the columns
 of those names (the md's "world size" and "ZeRO stage"); a failed cell without a summary records the
-ranks the sweep started.
+ranks the sweep started. Its totals `sampled_sequences`, `kept_sequences` and `generated_tokens` go
+into those columns, and the dry run's `prompts_per_step` and `budget_note` (how the cell spends a
+step, e.g. "8 prompts × 8 = 64 sequences" or "not sampled: 32 preference pairs per step") beside
+them; experiment.json records both and the budget, whose statement heads the md (`**Budget.**`).
 
 ## The package
 
     values.py       gin values as written: GinRef (@kl.k3), GinMacro (%LR), Binding, gin_text
     experiment.py   load_experiment: read and check the file -> Experiment
     grid.py         expand: Experiment -> [Cell] with stable ids; format_cells for --dry-run
+    budget.py       Sweep.budget: each cell's prompts per step and stop; a grid it cannot equalise
     validation.py   validate(exp, cells, train_module): every cell parsed with gin before training
     reads.py        which bindings a built cell reads; the refusal of an axis that changes nothing
     slots.py        GPU slots; launch commands (LAUNCH: a dict launcher -> command prefix)

@@ -25,7 +25,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
-from polgrad.sweep import launch, tuning
+from polgrad.sweep import budget, launch, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -173,6 +173,12 @@ def _cell_meta(cell: Cell) -> dict[str, Any]:
         "swept": dict(cell.swept),
         "not_read": list(cell.unread),
         "seed": cell.seed,
+        # what the dry run built: its prompts per step and how it spends a step (Sweep.budget)
+        **(
+            {"prompts_per_step": cell.budget.prompts_per_step, "budget_note": cell.budget.note}
+            if cell.budget
+            else {}
+        ),
     }
 
 
@@ -200,6 +206,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         "baseline": exp.baseline,
         "question": exp.question,
         "predictions": exp.predictions,
+        "budget": budget.record(exp.budget, cells),
         "cells": [{**_cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
     }
     if isinstance(exp.tuning, tuning.Plan):

@@ -15,6 +15,8 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import ConfigError, did_you_mean
+from polgrad.sweep import budget as _budget
+from polgrad.sweep.budget import Budget
 from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
 
 # The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
@@ -39,6 +41,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "question": "",
     "predictions": [],
     "tuning": None,  # checked and expanded by polgrad.sweep.tuning
+    "budget": None,
 }
 EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
@@ -72,6 +75,7 @@ class Experiment:
     processes_per_cell: int = 1  # data-parallel trainer processes (ranks) per CPU cell
     # Sweep.tuning as written; polgrad.sweep.tuning.plan replaces it by a checked tuning.Plan
     tuning: Any = None
+    budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
 
     @property
     def swept_columns(self) -> list[str]:
@@ -425,6 +429,8 @@ def load_experiment(path: str) -> Experiment:
     ):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
 
+    budget = _budget.read(file, param("budget"), where("budget"))
+    _budget.check_file(file, budget, fixed, axes)
     baseline = _read_baseline(file, param("baseline"), specs, axes, where)
     predictions = _read_predictions(file, param("predictions"), specs, axes, where)
     question = param("question")
@@ -455,4 +461,5 @@ def load_experiment(path: str) -> Experiment:
         timeout_s=timeout_s,
         lines=lines,
         tuning=param("tuning"),
+        budget=budget,
     )

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polgrad.errors import ConfigError
+from polgrad.sweep import budget
+from polgrad.sweep.budget import CellBudget
 from polgrad.sweep.experiment import Experiment
 from polgrad.sweep.values import gin_text
 
@@ -35,6 +37,9 @@ class Cell:
     # What the dry run found the built cell never reads: (binding key, what the cell builds instead),
     # over every binding of its config (polgrad/sweep/reads.py); empty before validation.
     not_read: tuple[tuple[str, str], ...] = ()
+    # What the dry run's Sweep.budget made of the cell (polgrad/sweep/budget.py: its bindings, already
+    # in `bindings`, its prompts per step and how it spends a step); None before validation.
+    budget: CellBudget | None = None
 
     @property
     def unread(self) -> tuple[str, ...]:
@@ -110,6 +115,20 @@ def expand(exp: Experiment) -> list[Cell]:
     return cells
 
 
+def with_budget(exp: Experiment, cell: Cell, planned: CellBudget) -> Cell:
+    """The cell with what Sweep.budget made of it: its bindings go after the grid values (before the
+    seed) and into the id's hash, so a cell the budget configures differently is a new cell."""
+    fixed = [b.text for b in exp.fixed]
+    grid = [f"{k} = {v}" for k, v in cell.swept]
+    seed_line = f"{exp.seed_binding} = {cell.seed}"
+    cid = cell.id
+    if planned.bindings:
+        own = [*fixed, *grid, *planned.bindings, seed_line]
+        cid = cell_id(exp.includes, cell.spec, own, cell.seed, [_slug(v) for _, v in cell.swept])
+    bindings = (*exp.imports, *fixed, *grid, *planned.bindings, seed_line)
+    return dataclasses.replace(cell, id=cid, bindings=bindings, budget=planned)
+
+
 def format_cells(exp: Experiment, cells: Sequence[Cell]) -> str:
     sizes = " × ".join(
         [
@@ -121,6 +140,9 @@ def format_cells(exp: Experiment, cells: Sequence[Cell]) -> str:
     lines = [f"{exp.name}: {sizes} = {len(cells)} cells"]
     if exp.processes_per_cell > 1:
         lines[0] += f", {exp.processes_per_cell} ranks each ({exp.launcher})"
+    declared = budget.record(exp.budget, cells)
+    if declared:
+        lines.append(f"Budget ({exp.budget}): {declared['text']}")
     width = max(len(c.id) for c in cells)
     spec_w = max(len(c.spec_name) for c in cells)
     for c in cells:

@@ -25,8 +25,9 @@ import gin
 
 from polgrad import config
 from polgrad.errors import ConfigError, PolgradError
+from polgrad.sweep import budget
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, _fail
-from polgrad.sweep.grid import Cell
+from polgrad.sweep.grid import Cell, with_budget
 from polgrad.sweep.reads import bound_keys, check_axes, reads_of
 
 __all__ = ["validate"]
@@ -69,6 +70,7 @@ def validate(
     labels = _labels(exp)
     ranks, ranks_label = ranks_per_cell(exp)
     out = list(cells)
+    built: dict[str, budget.Facts] = {}  # what Sweep.budget needs of each built cell
     try:
         for i, cell in enumerate(cells):
             where = f"cell {cell.id} ({cell.spec}; {cell.describe()})"
@@ -102,6 +104,7 @@ def validate(
                     keys = dict.fromkeys([*bound_keys(), *(k for k, _ in cell.swept), *ask])
                     not_read = ((k, reads.why_unread(k)) for k in keys)
                     out[i] = dataclasses.replace(cell, not_read=tuple((k, w) for k, w in not_read if w))
+                    built[cell.id] = budget.facts(cfg, algo)
             except PolgradError as e:
                 if str(e).startswith(f"{exp.file}: "):
                     raise
@@ -109,4 +112,6 @@ def validate(
     finally:
         gin.clear_config()
     check_axes(exp.file, out, {c.id: dict(c.not_read) for c in out})
-    return out
+    # Sweep.budget: each cell's prompts per step and stop, or one line for a grid it cannot equalise.
+    planned = budget.plan(exp.file, exp.budget, out, built, ranks)
+    return [with_budget(exp, c, planned[c.id]) if c.id in planned else c for c in out]
