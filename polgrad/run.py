@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -77,13 +78,37 @@ class Models:
         return self.rewards.task_scores(task, rollout.examples, rollout.texts)
 
 
+# The files of a checkpoint polgrad did not make that its `warm_start_id` hashes: what the model is.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+EDGE_BYTES = 1 << 20  # a large file is hashed by its size, first and last MiB
+
+
 def warm_start_id(policy_path: str) -> str:
     """The identity of a starting policy, as summary.json's `warm_start` and the CSV's column record it:
     the first 16 hex characters of its polgrad.json cache key (an SFT warm start's: the suffix of its
     cache folder .cache/polgrad/sft/<task>-<key>, which the task, model, SFT settings and seed fix), or
-    'policy_path' for a checkpoint polgrad did not make (no key to tell two of them apart)."""
+    for a checkpoint polgrad did not make, 'path-' and 16 hex characters of a hash of its content:
+    config.json and the weights files (`WEIGHT_SUFFIXES`), each by name, size and the sha256 of its
+    bytes (of its first and last MiB when larger than 2 MiB), so two such checkpoints are told apart
+    and the same one, wherever it lies, is one warm start."""
     key = models.read_info(policy_path).get("key") if os.path.isdir(policy_path) else None
-    return str(key)[:16] if key else "policy_path"
+    if key:
+        return str(key)[:16]
+    h = hashlib.sha256()
+    folder = Path(policy_path)
+    files = sorted(folder.iterdir()) if folder.is_dir() else []
+    for f in files:
+        if f.is_file() and (f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES)):
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                if size <= 2 * EDGE_BYTES:
+                    content = hashlib.sha256(fh.read()).hexdigest()
+                else:
+                    head = fh.read(EDGE_BYTES)
+                    fh.seek(-EDGE_BYTES, os.SEEK_END)
+                    content = hashlib.sha256(head + fh.read(EDGE_BYTES)).hexdigest()
+            h.update(f"{f.name}\0{size}\0{content}\n".encode())
+    return "path-" + h.hexdigest()[:16]
 
 
 def warm_start(cfg: config.TrainConfig) -> str:

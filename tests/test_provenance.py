@@ -1,7 +1,8 @@
 """Clean provenance (polgrad/results/provenance.py): a run records the commit it ran at, `-dirty` plus
 the diff's hash (and the diff as diff.patch) only when a tracked file other than the experiment's own
-outputs differs from it; experiment.json reads the same from any checkout path; `python -m
-polgrad.results X --check-provenance` flags every row not from a clean commit in the history of HEAD.
+outputs differs from it, or an untracked file .gitignore does not ignore is there; experiment.json
+reads the same from any checkout path; `python -m polgrad.results X --check-provenance` flags every
+row not from a clean commit in the history of HEAD.
 
 Each test makes a git repository in tmp_path holding a tiny experiment (experiments/exp.gin, the fake
 spec and base config of tests/data, a source file, the project's own .gitignore) and runs the sweep
@@ -124,6 +125,42 @@ def test_an_edited_source_file_is_dirty_with_the_diffs_hash_and_the_diff_saved(t
     assert row["git_commit"] == f"{head}-dirty"
     assert row["git_diff"] == hashlib.sha256(patch).hexdigest()[:12]
     git(repo, "apply", "--check", "-R", str(repo / "results" / row["run_dir"] / "diff.patch"))
+
+
+def test_an_untracked_module_is_dirty_and_in_the_patch_an_ignored_file_is_not(tmp_path, monkeypatch):
+    """A new, uncommitted module can change results as much as an edit: it makes the row dirty and
+    goes into diff.patch as a new file (the patch recreates it on a clone of the commit). What the
+    project's .gitignore ignores (bytecode, the model cache, run folders) and the experiment's own
+    not yet committed outputs do not count, and the user's index is left as it was."""
+    repo = make_repo(tmp_path / "a")
+    head = git(repo, "rev-parse", "--short", "HEAD")
+    for f in ("src/__pycache__/code.cpython-311.pyc", ".cache/polgrad/weights.bin", "results/other/runs/x"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_bytes(b"\x00ignored\n")
+    monkeypatch.chdir(repo)
+    assert sweep.main(["experiments/exp.gin"]) == 0  # results/exp.csv, .md, results/exp/ untracked
+    assert [(r["git_commit"], r["git_diff"]) for r in rows(repo)] == [(head, "")] * 2
+    assert "?? results/exp.csv" in git(repo, "status", "--porcelain", "-uall")
+
+    (repo / "src" / "new_module.py").write_text("def reward(x):\n    return 2 * x\n")
+    index = git(repo, "rev-parse", "--git-path", "index")
+    index_before = (repo / index).read_bytes()
+    cid = rows(repo)[0]["cell_id"]
+    assert sweep.main(["experiments/exp.gin", "--restart", cid]) == 0
+    row = {r["cell_id"]: r for r in rows(repo)}[cid]
+    assert row["git_commit"] == f"{head}-dirty"
+    patch_file = repo / "results" / row["run_dir"] / "diff.patch"
+    patch = patch_file.read_bytes()
+    assert row["git_diff"] == hashlib.sha256(patch).hexdigest()[:12]
+    assert patch.count(b"diff --git") == 1, patch
+    assert b"diff --git a/src/new_module.py b/src/new_module.py\nnew file mode 100644\n" in patch, patch
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    git(clone, "checkout", "-q", head)
+    git(clone, "apply", str(patch_file))
+    assert (clone / "src" / "new_module.py").read_text() == "def reward(x):\n    return 2 * x\n"
+    assert (repo / index).read_bytes() == index_before
+    assert "?? src/new_module.py" in git(repo, "status", "--porcelain", "-uall").splitlines()
 
 
 def test_experiment_json_is_the_same_bytes_from_another_checkout_path(tmp_path, monkeypatch):

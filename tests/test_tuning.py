@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 LRS = ["0.1", "0.3", "0.5"]
 
 
-def fake_exp(tmp_path: Path, tuning_decl: str, seeds: str = "[0, 1]", name: str = "exp") -> Path:
+def fake_exp(
+    tmp_path: Path, tuning_decl: str, seeds: str = "[0, 1]", name: str = "exp", primary: str = "eval_accuracy"
+) -> Path:
     path = tmp_path / f"{name}.gin"
     path.write_text(
         f"include '{DATA / 'base_fake.gin'}'\n"
@@ -31,8 +33,8 @@ def fake_exp(tmp_path: Path, tuning_decl: str, seeds: str = "[0, 1]", name: str 
         "Sweep.grid = {'fake_train.kl': [@fakekl.k1, @fakekl.k2]}\n"
         f"Sweep.seeds = {seeds}\n"
         "Sweep.seed_binding = 'fake_train.seed'\n"
-        "Sweep.primary_metric = 'eval_accuracy'\n"
-        f"Sweep.tuning = {tuning_decl}\n"
+        f"Sweep.primary_metric = '{primary}'\n"
+        f"Sweep.tuning = {tuning_decl}\n" + ("Sweep.higher_is_better = False\n" if primary == "kl" else "")
     )
     return path
 
@@ -68,8 +70,16 @@ def test_tuning_seeds_that_are_also_evaluation_seeds_are_refused_in_one_line(tmp
     [
         ("[10, 11]", "must be a dict with the keys 'seeds', 'grid'"),
         (
-            "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'metric': 'kl'}",
-            "with the keys 'seeds', 'grid'",
+            "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'metrics': 'kl'}",
+            "with the keys 'seeds', 'grid' (optional: 'metric', 'higher_is_better')",
+        ),
+        (
+            "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'metric': 'eval_acc'}",
+            "Sweep.tuning['metric']: unknown metric 'eval_acc'; valid: final_train_reward, eval_accuracy",
+        ),
+        (
+            "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'higher_is_better': 'yes'}",
+            "Sweep.tuning['higher_is_better']: must be True or False",
         ),
         ("{'seeds': [10, 10], 'grid': {'fake_train.lr': [0.1]}}", "must be a list of distinct ints"),
         ("{'seeds': [10], 'grid': {}}", "must be a non-empty dict of axes"),
@@ -128,13 +138,13 @@ def test_beta_is_tuned_only_in_the_configurations_with_a_kl_term(tmp_path, monke
 
 
 # ------------------------------------------------------------------------------ the choice, end to end
-def _means(tuning_dir: Path) -> dict[tuple[str, str], float]:
-    """Mean eval_accuracy per (kl, lr) over the tuning seeds, from the tuning runs' summary.json."""
+def _means(tuning_dir: Path, metric: str = "eval_accuracy") -> dict[tuple[str, str], float]:
+    """Mean `metric` per (kl, lr) over the tuning seeds, from the tuning runs' summary.json."""
     got: dict[tuple[str, str], list[float]] = {}
     for cid, s in summaries(tuning_dir).items():
         cell = json.loads((tuning_dir / "runs" / cid / "cell.json").read_text())["cell"]
         swept = dict(map(tuple, cell["swept"]))
-        got.setdefault((swept["fake_train.kl"], swept["fake_train.lr"]), []).append(s["eval_accuracy"])
+        got.setdefault((swept["fake_train.kl"], swept["fake_train.lr"]), []).append(s[metric])
     assert all(len(v) == 2 for v in got.values()) and len(got) == 6
     return {k: sum(v) / len(v) for k, v in got.items()}
 
@@ -162,6 +172,35 @@ def test_each_configuration_gets_its_best_mean_bound_in_its_evaluation_cells(tun
         assert f"fake_train.lr = {best[kl]}\n" in config_gin, config_gin
         assert cell["seed"] in (0, 1)
     assert len(summaries(out / "exp")) == 4 and len(summaries(out / "exp_tuning")) == 12
+
+
+def test_a_kl_primary_experiment_tunes_by_its_declared_metric(tmp_path, fake_trainer, capsys):
+    """Primary metric kl, lower is better (as kl_ablation): tuned by it, each configuration would get
+    the lr that moves least; with 'metric': 'eval_accuracy' it gets the most accurate one, in the
+    direction of accuracy (higher: the default for a metric other than the primary). The dry run, the
+    record and the md say which metric and direction chose."""
+    decl = DECL[:-1] + ", 'metric': 'eval_accuracy'}"
+    path = fake_exp(tmp_path, decl, primary="kl")
+    assert sweep.main([str(path), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "the value with the highest mean eval_accuracy over the tuning seeds [10, 11]" in dry, dry
+    out = tmp_path / "results"
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    acc, kl = _means(out / "exp_tuning"), _means(out / "exp_tuning", "kl")
+    kls = ("@fakekl.k1", "@fakekl.k2")
+    best = {k: max(LRS, key=lambda lr: acc[(k, lr)]) for k in kls}
+    least_kl = {k: min(LRS, key=lambda lr: kl[(k, lr)]) for k in kls}
+    assert best != least_kl  # the two metrics disagree here, so the test tells them apart
+    meta = json.loads((out / "exp" / "experiment.json").read_text())["tuning"]
+    assert (meta["metric"], meta["higher_is_better"]) == ("eval_accuracy", True)
+    chosen = {c["config"]["fake_train.kl"]: c["chosen"] for c in meta["configurations"]}
+    assert chosen == {k: {"fake_train.lr": lr} for k, lr in best.items()}
+    md = (out / "exp.md").read_text().split("## Tuning\n", 1)[1]
+    assert "the value with the highest mean eval_accuracy over those seeds" in md, md
+    # without 'metric' the same experiment tunes by its primary metric, the lowest mean kl
+    capsys.readouterr()
+    assert sweep.main([str(fake_exp(tmp_path, DECL, primary="kl", name="plain")), "--dry-run"]) == 0
+    assert "the value with the lowest mean kl over the tuning seeds" in capsys.readouterr().out
 
 
 def test_the_md_has_the_tuning_section(tuned):
@@ -229,7 +268,8 @@ def test_ties_go_to_the_first_value_and_unfinished_values_rank_last(tmp_path):
     def chosen(scores, higher=True):
         import dataclasses
 
-        e = dataclasses.replace(exp, higher_is_better=higher)
+        decl = dataclasses.replace(exp.tuning.declared, higher_is_better=higher)
+        e = dataclasses.replace(exp, tuning=dataclasses.replace(exp.tuning, declared=decl))
         return tuning.choose(e, rows(scores))["configurations"][0]
 
     ok = lambda *vs: [("ok", str(v)) for v in vs]  # noqa: E731

@@ -9,6 +9,8 @@ checked here is which cache key each cell asks for, not the training (tests/test
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import gin
@@ -95,11 +97,38 @@ def test_warm_start_id_of_a_policy_path(tmp_path, fake_sft):
     # train.policy_path is the run's policy as given: a checkpoint polgrad made keeps its key...
     cfg = cell_config("kl_ablation", 0, seed=6, extra=(f"train.policy_path = '{made}'",))
     assert run.warm_start(cfg) == made and fake_sft == [5]
-    # ...one made elsewhere (no polgrad.json key) is only known to be a given path
-    model, tokenizer = models.build_tiny(sft_module.make_task("add", {}), seed=0)
-    model.save_pretrained(tmp_path / "hf")
-    tokenizer.save_pretrained(tmp_path / "hf")
-    assert run.warm_start_id(str(tmp_path / "hf")) == "policy_path"
+    # ...one made elsewhere (no polgrad.json key) is known by its content: config.json and weights
+    ids = {}
+    for seed in (0, 1):
+        model, tokenizer = models.build_tiny(sft_module.make_task("add", {}), seed=seed)
+        model.save_pretrained(tmp_path / f"hf{seed}")
+        tokenizer.save_pretrained(tmp_path / f"hf{seed}")
+        assert not (tmp_path / f"hf{seed}" / "polgrad.json").exists()
+        ids[seed] = run.warm_start_id(str(tmp_path / f"hf{seed}"))
+    assert ids[0] != ids[1]  # two different checkpoints, two warm starts
+    assert all(re.fullmatch(r"path-[0-9a-f]{16}", i) for i in ids.values()), ids
+    assert run.warm_start_id(str(tmp_path / "hf0")) == ids[0]  # the same folder twice
+    shutil.copytree(tmp_path / "hf0", tmp_path / "elsewhere" / "hf0")  # the same checkpoint elsewhere
+    (tmp_path / "elsewhere" / "hf0" / "README.md").write_text("a note, not the model\n")
+    assert run.warm_start_id(str(tmp_path / "elsewhere" / "hf0")) == ids[0]
+    conf = json.loads((tmp_path / "hf0" / "config.json").read_text())
+    (tmp_path / "hf0" / "config.json").write_text(json.dumps({**conf, "rope_theta": 1234.0}))
+    assert run.warm_start_id(str(tmp_path / "hf0")) not in ids.values()  # its config.json is its identity too
+
+
+def test_warm_start_id_of_a_large_weights_file_reads_its_ends(tmp_path):
+    """A weights file over 2 MiB is hashed by its size and its first and last MiB: a change at
+    either end (here the last byte) or in the size is another warm start."""
+    big = tmp_path / "big"
+    big.mkdir()
+    data = bytearray(b"w" * (3 << 20))
+    (big / "model.safetensors").write_bytes(bytes(data))
+    first = run.warm_start_id(str(big))
+    data[-1:] = b"x"
+    (big / "model.safetensors").write_bytes(bytes(data))
+    second = run.warm_start_id(str(big))
+    (big / "model.safetensors").write_bytes(bytes(data) + b"w")
+    assert len({first, second, run.warm_start_id(str(big))}) == 3
 
 
 @pytest.mark.parametrize("value", ["'0'", "1.5", "True"])

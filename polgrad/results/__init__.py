@@ -20,8 +20,9 @@ the run's Table-5 row (table5_method, table5_type, table5_reward_model, table5_v
 table5_reference_policy, table5_core_loss), status (ok | unstable | failed; only ok rows are ranked
 and tested, unstable ones are listed apart), error (for unstable: why), run_dir, and where it ran:
 git_commit (`<sha>-dirty` when a tracked file other than the experiment's own outputs differed from
-the commit as the cell started), git_diff (then the first 12 hex digits of that diff's sha256; the diff
-is diff.patch in the run folder; empty when clean), python, torch, transformers, deepspeed, hostname,
+the commit as the cell started, or an untracked file .gitignore does not ignore was there), git_diff
+(then the first 12 hex digits of that diff's sha256; the diff is diff.patch in the run folder; empty
+when clean), python, torch, transformers, deepspeed, hostname,
 cpu_count, finished_at. X/experiment.json records paths relative to the repository root, so a run
 from another checkout path rewrites it byte for byte.
 

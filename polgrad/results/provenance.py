@@ -1,14 +1,17 @@
 """Where a results row ran: the git commit (and the diff when the tree differs from it), package
 versions, hostname, CPU count (no heavy imports).
 
-A row is clean when `git diff HEAD` over the tracked files is empty once the experiment's own outputs
+A row is clean when `git diff HEAD` over the tracked files, and the untracked files that .gitignore does
+not ignore (a new module under polgrad/ changes results too), is empty once the experiment's own outputs
 are left out (`outputs`: results/X.csv, X.md, X.png, X_curves.png, the results/X/ folder, and the same
 for the tuning stage's results/X_tuning): the sweep rewrites those itself while it runs, so a run from
 a clean checkout stays clean from its first cell to its last. Otherwise its git_commit is
 `<sha>-dirty` and its git_diff the first 12 hex digits of the sha256 of that diff, which the sweep saves
-as diff.patch in the cell's run folder (`cell_environment`, taken when the cell starts). Untracked
-files are not looked at. `check` tells whether every row of a CSV comes from a clean commit in the
-history of this repository's HEAD (`python -m polgrad.results X --check-provenance`).
+as diff.patch in the cell's run folder (`cell_environment`, taken when the cell starts), untracked
+files as new files in it. Run folders and the model cache are ignored by the project's .gitignore
+(results/*/runs/, /.cache/), so they never count. `check` tells whether every row of a CSV comes
+from a clean commit in the history of this repository's HEAD (`python -m polgrad.results X
+--check-provenance`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,12 @@ DIRTY = "-dirty"
 STAGES = ("", "_tuning")
 # The files a sweep writes per stage, beside the folder results/<experiment><stage>/.
 OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
+# `git diff HEAD` in one format whatever the user's git configuration says
+DIFF = (
+    *("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),
+    *("diff", "HEAD", "--no-ext-diff", "--no-textconv", "--no-color", "--binary", "--no-renames"),
+    *("--no-relative", "--src-prefix=a/", "--dst-prefix=b/"),
+)
 
 
 def _version(dist: str) -> str:
@@ -40,12 +51,30 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _git(args: Sequence[str], cwd: str | os.PathLike | None) -> subprocess.CompletedProcess | None:
-    """`git args` in `cwd` (bytes out), or None when git cannot be run."""
+def _git(
+    args: Sequence[str], cwd: str | os.PathLike | None, env: dict[str, str] | None = None, stdin: bytes = b""
+) -> subprocess.CompletedProcess | None:
+    """`git args` in `cwd` (bytes out; `env` added to the environment), or None when git cannot be run."""
     try:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=30)
+        return subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            timeout=30,
+            input=stdin,
+            env={**os.environ, **env} if env else None,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _untracked(root: Path, specs: Sequence[str]) -> list[bytes] | None:
+    """The untracked files under `specs` that .gitignore (and .git/info/exclude) does not ignore,
+    relative to `root`; None when git fails."""
+    out = _git(["ls-files", "--others", "--exclude-standard", "--full-name", "-z", "--", *specs], root)
+    if out is None or out.returncode != 0:
+        return None
+    return [f for f in out.stdout.split(b"\0") if f]
 
 
 def repo_root(cwd: str | os.PathLike | None = None) -> Path | None:
@@ -79,10 +108,12 @@ def outputs(experiment: str, results_dir: str | os.PathLike) -> list[Path]:
 def git_state(
     cwd: str | os.PathLike | None = None, ignore: Iterable[str | os.PathLike] = ()
 ) -> tuple[str, bytes]:
-    """(short sha of HEAD, with `-dirty` if a tracked file outside `ignore` differs from it; that diff).
+    """(short sha of HEAD, with `-dirty` if a file outside `ignore` differs from it; that diff).
 
     ('unknown', b'') outside git. The diff is `git diff HEAD` (staged and unstaged changes, binary
-    files too) in a fixed format, whatever the user's git configuration says."""
+    files too) in a fixed format, whatever the user's git configuration says, and every untracked
+    file .gitignore does not ignore as a new file (marked intent-to-add in a temporary copy of the
+    index: the user's index is not touched)."""
     sha = _git(["rev-parse", "--short", "HEAD"], cwd)
     root = repo_root(cwd)
     if sha is None or sha.returncode != 0 or not sha.stdout.strip() or root is None:
@@ -92,14 +123,28 @@ def git_state(
         rel = repo_relative(Path(cwd or os.getcwd()) / p, root)
         if not Path(rel).is_absolute():
             specs.append(f":(top,exclude,literal){rel}")
-    diff = _git(
-        [
-            *("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),
-            *("diff", "HEAD", "--no-ext-diff", "--no-textconv", "--no-color", "--binary", "--no-renames"),
-            *("--no-relative", "--src-prefix=a/", "--dst-prefix=b/", "--", *specs),
-        ],
-        cwd,
-    )
+    untracked = _untracked(root, specs)
+    if untracked is None:
+        return "unknown", b""
+    with tempfile.TemporaryDirectory(prefix="polgrad-index-") as tmp:
+        env = None
+        if untracked:  # in a copy of the index, marked intent-to-add: `git diff HEAD` shows them as new
+            index = _git(["rev-parse", "--git-path", "index"], root)
+            if index is None or index.returncode != 0:
+                return "unknown", b""
+            real = root / os.fsdecode(index.stdout.strip())
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            if real.exists():
+                shutil.copyfile(real, env["GIT_INDEX_FILE"])
+            added = _git(
+                ["add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                root,
+                {**env, "GIT_LITERAL_PATHSPECS": "1"},
+                b"\0".join(untracked),
+            )
+            if added is None or added.returncode != 0:
+                return "unknown", b""
+        diff = _git([*DIFF, "--", *specs], cwd, env)
     if diff is None or diff.returncode != 0:
         return "unknown", b""
     return os.fsdecode(sha.stdout.strip()) + (DIRTY if diff.stdout else ""), diff.stdout

@@ -53,8 +53,9 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                      |                   | refuted / undecided by the paired statistics; 'no      |
 |                      |                   | difference' needs a margin to be confirmed (an         |
 |                      |                   | equivalence test within ±margin)                       |
-| `tuning`             | `None`            | {'seeds': [ints], 'grid': {axis: values}}: a tuning    |
-|                      |                   | stage run first (see "Tuning stage" below)             |
+| `tuning`             | `None`            | {'seeds': [ints], 'grid': {axis: values}[, 'metric':   |
+|                      |                   | m, 'higher_is_better': b]}: a tuning stage run first   |
+|                      |                   | (see "Tuning stage" below)                             |
 | `budget`             | `None`            | (unit, value per step): what every cell gets equally,  |
 |                      |                   | 'sampled_sequences', 'generated_tokens' (each sets the |
 |                      |                   | cells' prompts per step and stop) or 'optimizer_steps' |
@@ -121,9 +122,13 @@ declares tuned baselines (Henderson et al. 2018, "Deep RL that Matters"): the sw
 configuration of the evaluation (spec + swept bindings) with every value of the tuning grid (axes as
 in `Sweep.grid`, zipped ones too) on the tuning seeds, as an experiment of its own named
 `<name>_tuning` (results/<name>_tuning.csv, .md and folder, with the same lock, skip and resume),
-then binds in each configuration's evaluation cells the value with the best mean primary metric over
+then binds in each configuration's evaluation cells the value with the best mean tuning metric over
 the tuning seeds (ties: the first declared; a value with an unstable or failed tuning run ranks
 last) and records the choice in experiment.json and in the md's Tuning section (every value's mean).
+The tuning metric is `'metric'` (default: `Sweep.primary_metric`) in the direction
+`'higher_is_better'` (default: `Sweep.higher_is_better` for the primary metric, True for another):
+an experiment whose primary metric is a KL (lower is better) tunes by e.g. `'metric':
+'eval_accuracy'`, else it would choose the learning rate that learns least.
 The tuning seeds must be disjoint from `Sweep.seeds` (one line naming the overlap otherwise), and a
 tuning axis cannot also be a `Sweep.grid` axis. An axis is tuned only in the configurations that
 read its bindings (the dry run's reads, as for an axis that changes nothing: `Algorithm.kl_coef` is

@@ -12,10 +12,12 @@ experiment of its own, `<name>_tuning` (results/<name>_tuning.csv, .md and folde
 lock, skip and resume). An axis is tuned only in the configurations that read its bindings (the dry
 run's reads, polgrad/sweep/reads.py: `Algorithm.kl_coef` is not read when `Algorithm.kl = None`);
 there its first value stands, marked not read. `bind` makes stage 2: per configuration, the grid
-value with the best mean primary metric over the tuning seeds (ties: the first declared; a value
-with an unstable or failed tuning run ranks last) is bound in that configuration's evaluation cells,
-and experiment.json records the choice (`Plan.record`; the md's Tuning section,
-polgrad/results/tuning.py). The choice is a function of the tuning CSV, whose finished cells a
+value with the best mean tuning metric over the tuning seeds (optional 'metric', default the primary
+metric, and 'higher_is_better', default `Sweep.higher_is_better` for the primary metric and True for
+another: a KL-primary experiment tunes by accuracy, not by the learning rate that moves least; ties:
+the first declared; a value with an unstable or failed tuning run ranks last) is bound in that
+configuration's evaluation cells, and experiment.json records the choice (`Plan.record`; the md's
+Tuning section, polgrad/results/tuning.py). The choice is a function of the tuning CSV, whose finished cells a
 re-run skips; an evaluation cell's id hashes the declaration, so a new grid makes new cells, and a
 choice that changed under evaluation runs already started is refused in one line.
 """
@@ -31,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
-from polgrad.errors import PolgradError
+from polgrad.errors import PolgradError, did_you_mean
 from polgrad.sweep.experiment import Experiment, _fail, _firsts, _read_grid
 from polgrad.sweep.grid import Cell, _slug, cell_id, format_cells
 from polgrad.sweep.validation import validate
 from polgrad.sweep.values import gin_text
 
-KEYS = ("seeds", "grid")
+KEYS = ("seeds", "grid")  # required
+OPTIONAL = ("metric", "higher_is_better")  # the choice's metric and direction (default: the primary's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Declared:
 
     seeds: list[int]
     axes: list[tuple[tuple[str, ...], list[Any]]]
+    metric: str  # the choice ranks the grid values by their mean of this over the tuning seeds
+    higher_is_better: bool
 
     @property
     def keys(self) -> list[str]:
@@ -79,8 +84,24 @@ def declared(exp: Experiment) -> Declared | None:
         return None
     where = f"line {exp.lines['tuning']}: Sweep.tuning" if "tuning" in exp.lines else "Sweep.tuning"
     example = "e.g. {'seeds': [100, 101, 102], 'grid': {'train.lr': [3e-5, 1e-4, 3e-4]}}"
-    if not isinstance(value, dict) or set(value) - set(KEYS) or not set(KEYS) <= set(value):
-        raise _fail(exp.file, where, f"must be a dict with the keys {', '.join(map(repr, KEYS))}, {example}")
+    if not isinstance(value, dict) or set(value) - {*KEYS, *OPTIONAL} or not set(KEYS) <= set(value):
+        raise _fail(
+            exp.file,
+            where,
+            f"must be a dict with the keys {', '.join(map(repr, KEYS))} (optional: "
+            f"{', '.join(map(repr, OPTIONAL))}), {example}",
+        )
+    metric = value.get("metric", exp.primary_metric)
+    if metric not in _results.METRICS:
+        raise _fail(
+            exp.file,
+            f"{where}['metric']",
+            f"unknown metric {gin_text(metric)}; valid: {', '.join(_results.METRICS)}"
+            + did_you_mean(str(metric), _results.METRICS),
+        )
+    higher = value.get("higher_is_better", exp.higher_is_better if metric == exp.primary_metric else True)
+    if not isinstance(higher, bool):
+        raise _fail(exp.file, f"{where}['higher_is_better']", "must be True or False")
     seeds = value["seeds"]
     if (
         not isinstance(seeds, (list, tuple))
@@ -106,7 +127,7 @@ def declared(exp: Experiment) -> Declared | None:
         raise _fail(
             exp.file, f"{where}['grid']", f"'{swept[0]}' is also a Sweep.grid axis: tune it or sweep it"
         )
-    return Declared(list(seeds), axes)
+    return Declared(list(seeds), axes, metric, higher)
 
 
 def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_module: str):
@@ -194,10 +215,11 @@ def _score(rows: dict[str, dict[str, str]], ids: Sequence[str], metric: str) -> 
 def choose(exp: Experiment, rows: dict[str, dict[str, str]]) -> dict[str, Any]:
     """The choice per configuration from the tuning CSV's rows (by cell id), as experiment.json records it."""
     p: Plan = exp.tuning
-    sign = 1.0 if exp.higher_is_better else -1.0
+    metric, higher = p.declared.metric, p.declared.higher_is_better
+    sign = 1.0 if higher else -1.0
     configurations = []
     for g in p.groups:
-        scored = [(dict(tuned), *_score(rows, ids, exp.primary_metric), len(ids)) for tuned, ids in g.values]
+        scored = [(dict(tuned), *_score(rows, ids, metric), len(ids)) for tuned, ids in g.values]
         best = None
         for i, (_, mean, _, _) in enumerate(scored):  # strictly better only: ties keep the first
             if mean is not None and (best is None or sign * mean > sign * scored[best][1]):
@@ -213,8 +235,8 @@ def choose(exp: Experiment, rows: dict[str, dict[str, str]]) -> dict[str, Any]:
         )
     return {
         "experiment": p.experiment.name,
-        "metric": exp.primary_metric,
-        "higher_is_better": exp.higher_is_better,
+        "metric": metric,
+        "higher_is_better": higher,
         "seeds": p.declared.seeds,
         "grid": {", ".join(keys): [gin_text(v) for v in vals] for keys, vals in p.declared.axes},
         "configurations": configurations,
@@ -294,7 +316,8 @@ def format_stages(exp: Experiment, cells: Sequence[Cell]) -> str:
             "",
             "stage 2, evaluation: " + format_cells(exp, cells),
             f"The evaluation cells' {', '.join(p.declared.keys)} come from tuning: per configuration, the "
-            f"value with the best mean {exp.primary_metric} over the tuning seeds "
+            f"value with the {'highest' if p.declared.higher_is_better else 'lowest'} mean "
+            f"{p.declared.metric} over the tuning seeds "
             f"{gin_text(p.declared.seeds)} (results/{p.experiment.name}.csv)"
             + (f"; not tuned where not read: {'; '.join(untuned)}" if untuned else ""),
         ]
