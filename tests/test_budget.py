@@ -76,6 +76,8 @@ def test_algorithm_comparison_samples_64_sequences_per_step_in_every_cell():
     assert len({c.id for c in cells}) == len(cells)
     notes = {c.spec_name: c.budget.note for c in cells}
     assert notes["dpo"].startswith("not sampled: 32 preference pairs per step")
+    # DPO learns from gold answers against corrupted ones, not from a sampled reward: the md says so
+    assert "a correct answer and a corrupted one, offline data" in notes["dpo"]
     assert notes["remax"] == "32 prompts × (1 + 1 greedy) = 64 sequences"
     text = budget.record(exp.budget, cells)["text"]
     assert text.startswith("equal sampled sequences, 64 per step × 60 steps = 3840 per cell")

@@ -176,7 +176,11 @@ def note(prompts: int, f: Facts, ranks: int) -> str:
     """How a cell spends a step, for its CSV row and the md's budget line."""
     if f.offline:
         on = f" on each of {ranks} ranks" if ranks > 1 else ""
-        return f"not sampled: {prompts} preference pairs per step{on} ({2 * prompts * ranks} sequences)"
+        return (
+            f"not sampled: {prompts} preference pairs per step{on} ({2 * prompts * ranks} sequences): the "
+            "task's fixed pairs of a correct answer and a corrupted one, offline data and another kind of "
+            "information than a sampled reward"
+        )
     rk = f" × {ranks} ranks" if ranks > 1 else ""
     return f"{prompts} prompts × {f.short}{rk} = {prompts * f.per_prompt * ranks} sequences"
 
