@@ -245,3 +245,17 @@ def test_the_words_count_and_name():
         for s in (0, 1)
     ]
     assert "(eval_accuracy_init = 0.3442)" in warm_start_paragraph(rows)[0]
+
+
+def test_a_baseline_without_a_finished_run_is_named_as_the_cause():
+    r = _rows(
+        {
+            "base": {"eval_accuracy": [0.3, 0.3, 0.3]},
+            "a": {"eval_accuracy": [0.5, 0.52, 0.51]},
+            "b": {"eval_accuracy": [0.4, 0.43, 0.41]},
+        },
+        status={("base", s): "failed" for s in range(3)},
+    )
+    findings = _md(r).split("## Findings")[1]
+    assert "The baseline grpo · Algorithm.kl=base has no finished run (see Failed cells)" in findings
+    assert "Run more seeds" not in findings

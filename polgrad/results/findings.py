@@ -264,6 +264,11 @@ def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
         lines.append("| " + " | ".join(cells) + " |")
     failed = health.failed_keys(rows, group_columns)
     cause = drop_cause(rows, group_columns, label)
+    if not any(r.get("status") == "ok" and health.config_key(r, group_columns) == baseline for r in rows):
+        cause = (
+            f"the baseline {label(baseline)} has no finished run (see Failed cells): runs of it that finish "
+            "would decide this, not more seeds"
+        )
     identical = [c for c in fams[primary].values() if c.identical_to is not None]
     if identical:
         findings.append(
