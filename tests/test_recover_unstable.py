@@ -144,7 +144,7 @@ def test_an_unstable_cell_is_recorded_listed_apart_and_not_ranked(tmp_path, caps
         assert f"unstable {r['cell_id']}: unstable: 3 of 4 optimizer steps skipped" in err
 
     md = (out / "exp.md").read_text()
-    assert "6 cells (4 ok, 2 unstable: listed below, not ranked, 0 failed)" in md
+    assert "6 cells (4 finished, 2 unstable: listed below, not ranked, 0 failed)" in md
     section = md.split("## Unstable cells (not ranked)\n", 1)[1]
     assert all(f"`{r['cell_id']}`: unstable: 3 of 4 optimizer steps skipped" in section for r in unstable)
     table = [ln for ln in md.splitlines() if ln.startswith("| ") and "`0." in ln]

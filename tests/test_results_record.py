@@ -186,3 +186,20 @@ def test_a_row_written_while_the_results_command_reconciles_is_kept(swept, capsy
     assert codes == [0]
     ids = [r["cell_id"] for r in _rows(csv_file)[1]]
     assert "failed-cell" in ids and sorted(ids) == sorted([r["cell_id"] for r in rows] + ["failed-cell"])
+
+
+@pytest.mark.parametrize("kept", [0, 4], ids=["header-only", "two-rows-missing"])
+def test_without_run_folders_a_csv_missing_rows_of_current_cells_is_refused(swept, capsys, kept):
+    """A header-only CSV (or one without the rows of 2 of the 6 cells), no run folder: the md was
+    rewritten as '0 cells ... Answer. None'. Refused in one line; the md and the CSV stay as they were."""
+    _, out, csv_file = swept
+    shutil.rmtree(out / "exp" / "runs")
+    header, rows = _rows(csv_file)
+    _write(csv_file, header, rows[:kept])
+    csv_before, md_before = csv_file.read_text(), (out / "exp.md").read_text()
+    assert results.main(["exp", "--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert f"{csv_file}: {6 - kept} of 6 current cells (e.g. {rows[kept]['cell_id']}) have no row" in err
+    assert "re-run the sweep" in err and f"git checkout {csv_file}" in err
+    assert (out / "exp.md").read_text() == md_before and csv_file.read_text() == csv_before

@@ -11,8 +11,11 @@ The rules, stated once (the md repeats them):
 - **Seeds.** Only ok rows are tested. A seed that is not ok (failed or unstable) in ANY configuration
   that has an ok run is dropped from every comparison of the experiment (`dropped_seeds`), so every
   test runs on the same seeds; the md names the dropped seeds and why. A configuration with no ok run
-  at all has nothing to compare and drops no seed (its cells are listed as unstable or failed). Two
-  rows of one (configuration, seed) are a DataError.
+  at all has nothing to compare and drops no seed (its cells are listed as unstable or failed).
+  Likewise a seed where the ok row of a configuration that has values of a metric elsewhere has none
+  (a blank, NaN or inf cell: non-finite values are no values) is dropped from every comparison of
+  that metric (`missing_values`). A configuration with no row at all for a seed (not run) is compared
+  on the seeds it has. Two rows of one (configuration, seed) are a DataError.
 - **Which test decides** (`Comparison.rule`): the t-test alone (RULE_T) where the paired differences
   look normal; both the t-test and the sign-flip test, each Holm-corrected, below ALPHA (RULE_BOTH)
   where the outcomes are visibly non-normal: Shapiro-Wilk p < NORMALITY_ALPHA on the paired
@@ -147,10 +150,8 @@ def dropped_seeds(
     return out
 
 
-def by_seed(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], metric: str) -> dict[Key, dict]:
-    """{configuration: {seed: value}} over the ok cells of the seeds not dropped (a configuration = its
-    group columns' values); a DataError on a duplicate (configuration, seed)."""
-    check_duplicates(rows, group_columns)
+def _values(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], metric: str) -> dict[Key, dict]:
+    """{configuration: {seed: finite value}} over the ok cells of the seeds `dropped_seeds` keeps."""
     dropped = dropped_seeds(rows, group_columns)
     out: dict[Key, dict] = {}
     for r in rows:
@@ -160,8 +161,36 @@ def by_seed(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], metric
             value = float(r.get(metric))
         except (TypeError, ValueError):
             continue
+        if not math.isfinite(value):  # 'nan'/'inf' in a CSV: no value, as a blank cell
+            continue
         out.setdefault(config_key(r, group_columns), {})[str(r.get("seed", ""))] = value
     return out
+
+
+def missing_values(
+    rows: Sequence[dict[str, Any]], group_columns: Sequence[str], metric: str
+) -> dict[str, list[Key]]:
+    """{seed: the configurations without a finite `metric` there} for every kept seed where the ok row
+    of a configuration that has finite values of `metric` elsewhere holds none (blank, 'nan', 'inf'):
+    such a seed is dropped from every comparison of `metric`, so all its tests use the same seeds."""
+    values = _values(rows, group_columns, metric)
+    dropped = dropped_seeds(rows, group_columns)
+    out: dict[str, list[Key]] = {}
+    for r in rows:
+        key, seed = config_key(r, group_columns), str(r.get("seed", ""))
+        if r.get("status") == "ok" and seed not in dropped and values.get(key) and seed not in values[key]:
+            out.setdefault(seed, []).append(key)
+    return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))
+
+
+def by_seed(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], metric: str) -> dict[Key, dict]:
+    """{configuration: {seed: value}} over the ok cells of the seeds not dropped, neither for a run
+    that is not ok (`dropped_seeds`) nor for a missing value of `metric` (`missing_values`); a
+    configuration = its group columns' values; a DataError on a duplicate (configuration, seed)."""
+    check_duplicates(rows, group_columns)
+    values = _values(rows, group_columns, metric)
+    gaps = missing_values(rows, group_columns, metric)
+    return {k: {s: x for s, x in v.items() if s not in gaps} for k, v in values.items()}
 
 
 def _identical(tables: dict[str, dict[Key, dict]], a: Key, b: Key) -> bool:
@@ -229,7 +258,7 @@ def leader(
         return None, [], False
     best = (max if higher_is_better else min)(means, key=lambda k: means[k])
     comps = against(rows, group_columns, metric, best)
-    judged = [c for c in comps if c.identical_to is None or c.identical_to == best]
+    judged = [c for c in comps if c.identical_to is None]  # a twin of the leader is the same runs: not judged
     worse = [(c.test.mean < 0) if higher_is_better else (c.test.mean > 0) for c in judged]
     starred = bool(judged) and all(c.significant and w for c, w in zip(judged, worse, strict=True))
     return best, comps, starred

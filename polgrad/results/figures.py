@@ -2,7 +2,8 @@
 
 - results/<experiment>.png, a forest plot: each configuration's paired difference to the
   experiment's baseline (the leader by mean when the experiment names no baseline) in the primary
-  metric and in the KL (kl_exact where the runs measured it), with its 95% CI and Holm-corrected p.
+  metric and in the KL (kl_exact where the runs measured it), with its 95% CI and its deciding p
+  (Holm-corrected, of the test the comparison's rule decides by: `Comparison.p_decision`).
   These are the md's numbers: `polgrad.results.compare.against`, one Holm family per metric, as in
   the md's "Paired differences to the baseline" table. Rows are in grid order (the order of the
   sweep's cells in experiment.json: the swept values as declared), never sorted by the difference,
@@ -193,7 +194,7 @@ def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[
                 continue
             table.append(
                 {"label": label(c.other), "metric": m, "mean": t.mean, "low": t.low, "high": t.high}
-                | {"p_holm": c.p_holm, "n": t.n, "significant": c.significant}
+                | {"p_holm": c.p_decision, "n": t.n, "significant": c.significant}  # the deciding p
             )
     return table, [label(k) for k in keys if tuple(k) != tuple(reference)]
 
@@ -339,7 +340,7 @@ def _colours(figs: Figures) -> dict[str, str]:
 
 def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher_is_better: bool):
     """One panel per metric, one row per configuration (grid order, grouped): Δ = configuration −
-    reference, paired by seed, 95% CI bar, Holm-corrected p on the right; filled marker where
+    reference, paired by seed, 95% CI bar, the deciding p (Holm) on the right; filled marker where
     `significant`, hollow otherwise; the zero line, and the equivalence margins as shaded bands.
     Returns the figure (closed)."""
     import matplotlib.pyplot as plt
@@ -413,7 +414,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
     fig.suptitle(
         f"{experiment}: each configuration − {ref}, paired by seed (mean, 95% CI)\n"
         f"rows in grid order{grouped}; filled = significant after Holm's correction (as in the md), "
-        "hollow = not; right: Δ and p (Holm)",
+        "hollow = not; right: Δ and the deciding p (Holm)",
         fontsize=11,
     )
     fig.tight_layout()

@@ -1,15 +1,18 @@
 """The statistical sections of a leaderboard md, and the findings sentences generated from them.
 
 Every claim in these sections comes from `polgrad.results.compare` (paired by seed, Holm-corrected,
-decided by the rule its section states: t-test, or t-test and exact sign-flip test where the outcomes
+decided by the rule its section states: t-test, or t-test and sign-flip test where the outcomes
 are non-normal, or sign-flip only where the differences have no spread): the leader gets ★ only when
 it is significantly better than every other configuration, and a difference to the baseline is
 called a finding only when its corrected p-value is below ALPHA. A difference that is not significant
 is written "no difference detected (this design detects ≥ X at 80% power)", never as equality:
 equality is only claimed by a 'no difference' prediction confirmed by TOST within a margin declared
-in the experiment (polgrad.results.predictions). Configurations whose runs failed (collapse, KL
-explosion, bimodal outcomes: polgrad.results.health) are named as failures, not as 'no difference'.
-With fewer than 2 seeds paired no test exists, and the text says that no statistics are possible.
+in the experiment (polgrad.results.predictions). Configurations whose runs failed (collapse, bimodal
+outcomes: polgrad.results.health) are named as failures, not as 'no difference'; runs that drifted far
+from the reference are flagged. With fewer than 2 seeds paired no test exists, and the text says that
+no statistics are possible; where seeds were dropped for runs that are not ok, it names that cause
+(`drop_cause`) instead of advising more seeds. Each finding names its Holm family: all comparisons
+with the baseline in a metric, or the declared predictions.
 The findings end with one **Answer.** sentence: the question answered, or why it cannot be and what
 would answer it.
 """
@@ -34,6 +37,7 @@ from polgrad.results.compare import (
     by_seed,
     dropped_seeds,
     leader,
+    missing_values,
     ranking_seeds,
 )
 from polgrad.results.predictions import judge
@@ -42,6 +46,7 @@ from polgrad.results.stats import min_signflip_p
 LEADER_HEADING = "## Is the leader better than every other configuration?"
 BASELINE_HEADING = "## Paired differences to the baseline"
 RULES_HEADING = "## How the tests decide"
+_SEE = f"(see {health.HEADING[3:]})"
 
 
 def kl_metric(rows: Sequence[dict[str, Any]]) -> str:
@@ -84,7 +89,7 @@ def _span(xs: Sequence[float]) -> str:
     return _num(lo) if _num(lo) == _num(hi) else f"{_num(lo)} to {_num(hi)}"
 
 
-def _undetected(comps: Sequence[Comparison]) -> str:
+def _undetected(comps: Sequence[Comparison], cause: str = "") -> str:
     """'no difference detected (this design detects ≥ X at 80% power)' for non-significant tests."""
     reach = [c for c in comps if c.reachable]
     text = "no difference detected"
@@ -98,19 +103,42 @@ def _undetected(comps: Sequence[Comparison]) -> str:
         text += (
             f"; for {len(stuck)} of them the sign-flip test is required and with {n} paired seeds its p "
             f"cannot go below {min_signflip_p(n):.2g} (×{stuck[0].m} after Holm): no verdict is possible "
-            "without more seeds"
+            + (f"with the seeds left: {cause}" if cause else "without more seeds")
         )
     return text
 
 
-def rules_lines(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label) -> list[str]:
-    """The md's statement of the rules, and the seeds dropped from every test."""
+def drop_cause(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label) -> str:
+    """'k of n seeds were dropped because configuration X was not ok in them (...)', or ''."""
+    dropped = dropped_seeds(rows, group_columns)
+    if not dropped:
+        return ""
+    n = len({str(r.get("seed", "")) for r in rows})
+    bad: dict[Key, list[str]] = {}
+    for seed, rs in dropped.items():
+        for r in rs:
+            bad.setdefault(health.config_key(r, group_columns), []).append(seed)
+    who = " and ".join(
+        f"{label(k)} (seed{'s' if len(ss) > 1 else ''} {', '.join(ss)})" for k, ss in bad.items()
+    )
+    return (
+        f"{len(dropped)} of {n} seeds were dropped because configuration{'s' if len(bad) > 1 else ''} "
+        f"{who} {'were' if len(bad) > 1 else 'was'} not ok in them (see Seeds dropped from every "
+        "comparison): runs that finish ok in those seeds would decide this, not more seeds of the same runs"
+    )
+
+
+def rules_lines(
+    rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label, metrics: Sequence[str] = ()
+) -> list[str]:
+    """The md's statement of the rules, and the seeds dropped from every test (of a metric)."""
     lines = [
         "",
         RULES_HEADING,
         "",
-        f"Each comparison pairs two configurations seed by seed and reports the paired t-test and the exact "
-        f"paired permutation (sign-flip) test, each Holm-corrected within its family (α = {ALPHA}). Which "
+        f"Each comparison pairs two configurations seed by seed and reports the paired t-test and the paired "
+        "permutation (sign-flip) test (exact for n ≤ 16, else 65,536 resamples), each Holm-corrected "
+        f"within its family (α = {ALPHA}). Which "
         f"decides: the **{RULE_T}** where the paired differences look normal; **{RULE_BOTH}**, both "
         f"corrected p below α, where the outcomes are visibly non-normal (Shapiro-Wilk p < {NORMALITY_ALPHA} "
         f"on the differences, or failed runs in either configuration); **{RULE_PERM}** where the "
@@ -120,7 +148,10 @@ def rules_lines(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], la
         f"{POWER:.0%} power at the corrected level (noncentral t, from the observed spread). A configuration "
         "identical to another in every outcome metric, seed by seed, is the same runs: it is named, not "
         "tested, and not counted in Holm's m. Only ok runs are tested, and a seed that is not ok in any "
-        "configuration with an ok run is dropped from every comparison, so all tests use the same seeds.",
+        "configuration with an ok run is dropped from every comparison, and a seed where a configuration "
+        "has no finite value of a metric it has elsewhere (blank, NaN, inf) from every comparison of that "
+        "metric, so all tests of a metric use the same seeds (a configuration with no row for a seed, "
+        "not run, is compared on the seeds it has).",
     ]
     dropped = dropped_seeds(rows, group_columns)
     if dropped:
@@ -132,6 +163,18 @@ def rules_lines(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], la
                 for r in bad
             )
             lines.append(f"- seed {seed}: {why}")
+    for m in dict.fromkeys(metrics):
+        gaps = missing_values(rows, group_columns, m)
+        if gaps:
+            lines += [
+                "",
+                f"Seeds dropped from every comparison of {m} ({len(gaps)}), for want of a value:",
+                "",
+            ]
+            lines += [
+                f"- seed {s}: {'; '.join(label(k) for k in ks)} has no finite {m} (blank, NaN or inf)"
+                for s, ks in gaps.items()
+            ]
     return lines
 
 
@@ -141,15 +184,21 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
         return [], best, starred
     direction = "higher" if higher_is_better else "lower"
     seeds = ranking_seeds(by_seed(rows, group_columns, primary))
-    over = f"over the {len(seeds)} seeds every configuration has" if seeds else "over each one's own seeds"
+    over = (
+        f"over the {_n(len(seeds), 'seed')} every configuration has" if seeds else "over each one's own seeds"
+    )
     members = [c for c in comps if c.identical_to is None and c.test.n >= 2]
+    family = f"over the {_n(len(members), 'tested comparison')}" if members else "(no comparison is tested)"
+    twins = [label(c.other) for c in comps if c.identical_to == best]
+    name = label(best) + (f" (the same runs as {', '.join(twins)})" if twins else "")
+    cause = drop_cause(rows, group_columns, label)
     lines = [
         "",
         f"{LEADER_HEADING} ({primary})",
         "",
         f"Leader by mean {over}: **{label(best)}**. Each row: that configuration − the leader, paired by "
-        f"seed (mean and 95% CI), paired t-test p, p Holm-corrected over the {len(members)} tested "
-        f"comparisons, the sign-flip p Holm-corrected, the rule that decides. ★ requires every deciding "
+        f"seed (mean and 95% CI), paired t-test p, p Holm-corrected {family}, the sign-flip p "
+        "Holm-corrected, the rule that decides. ★ requires every deciding "
         f"corrected p < {ALPHA} with the leader {direction}.",
         "",
         "| configuration | Δ vs leader [95% CI] | p | p (Holm) | p sign-flip (Holm) | decided by | seeds |",
@@ -163,12 +212,12 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
         )
     if starred:
         findings.append(
-            f"{label(best)} has the {'highest' if higher_is_better else 'lowest'} {primary}: significantly "
+            f"{name} has the {'highest' if higher_is_better else 'lowest'} {primary}: significantly "
             f"better than each other configuration (paired by seed; largest deciding Holm-corrected p = "
             f"{_p(max(c.p_decision for c in members))})."
         )
     elif not members:
-        findings.append(_no_statistics(primary, f"the leader {label(best)}", comps))
+        findings.append(_no_statistics(primary, f"the leader {label(best)}", comps, cause))
     else:
         failed = health.failed_keys(rows, group_columns)
         quiet = [c for c in members if not c.significant]
@@ -177,9 +226,9 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
             f"No configuration is significantly better than all others in {primary}: between the leader "
             f"{label(best)} and {len(quiet)} of {len(members)} tested others, "
         )
-        text += _undetected(clean) if clean else "no difference was detected"
+        text += _undetected(clean, cause) if clean else "no difference was detected"
         if len(clean) < len(quiet):
-            text += f"; {len(quiet) - len(clean)} of these comparisons rest on failed runs (see Failed runs)"
+            text += f"; {len(quiet) - len(clean)} of these comparisons rest on failed runs {_SEE}"
         findings.append(text + _untested(sum(c.test.n < 2 for c in comps)))
     return lines, best, starred
 
@@ -214,6 +263,12 @@ def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
         cells.append(same.pop() if len(same) == 1 else "; ".join(rules))
         lines.append("| " + " | ".join(cells) + " |")
     failed = health.failed_keys(rows, group_columns)
+    cause = drop_cause(rows, group_columns, label)
+    if not any(r.get("status") == "ok" and health.config_key(r, group_columns) == baseline for r in rows):
+        cause = (
+            f"the baseline {label(baseline)} has no finished run (see Failed cells): runs of it that finish "
+            "would decide this, not more seeds"
+        )
     identical = [c for c in fams[primary].values() if c.identical_to is not None]
     if identical:
         findings.append(
@@ -228,12 +283,13 @@ def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
             if c.significant:
                 findings.append(
                     f"{label(c.other)}: {m} {'higher' if c.test.mean > 0 else 'lower'} than the baseline by "
-                    f"{abs(c.test.mean):.3g} (95% CI [{_num(c.test.low)}, {_num(c.test.high)}], Holm p = "
-                    f"{_p(c.p_holm)}, sign-flip Holm p = {_p(c.p_perm_holm)}; {_rule(c, label)})"
+                    f"{abs(c.test.mean):.3g} (95% CI [{_num(c.test.low)}, {_num(c.test.high)}]; Holm "
+                    f"over {'all ' if c.m > 1 else ''}{_n(c.m, 'comparison')} with the baseline in {m}: "
+                    f"p = {_p(c.p_holm)}, sign-flip p = {_p(c.p_perm_holm)}; {_rule(c, label)})"
                     + _normality(c)
                 )
         if comps and not members:
-            findings.append(_no_statistics(m, "the baseline", comps))
+            findings.append(_no_statistics(m, "the baseline", comps, cause))
             continue
         quiet = [c for c in members if not c.significant]
         clean = [c for c in quiet if c.other not in failed and baseline not in failed]
@@ -241,13 +297,14 @@ def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
             who = (
                 f"No configuration differs significantly from the baseline in {m}"
                 if len(quiet) == len(members)
-                else f"In {m}, for {len(clean)} of {len(members)} tested configurations"
+                else f"In {m}, for {len(clean)} of {len(members)} tested configurations "
+                f"({'; '.join(label(c.other) for c in clean)})"
             )
-            findings.append(f"{who}: {_undetected(clean)}" + _untested(len(comps) - len(members)))
+            findings.append(f"{who}: {_undetected(clean, cause)}" + _untested(len(comps) - len(members)))
         if len(clean) < len(quiet):
             names = ", ".join(label(c.other) for c in quiet if c not in clean)
             findings.append(
-                f"In {m} the comparisons of {names} with the baseline rest on failed runs (see Failed runs): "
+                f"In {m} the comparisons of {names} with the baseline rest on failed runs {_SEE}: "
                 "not significant, and not evidence of 'no difference' either."
             )
     return lines
@@ -266,7 +323,8 @@ def sections(
     """Markdown lines of the rules, leader, baseline, failed-runs and predictions sections and the
     findings ending in the answer; the leader and its ★."""
     failed_lines, findings = health.section(rows, group_columns, label)
-    lines = rules_lines(rows, group_columns, label)
+    metrics = [primary, kl_metric(rows), "eval_accuracy", *(p[2] for p in predictions)]
+    lines = rules_lines(rows, group_columns, label, metrics if baseline is not None else [primary])
     leader_lines, best, starred = _leader_lines(
         rows, group_columns, label, primary, higher_is_better, findings
     )
@@ -293,14 +351,21 @@ def _normality(c: Comparison) -> str:
     return "."
 
 
-def _no_statistics(metric: str, reference: str, comps: Sequence[Comparison]) -> str:
-    """With fewer than 2 seeds paired with the reference no test exists: say so."""
+def _no_statistics(metric: str, reference: str, comps: Sequence[Comparison], cause: str = "") -> str:
+    """With fewer than 2 seeds paired with the reference no test exists: say so, and why (seeds
+    dropped for runs that are not ok, or too few seeds)."""
     n = max((c.test.n for c in comps), default=0)
+    fix = f"{cause[0].upper()}{cause[1:]}." if cause else "Run more seeds (Sweep.seeds) to test them."
     return (
         f"No statistics are possible in {metric}: no configuration has 2 seeds paired with {reference} "
         f"(n = {n}), and a paired t-test needs at least 2 to estimate the spread of the differences; the "
-        "ranking is by the means alone. Run more seeds (Sweep.seeds) to test them."
+        f"ranking is by the means alone. {fix}"
     )
+
+
+def _n(k: int, noun: str) -> str:
+    """'1 seed', '3 seeds', '0 seeds'."""
+    return f"{k} {noun}{'' if k == 1 else 's'}"
 
 
 def _untested(k: int) -> str:
@@ -311,35 +376,47 @@ def _untested(k: int) -> str:
 
 
 def _predictions(rows, group_columns, label, baseline, predictions, findings):
-    lines = [
-        "",
-        "## Predictions",
-        "",
-        f"Each prediction is about a configuration − the baseline ({label(baseline)}), α = {ALPHA}. The "
-        "tested predictions are one Holm family (directional and equivalence predictions together). A "
-        "'no difference' prediction is confirmed only by an equivalence test (two one-sided tests) within "
-        "the margin the experiment declared, refuted only when the difference lies significantly beyond "
-        "that margin, and otherwise undecided; a significant difference inside the margin is reported as "
-        "both. Each p below is the deciding one of the comparison's rule.",
-        "",
-        "| prediction | configuration | metric | expected | Δ [95% CI] | p difference (Holm) | "
-        "p equivalence (Holm) | p beyond margin (Holm) | decided by | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
     fams: dict[str, dict[Key, Comparison]] = {}
     for _, _key, metric, _, _ in predictions:
         if metric not in fams:
             fams[metric] = {c.other: c for c in against(rows, group_columns, metric, baseline)}
     comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in predictions]
     judged = judge(predictions, comps)
-    for (claim, key, metric, expected, _), c, j in zip(predictions, comps, judged, strict=True):
+    m = judged[0].m if judged else 0
+    family = f"Holm over the declared predictions, one family of {m}"
+    tost = f"{1 - 2 * ALPHA:.0%} CI (TOST)"
+    lines = [
+        "",
+        "## Predictions",
+        "",
+        f"Each prediction is about a configuration − the baseline ({label(baseline)}), α = {ALPHA}. The "
+        f"tested predictions are one Holm family of {m}, the declared predictions only (directional and "
+        "equivalence predictions together; not the family of all comparisons with the baseline above). A "
+        "'no difference' prediction is confirmed only by an equivalence test (two one-sided tests) within "
+        "the margin the experiment declared, refuted only when the difference lies significantly beyond "
+        "that margin, and otherwise undecided; a significant difference inside the margin is reported as "
+        f"both. Each p below is the deciding one of the comparison's rule. A 'no difference' row shows the "
+        f"{tost} that the equivalence test at α = {ALPHA} uses (within ±margin exactly when TOST "
+        "confirms); the others the 95% CI.",
+        "",
+        f"| prediction | configuration | metric | expected | Δ [95% CI; {tost} for 'no difference'] | "
+        "p difference (Holm) | "
+        "p equivalence (Holm) | p beyond margin (Holm) | decided by | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (claim, key, metric, expected, margin), c, j in zip(predictions, comps, judged, strict=True):
         where = label(key) if key is not None else "(no such configuration)"
         delta, rule = (_delta(c), _rule(c, label)) if c else ("–", "–")
+        if c and margin and c.identical_to is None and not math.isnan(c.test.low):
+            low, high = c.test.interval(1 - 2 * ALPHA)
+            delta = f"{c.test.mean:+.3g} [{_num(low)}, {_num(high)}] {tost}"
         lines.append(
             f"| {claim} | {where} | {metric} | {expected} | {delta} | {_p(j.p_difference)} | "
             f"{_p(j.p_equivalence)} | {_p(j.p_outside)} | {rule} | {j.verdict} |"
         )
-        findings.append(f"Prediction '{claim}': {j.verdict}" + (f" (Δ {metric} = {delta})." if c else "."))
+        findings.append(
+            f"Prediction '{claim}': {j.verdict}" + (f" (Δ {metric} = {delta}; {family})." if c else ".")
+        )
     return lines, judged
 
 
@@ -351,8 +428,8 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
     if failed and set(failed) >= configs:
         return (
             f"**Answer.** This experiment cannot answer its question, because runs of every configuration "
-            f"failed ({names}; see Failed runs), so their differences compare failures: runs that do not "
-            "collapse would answer it, more seeds of these runs would only count the collapses."
+            f"failed ({names}; see {health.HEADING[3:]}), so their differences compare failures: runs that "
+            "do not collapse would answer it, more seeds of these runs would only count the collapses."
         )
     tail = (
         f", and for {'the configurations' if len(failed) > 1 else 'the configuration'} whose runs failed "
@@ -369,12 +446,13 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
         text = f"**Answer.** Of {len(judged)} predictions, " + "; ".join(
             f"{word}: {', '.join(cs)}" for word, cs in groups.items()
         )
+        cause = drop_cause(rows, group_columns, label)
         if "not decided" in groups:
-            text += ", and more paired seeds would decide the rest"
+            text += f"; {cause}" if cause else ", and more paired seeds would decide the rest"
         fragile = sum("rests on the t-test's normality" in j.verdict for j in judged)
         if fragile:
             text += (
-                f" ({fragile} of these verdicts rest on the t-test's normality alone: the exact sign-flip "
+                f" ({fragile} of these verdicts rest on the t-test's normality alone: the sign-flip "
                 "test does not reach α with these seeds, and more seeds would make them hold without it)"
             )
         return text + tail + "."
@@ -382,13 +460,21 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
     if best is None:
         return "**Answer.** None: no configuration has a finished run" + tail + "."
     if starred:
-        return f"**Answer.** {label(best)} is the best configuration in {primary}" + tail + "."
+        twins = "".join(f" (the same runs as {label(c.other)})" for c in comps if c.identical_to == best)
+        return f"**Answer.** {label(best)}{twins} is the best configuration in {primary}" + tail + "."
+    cause = drop_cause(rows, group_columns, label)
     reach = [
         c.mde for c in comps if c.identical_to is None and c.test.n >= 2 and c.reachable and not c.significant
     ]
     now = f" (now it detects differences ≥ {_span(reach)} at {POWER:.0%} power)" if reach else ""
     return (
         f"**Answer.** This design cannot say which configuration is best in {primary}: the leader "
-        f"{label(best)} is not significantly better than every other one, and more paired seeds would be "
-        f"needed{now}, the detectable difference shrinking about as 1/√n" + tail + "."
+        f"{label(best)} is not significantly better than every other one, and "
+        + (
+            cause
+            if cause
+            else f"more paired seeds would be needed{now}, the detectable difference shrinking about as 1/√n"
+        )
+        + tail
+        + "."
     )

@@ -1,22 +1,26 @@
-"""Failed runs: runs that finished ('ok') but whose outcome is a failure, named in the md, never
-averaged into a 'no difference'.
+"""Failed and flagged runs: runs that finished (status 'ok') but whose outcome is a failure, or worth a
+flag, named in the md; a failure is never averaged into a 'no difference'.
 
-A run (an ok CSV row) failed when, from the columns the CSV has:
+From the columns the CSV has, a finished run (an ok CSV row) is
 
-- **collapse**: its held-out accuracy (eval_accuracy) ended at 0, or below COLLAPSE_FRACTION (half)
-  of its own warm start's accuracy (eval_accuracy_init);
-- **KL explosion**: its exact KL to the reference (kl_exact, else the sampled kl) ends above KL_LIMIT
-  (1 nat per token: the policy no longer resembles the model it started from).
+- **failed (collapsed)** when its held-out accuracy (eval_accuracy) ended at 0, or fell below
+  COLLAPSE_FRACTION (half) of its own warm start's accuracy (eval_accuracy_init) where that warm
+  start's accuracy is at least COLLAPSE_MIN_INIT (0.1): below it, a fall to half (e.g. 0.024 to
+  0.01, a few questions of the eval set) is within the noise of the eval set, not a collapse;
+- **flagged as drifted far from the reference** when its KL to the reference (kl_exact, else the
+  sampled kl) ends above KL_LIMIT (1 nat per token; inf included). A flag, not a failure: a run can
+  drift far and still improve (0.024 to 0.443 accuracy).
 
-Per configuration the md says how many of its seeds failed, and names **bimodal** outcomes (some
-seeds collapsed, others did not: a mean and a t-test over them describe neither mode). Across the
+Per configuration the md says how many of its seeds collapsed and how many drifted, and names
+**bimodal** outcomes (some seeds collapsed, others did not: a mean and a t-test over them describe
+neither mode). Across the
 experiment, when the collapsed runs end with a higher train reward than the runs that did not
 collapse, the md says so: the reward the policy was trained on (a reward model's score where
 train.reward_source = 'reward_model') disagrees with the gold accuracy (reward hacking). The CSV holds
 the final train reward only, so that is a comparison between runs, not a rise within one.
 
-A comparison involving a configuration with failed runs needs the sign-flip test as well as the
-t-test (polgrad.results.compare), and its non-significance is not reported as 'no difference'.
+A comparison involving a configuration with collapsed runs (`failed_keys`) needs the sign-flip test
+as well as the t-test (polgrad.results.compare), and its non-significance is not reported as 'no difference'.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 COLLAPSE_FRACTION = 0.5
+COLLAPSE_MIN_INIT = 0.1  # a warm start below this accuracy: a fall to half of it is eval-set noise
 KL_LIMIT = 1.0  # nats per token
-HEADING = "## Failed runs"
+HEADING = "## Failed and flagged runs"
 
 Key = tuple[str, ...]
 
@@ -48,13 +53,14 @@ def _f(row: dict[str, Any], col: str) -> float:
 
 @dataclass(frozen=True)
 class RunFailure:
-    """One ok run whose outcome failed: its configuration, seed, cell and what went wrong."""
+    """One finished run that collapsed (failed) or drifted far from the reference (flagged): its
+    configuration, seed, cell and what happened."""
 
     key: Key
     seed: str
     cell_id: str
     collapsed: bool
-    kl_exploded: bool
+    kl_exploded: bool  # drifted far from the reference: KL above KL_LIMIT
     why: str
 
 
@@ -63,7 +69,7 @@ def _kl_column(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def run_failures(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> list[RunFailure]:
-    """The failed runs among the ok rows, in row order."""
+    """The collapsed or drifted runs among the ok rows, in row order."""
     kl_col = _kl_column(rows)
     out = []
     for r in rows:
@@ -75,12 +81,12 @@ def run_failures(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -
         if math.isfinite(acc) and acc <= 0.0:
             collapsed = True
             why.append(f"held-out accuracy ended at {acc:.3g}" + (f" (from {init:.3g})" if init > 0 else ""))
-        elif math.isfinite(acc) and init > 0 and acc < COLLAPSE_FRACTION * init:
+        elif math.isfinite(acc) and init >= COLLAPSE_MIN_INIT and acc < COLLAPSE_FRACTION * init:
             collapsed = True
             why.append(f"held-out accuracy fell from {init:.3g} to {acc:.3g}")
-        exploded = math.isfinite(kl) and kl > KL_LIMIT
+        exploded = kl > KL_LIMIT  # inf too (NaN compares False)
         if exploded:
-            why.append(f"{kl_col} {kl:.3g} nats per token (> {KL_LIMIT:g})")
+            why.append(f"drifted far from the reference: {kl_col} {kl:.3g} nats per token (> {KL_LIMIT:g})")
         if why:
             out.append(
                 RunFailure(
@@ -96,14 +102,14 @@ def run_failures(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -
 
 
 def failed_keys(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> set[Key]:
-    """Configurations with at least one failed run."""
-    return {f.key for f in run_failures(rows, group_columns)}
+    """Configurations with at least one failed (collapsed) run."""
+    return {f.key for f in run_failures(rows, group_columns) if f.collapsed}
 
 
 def section(
     rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label: Callable[[Key], str]
 ) -> tuple[list[str], list[str]]:
-    """The md lines of the failed-runs section and its findings (empty when no run failed)."""
+    """The md lines of the failed-and-flagged-runs section and its findings (empty when none)."""
     failures = run_failures(rows, group_columns)
     if not failures:
         return [], []
@@ -115,10 +121,13 @@ def section(
         "",
         HEADING,
         "",
-        f"A run failed when its held-out accuracy ended at 0 or below {COLLAPSE_FRACTION:g} of its own warm "
-        f"start's (collapse), or its KL to the reference ended above {KL_LIMIT:g} nat per token. These runs "
-        "are failures of their configuration: a comparison with them needs the exact sign-flip test as "
-        "well as the t-test, and a difference not detected there is not evidence of 'no difference'.",
+        f"A finished run failed (collapsed) when its held-out accuracy ended at 0, or below "
+        f"{COLLAPSE_FRACTION:g} of its own warm start's where that is at least {COLLAPSE_MIN_INIT:g} (below, "
+        "such a fall is within the eval set's noise). Collapsed runs are failures of their configuration: "
+        "a comparison with them needs the sign-flip test as well as the t-test, and a difference not "
+        "detected there is not evidence of 'no difference'. A run whose KL to the reference ended above "
+        f"{KL_LIMIT:g} nat per token is flagged as drifted far from the reference: named here, not a "
+        "failure.",
         "",
     ]
     findings = []
@@ -128,30 +137,37 @@ def section(
     for key, fs in by_key.items():
         n = len(seeds.get(key, []))
         collapsed = [f.seed for f in fs if f.collapsed]
-        lines.append(f"- **{label(key)}**: {len(fs)} of {n} runs failed:")
+        exploded = [f.seed for f in fs if f.kl_exploded]
+        counts = [f"{len(s)} of {n} runs {w}" for s, w in ((collapsed, "collapsed"), (exploded, _DRIFT)) if s]
+        lines.append(f"- **{label(key)}**: {'; '.join(counts)}:")
         lines += [f"  - seed {f.seed} (`{f.cell_id}`): {f.why}" for f in fs]
-        words = [f"{len(fs)} of {n} runs failed"]
+        words = []
         if collapsed:
-            words.append(
-                f"{len(collapsed)} collapsed (seed{'s' if len(collapsed) > 1 else ''} {', '.join(collapsed)})"
-            )
+            words.append(f"{len(collapsed)} of {n} runs collapsed ({_seeds(collapsed)})")
         if collapsed and len(collapsed) < n:
             rest = [s for s in seeds.get(key, []) if s not in collapsed]
             bimodal = (
-                f"bimodal outcomes: seeds {', '.join(collapsed)} collapsed while seeds {', '.join(rest)} "
-                "did not, so its mean describes neither"
+                f"bimodal outcomes: {_seeds(collapsed)} collapsed while {_seeds(rest)} did not, so its mean "
+                "describes neither"
             )
             lines.append(f"  - {bimodal}.")
             words.append(bimodal)
-        exploded = [f.seed for f in fs if f.kl_exploded]
         if exploded:
-            words.append(f"the KL exploded in {len(exploded)}")
-        findings.append(f"{label(key)} failed: " + "; ".join(words) + f" (see {HEADING[3:]}).")
+            words.append(f"{len(exploded)} of {n} runs {_DRIFT} (a flag, not a failure)")
+        what = "failed" if collapsed else "flagged"
+        findings.append(f"{label(key)} {what}: " + "; ".join(words) + f" (see {HEADING[3:]}).")
     hacked = _reward_disagrees(ok, failures, group_columns)
     if hacked:
         lines += ["", hacked]
         findings.append(hacked)
     return lines, findings
+
+
+def _seeds(seeds: Sequence[str]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+
+
+_DRIFT = f"drifted far from the reference (KL above {KL_LIMIT:g} nat per token)"
 
 
 def _reward_disagrees(ok, failures, group_columns) -> str:

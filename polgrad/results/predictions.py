@@ -6,11 +6,15 @@ predictions together; a prediction whose configuration is the baseline's runs ag
 than 2 paired seeds, is not tested and not counted). A directional prediction is tested by the
 paired difference test, a 'no difference' prediction with a margin by TOST within ±margin; the
 refuting test of a 'no difference' prediction (the difference lies beyond ±margin) and its
-difference test are corrected with the same m. Each is decided by the comparison's rule
-(polgrad.results.compare: t-test, both t-test and sign-flip, or sign-flip only).
+difference test are corrected with the same m, each as one family of all m tested predictions (every
+prediction's difference test; every prediction's refuting test: beyond the margin for 'no difference',
+the difference itself for a directional one), never with the others padded as p = 1. Each is decided
+by the comparison's rule (polgrad.results.compare: t-test, both t-test and sign-flip, or sign-flip only).
 
 **'no difference'**: confirmed when TOST puts the difference within ±margin; refuted only when it is
-significantly beyond the margin; otherwise undecided. A significant difference inside the margin is
+significantly beyond the margin; otherwise undecided. Differences without spread (one constant,
+the sign-flip-only rule) never confirm it: undecided (no spread: a constant difference is an artefact,
+not evidence). A significant difference inside the margin is
 reported as both (significant, and equivalent within ±margin). Without a declared margin it can
 only be refuted (by a significant difference): equality needs a margin declared before the data.
 """
@@ -57,6 +61,8 @@ def verdict(
     `p_difference` defaults to the comparison's own deciding p. 'no difference' is confirmed only by
     an equivalence test within ±margin (p_equivalence, corrected), refuted only by a difference
     significantly beyond the margin (p_outside) or, without a margin, by a significant difference."""
+    if c is not None and c.test.n == 1:
+        return "untested (1 paired seed: no test possible)"
     if c is None or c.test.n < 2:
         return "untested (no paired seeds)"
     if c.identical_to == c.reference:
@@ -71,6 +77,8 @@ def verdict(
                 return f"{both} within ±{margin:g}" if diff else f"confirmed (equivalent within ±{margin:g})"
             if not math.isnan(p_outside) and p_outside < ALPHA:
                 return f"refuted (the difference {delta} lies significantly beyond ±{margin:g})"
+            if c.test.no_spread:
+                return "undecided (no spread: a constant difference is an artefact, not evidence)"
             neither = f"neither shown within nor beyond ±{margin:g}"
             return (
                 f"undecided (a significant difference of {delta}, {neither})"
@@ -122,11 +130,12 @@ def judge(
     main_t = [e if mg else d for d, e, mg in zip(diff_t, eq_t, margins, strict=True)]
     main_perm = [e if mg else d for d, e, mg in zip(diff_perm, eq_perm, margins, strict=True)]
     main = corrected(main_t, main_perm)
-    sec_diff = corrected(
-        [d if mg else nan for d, mg in zip(diff_t, margins, strict=True)],
-        [d if mg else nan for d, mg in zip(diff_perm, margins, strict=True)],
-    )
-    sec_out = corrected(out_t, out_perm)
+    # every prediction's difference test, and every prediction's refuting test (beyond the margin for
+    # 'no difference', the difference itself for a directional one): each one family of the same m
+    sec_diff = corrected(diff_t, diff_perm)
+    refute_t = [o if mg else d for d, o, mg in zip(diff_t, out_t, margins, strict=True)]
+    refute_perm = [o if mg else d for d, o, mg in zip(diff_perm, out_perm, margins, strict=True)]
+    sec_out = corrected(refute_t, refute_perm)
     out = []
     for i, ((_, _, _, expected, margin), c) in enumerate(zip(predictions, comps, strict=True)):
         if c is None:

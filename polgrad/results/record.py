@@ -7,8 +7,9 @@ run folders give: a missing column, a missing or duplicated row, or a value that
 a row written by an older polgrad) makes it rebuild the whole CSV from the folders, atomically; rows
 of cells without a finished folder (failed, restarted, not run yet) are kept as they are. Where no
 run folder is there (a fresh clone: they are not committed), the CSV is the only record: it must be
-complete in itself (`complete`: the columns the report needs, a primary metric in every ok row),
-else a one-line `DataError` says what is missing and how to get it back.
+complete in itself (`complete`: a row or a finished run folder for every current cell, so a
+header-only CSV is refused, the columns the report needs, a primary metric in every ok row), else
+a one-line `DataError` says what is missing and how to get it back.
 
 Both the sweep (before it runs the cells left) and `python -m polgrad.results` call `reconcile`.
 """
@@ -19,7 +20,7 @@ import datetime as _dt
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,7 @@ def _reconcile(
             problems.append(f"cell {cid}'s {', '.join(differ[:3])} differ{'s' if len(differ) == 1 else ''}")
     if not problems or not expected:
         if check_complete:
-            complete(experiment, results_dir, header, rows, cells, primary_metric, swept_columns)
+            complete(experiment, results_dir, header, rows, cells, primary_metric, swept_columns, expected)
         return None
     ids = [c["id"] for c in cells]
     kept = [r for r in rows if r.get("cell_id") not in expected]
@@ -202,7 +203,7 @@ def _reconcile(
     rebuilt.sort(key=lambda r: rank.get(r.get("cell_id", ""), len(rank)))
     new_header = list(dict.fromkeys([*header, *columns]))
     if check_complete:
-        complete(experiment, results_dir, new_header, kept, cells, primary_metric, swept_columns)
+        complete(experiment, results_dir, new_header, kept, cells, primary_metric, swept_columns, expected)
     rewrite_rows(path, rebuilt, new_header, lock=False)
     more = f" (+{len(problems) - 2} more)" if len(problems) > 2 else ""
     return (
@@ -219,13 +220,22 @@ def complete(
     cells: Sequence[dict[str, Any]],
     primary_metric: str,
     swept_columns: Sequence[str] = (),
+    backed: Collection[str] = (),
 ) -> None:
-    """The rows no run folder backs must be complete in themselves, else one line naming what is missing."""
+    """The rows no run folder backs must be complete in themselves, and every current cell must have a
+    row or a finished run folder (`backed`), else one line naming what is missing (nothing written)."""
     path = csv_path(experiment, results_dir)
-    if not rows:
-        return
     where = f"and no finished run folder under {results_dir / experiment / 'runs'} to rebuild it from"
     fix = f"restore {path} (e.g. git checkout {path}) or re-run the sweep"
+    have = {r.get("cell_id") for r in rows} | set(backed)
+    lacking = [c["id"] for c in cells if c["id"] not in have]
+    if lacking:
+        raise DataError(
+            f"{path}: {len(lacking)} of {len(cells)} current cells (e.g. {lacking[0]}) have no row {where}; "
+            f"{fix} (it runs the missing cells)"
+        )
+    if not rows:
+        return
     needed = ["cell_id", "spec", "seed", "status", primary_metric, *swept_columns]
     absent = [c for c in needed if c not in header]
     if absent:

@@ -198,7 +198,7 @@ def markdown(
     ]
     lines += warm_start_paragraph(rows)  # one warm start, one per seed, or not recorded; broken pairing
     lines += [
-        f"{len(rows)} cells ({n_ok} ok, "
+        f"{len(rows)} cells ({n_ok} finished, "
         + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
         + f"{len(rows) - n_ok - n_unstable} failed) in {len(board)} groups (spec + swept "
         f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly better than "

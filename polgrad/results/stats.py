@@ -15,11 +15,12 @@ t-test is undefined (p, CI, TOST and detectable difference NaN, `no_spread`) and
 sign-flip p stands (2 / 2^n for a non-zero constant, 1 for zero).
 
 **Equivalence** (TOST, Schuirmann 1987) within ±margin: the larger of two one-sided t-tests, and the
-same two one-sided tests by sign flips of d + margin and d − margin (`equivalence_p_perm`); zero
-spread never proves equivalence by itself (the t-TOST is NaN there; the sign-flip TOST of a constant
-inside the margin is 1/2^n: 0.25 at n = 2). **Outside the margin** (`outside_p`): the test that the
-difference lies beyond the margin on the side of the observed mean, doubled (two-sided level: below
-0.05 exactly when the 95% CI lies wholly beyond the margin).
+same two one-sided tests by sign flips of d + margin and d − margin (`equivalence_p_perm`). Zero
+spread never proves equivalence: both TOSTs are NaN there (the sign-flip TOST of a constant inside
+the margin would be 1/2^n, below 0.05 from n = 5, from the constant alone), so under the sign-flip-only
+rule a 'no difference' prediction is undecided (polgrad.results.predictions). **Outside the margin**
+(`outside_p`): the test that the difference lies beyond the margin on the side of the observed
+mean, doubled (two-sided level: below 0.05 exactly when the 95% CI lies wholly beyond the margin).
 
 **Detectable difference** (`mde`): the smallest true difference a two-sided paired t-test at level
 alpha detects with the given power, from the noncentral t (scipy.stats.nct) solved for the effect
@@ -151,6 +152,14 @@ class Paired:
     def _se(self) -> float:
         return self.sd / math.sqrt(self.n)
 
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The `confidence` t-interval of the mean difference (NaN without spread or with n < 2); at
+        1 − 2α it is the interval TOST at level α uses: within ±margin exactly when TOST confirms."""
+        if self.n < 2 or math.isnan(self.sd) or self.no_spread:
+            return math.nan, math.nan
+        half = t_ppf(0.5 + confidence / 2, self.n - 1) * self._se
+        return self.mean - half, self.mean + half
+
     def equivalence_p(self, margin: float) -> float:
         """Two one-sided t-tests (Schuirmann 1987) of |true difference| >= margin: the larger one-sided
         p; below alpha, the difference is within ±margin at level alpha. NaN without spread."""
@@ -163,8 +172,9 @@ class Paired:
         return max(p_low, p_high)
 
     def equivalence_p_perm(self, margin: float) -> float:
-        """The same two one-sided tests by sign flips of d + margin and d − margin (exact)."""
-        if self.n < 2 or len(self.diffs) != self.n or not margin > 0:
+        """The same two one-sided tests by sign flips of d + margin and d − margin; NaN without spread
+        (a constant's 1/2^n is an artefact of the constant, not evidence of equivalence)."""
+        if self.n < 2 or len(self.diffs) != self.n or not margin > 0 or self.no_spread:
             return math.nan
         return max(
             signflip_p([x + margin for x in self.diffs], "greater"),

@@ -104,9 +104,9 @@ def _init_accuracy_evidence(rows: Sequence[dict[str, str]]) -> str:
     if len(values) == 1:
         return (
             f"{head}, but every run of all {len(by_seed)} seeds starts at the same held-out accuracy "
-            f"(eval_accuracy_init = {next(iter(values))}), as one warm start shared by every seed gives: "
-            "the conclusions most likely hold for that one SFT policy, and the spread over seeds leaves out "
-            "the warm start's own variance."
+            f"(eval_accuracy_init = {_sig4(next(iter(values)))}), as one warm start shared by every seed "
+            "gives: the conclusions most likely hold for that one SFT policy, and the spread over seeds "
+            "leaves out the warm start's own variance."
         )
     if all(len(vs) == 1 for vs in by_seed.values()):
         return (
@@ -117,3 +117,11 @@ def _init_accuracy_evidence(rows: Sequence[dict[str, str]]) -> str:
         f"{head}, and the runs of one seed start at different held-out accuracies (eval_accuracy_init), so "
         "they did not all start from one policy: the pairing by seed may be broken."
     )
+
+
+def _sig4(text: str) -> str:
+    """A CSV number to 4 significant digits (0.34424603174603174 -> 0.3442); other text as it is."""
+    try:
+        return f"{float(text):.4g}"
+    except ValueError:
+        return text
