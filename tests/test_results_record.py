@@ -188,18 +188,32 @@ def test_a_row_written_while_the_results_command_reconciles_is_kept(swept, capsy
     assert "failed-cell" in ids and sorted(ids) == sorted([r["cell_id"] for r in rows] + ["failed-cell"])
 
 
-@pytest.mark.parametrize("kept", [0, 4], ids=["header-only", "two-rows-missing"])
-def test_without_run_folders_a_csv_missing_rows_of_current_cells_is_refused(swept, capsys, kept):
-    """A header-only CSV (or one without the rows of 2 of the 6 cells), no run folder: the md was
-    rewritten as '0 cells ... Answer. None'. Refused in one line; the md and the CSV stay as they were."""
+def test_without_run_folders_a_header_only_csv_is_refused(swept, capsys):
+    """A header-only CSV, no run folder: the md was rewritten as '0 cells ... Answer. None'. Refused in
+    one line; the md and the CSV stay as they were."""
     _, out, csv_file = swept
     shutil.rmtree(out / "exp" / "runs")
     header, rows = _rows(csv_file)
-    _write(csv_file, header, rows[:kept])
+    _write(csv_file, header, [])
     csv_before, md_before = csv_file.read_text(), (out / "exp.md").read_text()
     assert results.main(["exp", "--results", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
-    assert f"{csv_file}: {6 - kept} of 6 current cells (e.g. {rows[kept]['cell_id']}) have no row" in err
+    assert f"{csv_file}: 6 of 6 current cells (e.g. {rows[0]['cell_id']}) have no row" in err
     assert "re-run the sweep" in err and f"git checkout {csv_file}" in err
     assert (out / "exp.md").read_text() == md_before and csv_file.read_text() == csv_before
+
+
+def test_without_run_folders_a_csv_missing_rows_gives_an_md_that_says_so(swept):
+    """2 of the 6 cells' rows gone, no run folder (or a report made while the sweep still runs): the md
+    was rewritten as '4 cells (4 ok, 0 failed)' as if the experiment were whole. Now it is written and its
+    header names the 2 cells it lacks; the CSV is not touched."""
+    _, out, csv_file = swept
+    shutil.rmtree(out / "exp" / "runs")
+    header, rows = _rows(csv_file)
+    _write(csv_file, header, rows[:4])
+    csv_before = csv_file.read_text()
+    assert results.main(["exp", "--results", str(out)]) == 0
+    md = (out / "exp.md").read_text()
+    assert "**Incomplete.** 2 of the experiment's 6 cells have no row in the CSV" in md
+    assert "4 cells (4 " in md and csv_file.read_text() == csv_before

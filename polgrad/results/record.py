@@ -222,14 +222,17 @@ def complete(
     swept_columns: Sequence[str] = (),
     backed: Collection[str] = (),
 ) -> None:
-    """The rows no run folder backs must be complete in themselves, and every current cell must have a
-    row or a finished run folder (`backed`), else one line naming what is missing (nothing written)."""
+    """The rows no run folder backs must be complete in themselves, and some current cell must have a
+    row or a finished run folder (`backed`), else one line naming what is missing (nothing written).
+    Current cells with neither (not run yet, running, or their rows lost) are allowed when others have
+    results: the md then says how many it lacks (report.markdown's `missing_cells`), so a report made
+    while a sweep runs still works and a CSV that lost rows is never reported as if it were whole."""
     path = csv_path(experiment, results_dir)
     where = f"and no finished run folder under {results_dir / experiment / 'runs'} to rebuild it from"
     fix = f"restore {path} (e.g. git checkout {path}) or re-run the sweep"
     have = {r.get("cell_id") for r in rows} | set(backed)
     lacking = [c["id"] for c in cells if c["id"] not in have]
-    if lacking:
+    if lacking and len(lacking) == len(cells):
         raise DataError(
             f"{path}: {len(lacking)} of {len(cells)} current cells (e.g. {lacking[0]}) have no row {where}; "
             f"{fix} (it runs the missing cells)"

@@ -129,6 +129,7 @@ def markdown(
     higher_is_better: bool = True,
     command: str = "",
     stale_rows: int = 0,
+    missing_cells: tuple[int, int] = (0, 0),
     baseline: dict[str, str] | None = None,
     question: str = "",
     predictions: Sequence[dict[str, Any]] = (),
@@ -215,6 +216,13 @@ def markdown(
             "the baseline.",
             "",
             *(f"![{Path(f).stem}]({f})" for f in figures),
+        ]
+    if missing_cells[0]:
+        lines += [
+            "",
+            f"**Incomplete.** {missing_cells[0]} of the experiment's {missing_cells[1]} cells have no row in "
+            "the CSV (not run yet, running, or their rows lost): the tables and statistics below cover the "
+            "others only. Re-run the sweep to run them.",
         ]
     if stale_rows:
         lines += [
@@ -320,6 +328,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         higher_is_better=meta.get("higher_is_better", True),
         command=meta.get("command", ""),
         stale_rows=len(all_rows) - len(rows),
+        missing_cells=(len(current - {r.get("cell_id") for r in rows}), len(current)),
         baseline=meta.get("baseline"),
         question=meta.get("question", ""),
         predictions=meta.get("predictions", ()),
