@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from polgrad import config, stopping
+from polgrad.results.report import write_report
 from polgrad.rollout.rollout import Rollout
 from polgrad.sweep import budget, expand, load_experiment, main, prepare, run
 from polgrad.sweep.grid import with_budget
@@ -260,6 +261,20 @@ def test_experiment_json_the_csv_and_the_md_record_the_budget(tmp_path):
         "sampled them, every refill round and greedy baseline counted: train.max_sampled_sequences; "
         "train.steps is the cap). Per step: spec_a 8 prompts × 8 = 64 sequences; spec_b not sampled: 32 "
         "preference pairs per step."
+    ]
+
+    # the same sweep without Sweep.budget (e.g. the committed results from before it): the md says none
+    # was declared, so its comparisons may be of sample budgets (issue 22: algorithm_comparison's were)
+    meta.pop("budget")
+    (out / exp.name / "experiment.json").write_text(json.dumps(meta))
+    write_report(exp.name, out)
+    budget_lines = [
+        ln for ln in (out / f"{exp.name}.md").read_text().splitlines() if ln.startswith("**Budget.**")
+    ]
+    assert budget_lines == [
+        "**Budget.** none declared (Sweep.budget) when these cells ran: nothing made the configurations "
+        "sample the same number of sequences per step, so a difference between them may be one of sample "
+        "budget, not method."
     ]
 
 

@@ -28,6 +28,11 @@ RUN = tuple(zip(RUN_COLUMNS, ("world size", "ZeRO stage"), strict=True))
 # The status of a finished run that skipped too many optimizer steps (train.unstable_skip_frac): its
 # row is listed under its own heading, never ranked nor in the statistics (only 'ok' rows are).
 UNSTABLE = "unstable"
+# The md's budget line of a sweep that declared none (Sweep.budget; experiment.json without "budget").
+NO_BUDGET = (
+    "none declared (Sweep.budget) when these cells ran: nothing made the configurations sample the same "
+    "number of sequences per step, so a difference between them may be one of sample budget, not method."
+)
 # The md's table cell of a swept binding that the group's cells do not read (the CSV's not_read).
 NOT_READ_CELL = "not read"
 
@@ -334,7 +339,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         predictions=meta.get("predictions", ()),
         figures=(png_path.name, curves_path(png_path).name),
         tuning=meta.get("tuning"),
-        budget=(meta.get("budget") or {}).get("text", ""),
+        budget=(meta.get("budget") or {}).get("text") or NO_BUDGET,
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)
