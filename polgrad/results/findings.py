@@ -453,7 +453,7 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
         if fragile:
             text += (
                 f" ({fragile} of these verdicts rest on the t-test's normality alone: the sign-flip "
-                "test does not reach α with these seeds, and more seeds would make them hold without it)"
+                "test does not reach α with these seeds, and only more seeds could let it decide them)"
             )
         return text + tail + "."
     best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
