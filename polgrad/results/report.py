@@ -194,8 +194,6 @@ def markdown(
     lines = [f"# {experiment}", ""]
     if question:
         lines += [f"**Question.** {question}", ""]
-    if budget:  # Sweep.budget, as the sweep's dry run stated it (polgrad/sweep/budget.py)
-        lines += [f"**Budget.** {budget}", ""]
     lines += [
         f"Machine: {one('hostname')} ({one('cpu_count')} CPUs) · python {one('python')} · torch "
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
@@ -203,6 +201,8 @@ def markdown(
         "",
     ]
     lines += warm_start_paragraph(rows)  # one warm start, one per seed, or not recorded; broken pairing
+    if budget:  # Sweep.budget, as the sweep's dry run stated it (polgrad/sweep/budget.py)
+        lines += [f"**Budget.** {budget}", ""]
     lines += [
         f"{len(rows)} cells ({n_ok} finished, "
         + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
