@@ -12,9 +12,13 @@ http://joschu.net/blog/kl-approx.html; in his notation r = π_ref/π_θ = e^{-x}
     abs = |x|              biased, >= 0
     full                   exact per-token KL from the full log-softmax over the vocabulary
 
-Gradients matter as much as values when the KL is placed in the loss. With y ~ π_θ (current policy),
-E[∇k2] = E[x ∇log π_θ(y)] = ∇KL(π_θ || π_ref) (score-function identity, E[∇log π_θ] = 0), while
-E[∇k1] = E[∇log π_θ] = 0 and E[∇k3] = E[(1 - e^{-x}) ∇log π_θ] = ∇KL(π_ref || π_θ), the reverse KL.
+Gradients matter as much as values when the KL is placed in the loss. At one position, with y ~ π_θ
+(current policy), E[∇k2] = E[x ∇log π_θ(y)] = ∇KL(π_θ || π_ref), the reverse KL (score-function
+identity, E[∇log π_θ] = 0), while E[∇k1] = E[∇log π_θ] = 0 and E[∇k3] = E[(1 - e^{-x}) ∇log π_θ] =
+∇KL(π_ref || π_θ), the forward KL. Over a sequence these hold per position with the prefix
+distribution held fixed: Σ_t k2_t as a loss gives the gradient of Σ_t KL(π_θ(·|prefix) || π_ref(·|prefix))
+for fixed prefixes, which misses the sequence-level KL's term through the prefix distribution and in
+general differs from ∇KL_seq(π_θ || π_ref) (tests/test_kl_gradients.py proves both statements exactly).
 The straight-through variants `k1_st`, `k3_st`, `abs_st` therefore keep the forward value of their
 estimator (what is logged / folded into rewards) and take the gradient of k2:
 value = k2 + sg[est - k2].
@@ -97,9 +101,11 @@ def k2(
     logits: Tensor | None = None,
     ref_logits: Tensor | None = None,
 ) -> Tensor:
-    """k2 = x^2 / 2: low-variance, biased estimator whose gradient is the unbiased KL gradient.
+    """k2 = x^2 / 2: low-variance, biased estimator whose gradient is, per position, the KL's gradient.
 
-    Value: E[k2] = KL + O(x^3) (biased). Gradient: E_{y~π_θ}[x ∇log π_θ(y)] = ∇KL(π_θ||π_ref).
+    Value: E[k2] = KL + O(x^3) (biased). Gradient at one position: E_{y~π_θ}[x ∇log π_θ(y)] =
+    ∇KL(π_θ||π_ref) (the reverse KL); over a sequence, with the prefix distribution held fixed (see the
+    module docstring).
     Source: Schulman 2020 "Approximating KL divergence"; verl `kl_penalty='mse'`/'k2'.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T]; logits unused.
     """
@@ -214,10 +220,11 @@ def k1_st(
 ) -> Tensor:
     """Straight-through k1: value k1 = x, gradient of k2 (x ∇x): value = k2 + sg[k1 - k2].
 
-    The value is the unbiased k1; the gradient is k2's, whose expectation under y ~ π_θ is the true
-    ∇KL(π_θ||π_ref) (see the module docstring). Source: Schulman 2020 (estimators); which
-    estimator placed in the loss gives which gradient: Tang & Munos 2025, "On a few pitfalls in KL
-    divergence gradient estimation for RL". The straight-through pairing is polgrad's.
+    The value is the unbiased k1; the gradient is k2's, whose expectation under y ~ π_θ is, per
+    position with the prefix held fixed, ∇KL(π_θ||π_ref) (see the module docstring). Source:
+    Schulman 2020 (estimators); which estimator placed in the loss gives which gradient: Tang &
+    Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL". The straight-through
+    pairing is polgrad's.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T].
     """
     x = _log_ratio("kl.k1_st", logp, ref_logp, mask)
@@ -237,10 +244,11 @@ def k3_st(
 ) -> Tensor:
     """Straight-through k3: value k3 = e^{-x} - 1 + x (with k3's guards), gradient of k2 (x ∇x).
 
-    value = k2 + sg[k3 - k2]. Plain k3 as a loss term follows the gradient of the *reverse* KL
+    value = k2 + sg[k3 - k2]. Plain k3 as a loss term follows the gradient of the *forward* KL
     (E[∇k3] = ∇KL(π_ref||π_θ)); this variant keeps k3's low-variance, unbiased value and uses
-    k2's gradient, the unbiased gradient of KL(π_θ||π_ref). Guards as in `k3` (gin:
-    `kl.k3_st.max_log_ratio`, `kl.k3_st.max_value`). Source: Schulman 2020; see `k1_st`.
+    k2's gradient, per position (prefix held fixed) the gradient of the reverse KL(π_θ||π_ref).
+    Guards as in `k3` (gin: `kl.k3_st.max_log_ratio`, `kl.k3_st.max_value`). Source: Schulman 2020;
+    see `k1_st`.
     Shapes: logp, ref_logp, mask [B,T] -> [B,T].
     """
     _check_guard("kl.k3_st", "max_log_ratio", max_log_ratio)
