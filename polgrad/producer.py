@@ -53,12 +53,10 @@ what the uninterrupted one sampled.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -69,6 +67,7 @@ from torch import Tensor
 
 from polgrad import collective, config
 from polgrad.algorithm import Algorithm
+from polgrad.io import atomic_path
 from polgrad.rollout import hf as hf_rollout
 
 Weights = dict[str, Tensor]
@@ -273,16 +272,9 @@ def load_saved(directory: str, step: int) -> dict[int, Weights]:
 
 
 def _atomic_torch_save(obj: Any, path: str) -> None:
-    """torch.save to a temp file beside `path`, fsync, os.replace: a crash leaves the old file or the new."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """torch.save through io.atomic_path (temp file beside `path`, fsync, os.replace: a crash leaves
+    the old file or the new; the mode a new file gets, not mkstemp's 0600; a full disk is one line)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())

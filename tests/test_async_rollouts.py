@@ -19,6 +19,7 @@ import polgrad
 from polgrad import config, hooks
 from polgrad.config import parse_config
 from polgrad.errors import ConfigError
+from polgrad.io import new_file_mode
 from polgrad.models import build_tiny, load_policy
 from polgrad.producer import Producer, load_saved
 from polgrad.rollout import hf
@@ -107,6 +108,10 @@ def test_saved_versions_let_a_resumed_producer_sample_what_the_uninterrupted_one
     assert staleness == {3: 2.0, 4: 2.0, 5: 2.0}
     assert all(_same(resumed[s], full[s]) for s in resumed)
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # atomic writes leave no temp file
+    # the mode a new file gets (0o666 minus the umask), as every other file of a run folder; mkstemp's
+    # 0600 made the saved versions unreadable to the group that reads the rest of the folder
+    modes = {p: os.stat(tmp_path / p).st_mode & 0o777 for p in os.listdir(tmp_path) if p.endswith(".pt")}
+    assert modes and set(modes.values()) == {new_file_mode()}, modes
 
 
 def test_a_resume_without_the_saved_versions_says_so_and_samples_from_the_resume_weights(setup, capsys):
