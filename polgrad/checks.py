@@ -22,15 +22,38 @@ instead of broadcasting silently three functions later:
 `check_bt(where, mask, **tensors)` also checks that each named tensor has the mask's [B,T] shape;
 `None` tensors are skipped by every check except `require`. `zero_pad(keep, x)` puts an exact 0
 where `keep` is False without letting padding's nan/inf reach the value or the gradient.
+
+`is_int(v)` and `is_real(v)` are the one numeric type test of every binding check in polgrad
+(a bool is an int to Python, never a number to a config): check the type here, the range
+(finite, > 0, ...) where the value is used.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 
 from polgrad.errors import ShapeError
 
-__all__ = ["check_b", "check_bt", "require", "zero_pad"]
+__all__ = ["check_b", "check_bt", "is_int", "is_real", "require", "zero_pad"]
+
+
+def is_int(v, *, abc: bool = False) -> bool:
+    """True if `v` is an int and not a bool (True is 1 to Python, never a count to a config).
+
+    abc=False: the built-in `int` only (what gin, JSON and YAML produce); a numpy int is not one.
+    abc=True: any `numbers.Integral` (numpy ints too), for a part called with values from code."""
+    return isinstance(v, numbers.Integral if abc else int) and not isinstance(v, bool)
+
+
+def is_real(v, *, abc: bool = False) -> bool:
+    """True if `v` is an int or a float and not a bool. nan and +-inf count: a caller that needs a
+    finite value or a range compares after this test (`not 0 < v < math.inf` also rejects nan).
+
+    abc=False: the built-in `int`/`float` (numpy float64 is a float, numpy float32 and int64 are not).
+    abc=True: any `numbers.Real` (numpy scalars, Fraction), for a part called with values from code."""
+    return isinstance(v, numbers.Real if abc else (int, float)) and not isinstance(v, bool)
 
 
 def zero_pad(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

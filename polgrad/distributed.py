@@ -91,6 +91,7 @@ import numpy as np
 import torch
 
 from polgrad import collective
+from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError, DataError, PolgradError
 from polgrad.io import atomic_write_text
 
@@ -178,10 +179,6 @@ def setup(seed: int | None = None) -> DistInfo:
     return DistInfo(tdist.get_rank(), tdist.get_world_size(), local_rank, device)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def ds_config(
     *,
     zero_stage: int,
@@ -202,23 +199,18 @@ def ds_config(
     `stage3_param_persistence_threshold`).
     """
     where = "distributed.ds_config"
-    if not _is_int(zero_stage) or not 0 <= zero_stage <= 3:
+    if not is_int(zero_stage) or not 0 <= zero_stage <= 3:
         raise ConfigError(f"{where}: zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    if not _is_int(micro_batch_size) or micro_batch_size < 1:
+    if not is_int(micro_batch_size) or micro_batch_size < 1:
         raise ConfigError(f"{where}: micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
-    if not _is_int(grad_accum) or grad_accum < 1:
+    if not is_int(grad_accum) or grad_accum < 1:
         raise ConfigError(f"{where}: grad_accum must be an integer >= 1, got {grad_accum!r}")
     if not isinstance(bf16, bool):
         raise ConfigError(f"{where}: bf16 must be True or False, got {bf16!r}")
-    if grad_clip is not None and (
-        isinstance(grad_clip, bool)
-        or not isinstance(grad_clip, (int, float))
-        or not math.isfinite(grad_clip)
-        or grad_clip <= 0
-    ):
+    if grad_clip is not None and (not is_real(grad_clip) or not math.isfinite(grad_clip) or grad_clip <= 0):
         raise ConfigError(f"{where}: grad_clip must be a finite number > 0 or None (off), got {grad_clip!r}")
     world = collective.world_size() if world_size is None else world_size
-    if not _is_int(world) or world < 1:
+    if not is_int(world) or world < 1:
         raise ConfigError(f"{where}: world_size must be an integer >= 1, got {world!r}")
     config: dict[str, Any] = {
         "train_batch_size": micro_batch_size * grad_accum * world,
@@ -267,13 +259,13 @@ def make_engine(
     lr); the others train at `lr`, in the first group.
     """
     where = "distributed.make_engine"
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+    if not is_real(lr) or not lr > 0 or not math.isfinite(lr):
         raise ConfigError(f"{where}: lr must be a finite number > 0, got {lr!r}")
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+    if not is_real(weight_decay) or not weight_decay >= 0:
         raise ConfigError(f"{where}: weight_decay must be a number >= 0, got {weight_decay!r}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"{where}: betas must be two numbers in [0, 1), got {betas!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+    if not is_real(eps) or not eps > 0:
         raise ConfigError(f"{where}: eps must be a number > 0, got {eps!r}")
     setup()
     config = ds_config(**ds_kwargs)

@@ -16,6 +16,7 @@ from typing import Any
 import gin
 
 from polgrad import registry
+from polgrad.checks import is_int, is_real
 from polgrad.components.tracker import check_loggers
 from polgrad.errors import ConfigError
 from polgrad.tasks.rewards import check_policy, check_timeout
@@ -139,24 +140,24 @@ class TrainConfig:
         for name in ("threads", "rm_steps", "eval_size", "max_sampled_sequences", "max_generated_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
-        if self.init_seed is not None and not _is_int(self.init_seed):
+        if self.init_seed is not None and not is_int(self.init_seed):
             raise ConfigError(
                 f"train.init_seed must be an integer or None (None: the warm start follows train.seed), "
                 f"got {self.init_seed!r}"
             )
-        if self.sft_steps is not None and (not _is_int(self.sft_steps) or self.sft_steps < 0):
+        if self.sft_steps is not None and (not is_int(self.sft_steps) or self.sft_steps < 0):
             raise ConfigError(f"train.sft_steps must be an integer >= 0 or None, got {self.sft_steps!r}")
         for name in ("lr", "critic_lr", "adam_eps"):
             value = getattr(self, name)
-            if not _is_real(value) or not (0 < value < math.inf):
+            if not is_real(value) or not (0 < value < math.inf):
                 raise ConfigError(f"train.{name} must be a finite number > 0, got {value!r}")
-        if not _is_real(self.temperature) or not self.temperature >= 0:
+        if not is_real(self.temperature) or not self.temperature >= 0:
             raise ConfigError(f"train.temperature must be >= 0, got {self.temperature!r}")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"train.top_p must be in (0, 1], got {self.top_p!r}")
-        if self.grad_clip is not None and (not _is_real(self.grad_clip) or not self.grad_clip > 0):
+        if self.grad_clip is not None and (not is_real(self.grad_clip) or not self.grad_clip > 0):
             raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        if not _is_real(self.unstable_skip_frac) or not 0 <= self.unstable_skip_frac <= 1:
+        if not is_real(self.unstable_skip_frac) or not 0 <= self.unstable_skip_frac <= 1:
             raise ConfigError(f"train.unstable_skip_frac must be in [0, 1], got {self.unstable_skip_frac!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
@@ -190,19 +191,11 @@ class TrainConfig:
         return kwargs
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _check_async(cfg: TrainConfig) -> None:
     """train.async_rollouts / train.max_staleness: one-line errors for what the producer cannot run."""
     if not isinstance(cfg.async_rollouts, bool):
         raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
-    if not _is_int(cfg.max_staleness) or cfg.max_staleness < 0:
+    if not is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
     # Step s (0 .. steps-1) samples the weights of step max(s - k, 0): from k >= steps - 1 on, every
     # rollout of the run is the starting policy's.
@@ -238,9 +231,9 @@ def _check_lora(cfg: TrainConfig) -> None:
 
     Every ZeRO stage runs with LoRA (0-3 at world size 1, 2 and 3 at world size 2 checked; the
     frozen backbone is partitioned like any parameter at stage 3), and bf16 too."""
-    if not _is_int(cfg.lora_r) or cfg.lora_r < 0:
+    if not is_int(cfg.lora_r) or cfg.lora_r < 0:
         raise ConfigError(f"train.lora_r must be an integer >= 0 (0: LoRA off), got {cfg.lora_r!r}")
-    if not _is_real(cfg.lora_alpha) or not 0 < cfg.lora_alpha < math.inf:
+    if not is_real(cfg.lora_alpha) or not 0 < cfg.lora_alpha < math.inf:
         raise ConfigError(f"train.lora_alpha must be a finite number > 0, got {cfg.lora_alpha!r}")
     mods = cfg.lora_target_modules
     if isinstance(mods, str) or not mods or not all(isinstance(m, str) and m for m in mods):
@@ -248,7 +241,7 @@ def _check_lora(cfg: TrainConfig) -> None:
             f"train.lora_target_modules must be a non-empty list of layer names, e.g. ['q_proj', 'v_proj'], "
             f"got {mods!r}"
         )
-    if not _is_real(cfg.lora_dropout) or not 0 <= cfg.lora_dropout < 1:
+    if not is_real(cfg.lora_dropout) or not 0 <= cfg.lora_dropout < 1:
         raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
     if cfg.lora_r == 0:
         return
@@ -260,5 +253,5 @@ def _check_lora(cfg: TrainConfig) -> None:
 
 
 def _positive_int(name: str, value: Any) -> None:
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
         raise ConfigError(f"train.{name} must be a positive integer, got {value!r}")

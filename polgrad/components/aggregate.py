@@ -17,11 +17,9 @@ non-finite value in padding (say, -inf log-probs past the end) cannot turn the s
 
 from __future__ import annotations
 
-import numbers
-
 from torch import Tensor
 
-from polgrad.checks import check_bt, zero_pad
+from polgrad.checks import check_bt, is_int, zero_pad
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import StepCounts, register
 
@@ -119,7 +117,7 @@ def seq_mean_token_sum_norm(loss: Tensor, mask: Tensor, counts: StepCounts, *, m
 
     Shapes: loss [B,T], mask [B,T] float 0/1, counts of the whole step -> scalar.
     """
-    if not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool) or max_len <= 0:
+    if not is_int(max_len, abc=True) or max_len <= 0:
         raise ConfigError(f"aggregate.seq_mean_token_sum_norm.max_len must be > 0 (an int), got {max_len!r}")
     masked, _ = _enter("aggregate.seq_mean_token_sum_norm", loss, mask, counts)
     return masked.sum() / (float(max_len) * counts.num_seqs)

@@ -32,7 +32,7 @@ import math
 import torch
 from torch import Tensor
 
-from polgrad.checks import check_bt, require, zero_pad
+from polgrad.checks import check_bt, is_real, require, zero_pad
 from polgrad.errors import ConfigError
 from polgrad.registry import register
 
@@ -45,19 +45,15 @@ _PPO_FORMULA = "min(ρA, clip(ρ,1-ε_low,1+ε_high)A)"
 # Hyperparameter checks: one-line ConfigErrors naming the parameter as gin spells it.
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _bounds(part: str, eps_low, eps_high, *, low_optional: bool = False) -> tuple[float | None, float]:
     """Validate eps_low/eps_high of `clip.<part>` and return the ratio bounds (1-eps_low, 1+eps_high)."""
     if eps_low is None and low_optional:
         lower = None
-    elif not _is_number(eps_low) or not 0 <= eps_low <= 1:
+    elif not is_real(eps_low) or not 0 <= eps_low <= 1:
         raise ConfigError(f"clip.{part}.eps_low must be a number in [0, 1], got {eps_low!r}")
     else:
         lower = 1.0 - eps_low
-    if not _is_number(eps_high) or not eps_high >= 0 or math.isinf(eps_high):
+    if not is_real(eps_high) or not eps_high >= 0 or math.isinf(eps_high):
         raise ConfigError(f"clip.{part}.eps_high must be a finite number >= 0, got {eps_high!r}")
     return lower, 1.0 + eps_high
 
@@ -189,7 +185,7 @@ def dual_clip(
     Shapes: logp, old_logp, adv, mask [B,T] (rollout_logp ignored) -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("dual_clip", eps_low, eps_high)
-    if not _is_number(c) or not c > 1 or math.isinf(c):
+    if not is_real(c) or not c > 1 or math.isinf(c):
         raise ConfigError(f"clip.dual_clip.c must be > 1, got {c!r}")
     _, adv, log_ratio = _prepare("clip.dual_clip", logp, old_logp, adv, mask, rollout_logp)
     ratio = torch.exp(log_ratio)
@@ -334,7 +330,7 @@ def tis(
     Shapes: logp, old_logp, adv, mask, rollout_logp [B,T] -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("tis", eps_low, eps_high)
-    if not _is_number(cap) or not cap > 0 or math.isinf(cap):
+    if not is_real(cap) or not cap > 0 or math.isinf(cap):
         raise ConfigError(f"clip.tis.cap must be a finite number > 0, got {cap!r}")
     require("clip.tis", "rollout_logp", rollout_logp, _TIS_HINT)
     valid, adv, log_ratio = _prepare("clip.tis", logp, old_logp, adv, mask, rollout_logp)
@@ -378,7 +374,7 @@ def icepop(
     Shapes: logp, old_logp, adv, mask, rollout_logp [B,T] -> loss [B,T], metrics [B,T].
     """
     lower, upper = _bounds("icepop", eps_low, eps_high)
-    if not _is_number(alpha) or not _is_number(beta) or not 0 < alpha <= 1 <= beta < math.inf:
+    if not is_real(alpha) or not is_real(beta) or not 0 < alpha <= 1 <= beta < math.inf:
         raise ConfigError(
             f"clip.icepop needs 0 < alpha <= 1 <= beta < inf, got alpha={alpha!r}, beta={beta!r}"
         )

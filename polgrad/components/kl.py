@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from polgrad.checks import check_bt, require, zero_pad
+from polgrad.checks import check_bt, is_real, require, zero_pad
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -69,7 +69,7 @@ def _straight_through(value: Tensor, x: Tensor) -> Tensor:
 def _check_guard(where: str, name: str, value) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_real(value) or not value > 0:
         raise ConfigError(f"{where}.{name} must be > 0 (or None to disable the guard), got {value!r}")
 
 

@@ -8,8 +8,8 @@ KL it measured on that step's rollouts (per sequence: see `adaptive`).
 from __future__ import annotations
 
 import math
-import numbers
 
+from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -24,7 +24,7 @@ def _state(where: str, coef, measured_kl, n_steps) -> tuple[float, float, int]:
         raise ShapeError(f"{where}: coef must be a finite number >= 0, got {coef}")
     if not math.isfinite(measured_kl):
         raise ShapeError(f"{where}: measured_kl must be finite, got {measured_kl}")
-    if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps < 0:
+    if not is_int(n_steps, abc=True) or n_steps < 0:
         raise ShapeError(f"{where}: n_steps must be an int >= 0, got {n_steps!r}")
     return coef, measured_kl, int(n_steps)
 
@@ -69,7 +69,7 @@ def adaptive(
     Shapes: floats (measured_kl may be a 0-dim tensor) -> float.
     """
     for name, value in (("target", target), ("horizon", horizon)):
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 < value < math.inf:
+        if not is_real(value, abc=True) or not 0 < value < math.inf:
             raise ConfigError(f"kl_controller.adaptive.{name} must be > 0 and finite, got {value!r}")
     coef, measured_kl, n_steps = _state("kl_controller.adaptive", coef, measured_kl, n_steps)
     if 0.2 * n_steps >= horizon:

@@ -17,12 +17,12 @@ Hyperparameters are keyword-only and bound by gin (`preference.dpo.beta = 0.1`).
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from polgrad.checks import is_real
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -46,7 +46,7 @@ def _pairs(where: str, chosen_logratio: Tensor, rejected_logratio: Tensor) -> Te
 
 def _positive(where: str, beta) -> float:
     """beta must be a finite real number > 0."""
-    if not isinstance(beta, numbers.Real) or isinstance(beta, bool) or not 0 < beta < math.inf:
+    if not is_real(beta, abc=True) or not 0 < beta < math.inf:
         raise ConfigError(f"{where}.beta must be a number > 0 and finite, got {beta!r}")
     return float(beta)
 
@@ -142,7 +142,7 @@ def cdpo(
     """
     beta = _positive("preference.cdpo", beta)
     eps = label_smoothing
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not 0 <= eps < 0.5:
+    if not is_real(eps, abc=True) or not 0 <= eps < 0.5:
         raise ConfigError(f"preference.cdpo.label_smoothing must be in [0, 0.5), got {eps!r}")
     m = _pairs("preference.cdpo", chosen_logratio, rejected_logratio)
     loss = -F.logsigmoid(beta * m) * (1 - eps) - F.logsigmoid(-beta * m) * eps

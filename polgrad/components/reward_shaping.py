@@ -9,13 +9,12 @@ ignores the inputs it does not need.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
 from polgrad import collective
-from polgrad.checks import check_b, check_bt
+from polgrad.checks import check_b, check_bt, is_int, is_real
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -32,11 +31,11 @@ def _enter(where: str, scores: Tensor, mask: Tensor, truncated: Tensor) -> None:
 
 
 def _real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)
+    return is_real(x, abc=True) and not math.isnan(x)
 
 
 def _positive_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x > 0
+    return is_int(x, abc=True) and x > 0
 
 
 @register("reward_shaping", "clip", formula="clip(r, low, high)")

@@ -42,6 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from polgrad.checks import is_real
 from polgrad.errors import ConfigError, did_you_mean
 from polgrad.io import atomic_write_text
 from polgrad.registry import lookup, names, register
@@ -73,7 +74,7 @@ def check_loggers(loggers: Any) -> None:
 
 def numbers(values: dict[str, Any]) -> dict[str, float]:
     """The entries of a metrics row or summary a tracker takes: real numbers (no bools, strings, dicts)."""
-    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: float(v) for k, v in values.items() if is_real(v)}
 
 
 class _State:

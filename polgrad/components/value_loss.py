@@ -7,12 +7,11 @@ aggregate part turns it into the scalar, with the step's denominators, exactly l
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
-from polgrad.checks import check_bt, zero_pad
+from polgrad.checks import check_bt, is_real, zero_pad
 from polgrad.errors import ConfigError
 from polgrad.registry import register
 
@@ -41,12 +40,7 @@ def clipped(
 
     Shapes: values, old_values, returns, mask [B,T] -> loss [B,T], zero where mask is 0.
     """
-    if (
-        not isinstance(clip_eps, numbers.Real)
-        or isinstance(clip_eps, bool)
-        or math.isnan(clip_eps)
-        or clip_eps <= 0
-    ):
+    if not is_real(clip_eps, abc=True) or math.isnan(clip_eps) or clip_eps <= 0:
         raise ConfigError(f"value_loss.clipped.clip_eps must be > 0, got {clip_eps!r}")
     check_bt("value_loss.clipped", mask, values=values, old_values=old_values, returns=returns)
     values, old_values, returns = _masked(mask, values, old_values, returns)  # masked tokens: loss 0

@@ -42,6 +42,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from polgrad.checks import is_int
 from polgrad.errors import ConfigError, did_you_mean
 
 UNITS = ("sampled_sequences", "generated_tokens", "optimizer_steps")
@@ -110,7 +111,7 @@ def read(file: str, value: Any, where: str) -> Budget | None:
     if unit not in UNITS:
         hint = did_you_mean(str(unit), UNITS)
         raise ConfigError(f"{file}: {where}: unknown unit {unit!r}{hint}; {shape}")
-    if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
+    if not is_int(per_step) or per_step < 1:
         raise ConfigError(f"{file}: {where}: the value must be a positive int, got {per_step!r}; {shape}")
     return Budget(unit, per_step, where)
 

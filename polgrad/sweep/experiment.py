@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
+from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError, did_you_mean
 from polgrad.sweep import budget as _budget
 from polgrad.sweep.budget import Budget
@@ -207,13 +208,9 @@ def _read_seeds(file: str, params: dict[str, Any], param, where) -> tuple[list[i
     if "seeds" not in params:
         raise _fail(file, "Sweep.seeds", "missing: list at least one seed, e.g. Sweep.seeds = [0, 1, 2]")
     seeds = params["seeds"]
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
+    if is_int(seeds):
         seeds = [seeds]
-    if (
-        not isinstance(seeds, (list, tuple))
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
+    if not isinstance(seeds, (list, tuple)) or not seeds or not all(is_int(s) for s in seeds):
         raise _fail(file, where("seeds"), f"must be a non-empty list of ints, got {gin_text(seeds)}")
     if len(set(seeds)) != len(seeds):
         raise _fail(file, where("seeds"), f"lists a seed twice: {gin_text(seeds)}")
@@ -359,7 +356,7 @@ def _read_predictions(file: str, value: Any, specs, axes, where) -> list[dict[st
 
 
 def _positive_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    return is_real(v) and v > 0
 
 
 def _firsts(keys, vals):
@@ -402,7 +399,7 @@ def load_experiment(path: str) -> Experiment:
         raise _fail(file, where("higher_is_better"), "must be True or False")
     num_cpus, num_gpus = param("num_cpus"), param("num_gpus")
     for pname, v in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        if not is_real(v) or v < 0:
             raise _fail(file, where(pname), f"must be a number >= 0, got {gin_text(v)}")
     if num_cpus <= 0:
         raise _fail(file, where("num_cpus"), "must be > 0")
@@ -414,7 +411,7 @@ def load_experiment(path: str) -> Experiment:
             file, where("launcher"), f"unknown launcher {gin_text(launcher)}; valid: {', '.join(LAUNCHERS)}"
         )
     processes = param("processes_per_cell")
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+    if not is_int(processes) or processes < 1:
         raise _fail(file, where("processes_per_cell"), f"must be an int >= 1, got {gin_text(processes)}")
     if processes > 1 and num_gpus > 0 and processes != num_gpus:
         raise _fail(
@@ -424,9 +421,7 @@ def load_experiment(path: str) -> Experiment:
             "processes_per_cell is for CPU cells (Sweep.num_gpus = 0)",
         )
     timeout_s = param("timeout_s")
-    if timeout_s is not None and (
-        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0
-    ):
+    if timeout_s is not None and (not is_real(timeout_s) or timeout_s <= 0):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
 
     budget = _budget.read(file, param("budget"), where("budget"))

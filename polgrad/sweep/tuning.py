@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
+from polgrad.checks import is_int
 from polgrad.errors import PolgradError, did_you_mean
 from polgrad.sweep.experiment import Experiment, _fail, _firsts, _read_grid
 from polgrad.sweep.grid import Cell, _slug, cell_id, format_cells
@@ -106,7 +107,7 @@ def declared(exp: Experiment) -> Declared | None:
     if (
         not isinstance(seeds, (list, tuple))
         or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+        or not all(is_int(s) for s in seeds)
         or len(set(seeds)) != len(seeds)
     ):
         raise _fail(exp.file, f"{where}['seeds']", f"must be a list of distinct ints, got {gin_text(seeds)}")

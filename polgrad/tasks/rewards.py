@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from polgrad.checks import is_real
 from polgrad.errors import ConfigError, PolgradError
 
 SHOW_CHARS = 60  # a prompt or response is shown up to this many characters in a message
@@ -109,9 +110,7 @@ class _Worker:
 
 def check_timeout(value: Any, binding: str = "train.reward_timeout_s") -> None:
     """A one-line ConfigError unless `value` is None (no limit) or a finite number of seconds > 0."""
-    ok = value is None or (
-        isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
-    )
+    ok = value is None or (is_real(value, abc=True) and 0 < value < math.inf)
     if not ok:
         raise ConfigError(f"{binding} must be a number of seconds > 0 or None (no limit), got {value!r}")
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
-from polgrad.checks import check_b, check_bt, zero_pad
+from polgrad.checks import check_b, check_bt, is_real, zero_pad
 from polgrad.collective import all_max, all_sum
 from polgrad.errors import ConfigError, ShapeError
 
@@ -68,14 +67,14 @@ def _enter(
 
 def _unit(where: str, name: str, value: float) -> float:
     """A hyperparameter in [0, 1] (gamma, lam)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+    if not is_real(value, abc=True) or not 0.0 <= float(value) <= 1.0:
         raise ConfigError(f"{where}: {name} must be a number in [0, 1], got {value!r}")
     return float(value)
 
 
 def _nonneg(where: str, name: str, value: float) -> float:
     """A hyperparameter >= 0 (eps)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0.0:
+    if not is_real(value, abc=True) or not float(value) >= 0.0:
         raise ConfigError(f"{where}: {name} must be a number >= 0, got {value!r}")
     return float(value)
 
