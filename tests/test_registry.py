@@ -365,7 +365,7 @@ def test_public_checks_module_docstring_example_runs():
 
     import polgrad.checks
 
-    assert set(polgrad.checks.__all__) == {"check_b", "check_bt", "require", "zero_pad"}
+    assert set(polgrad.checks.__all__) == {"check_b", "check_bt", "is_int", "is_real", "require", "zero_pad"}
     src = polgrad.checks.__doc__.split("later:\n")[1].split("`check_bt(")[0]
     ns: dict = {"__name__": "t_user_module"}
     exec(textwrap.dedent(src).replace('"median_baseline"', '"t_doc_median"'), ns)
