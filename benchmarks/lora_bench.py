@@ -61,7 +61,7 @@ def run_ppo(w: Workload, model_dir: str, work_dir: str, arm: str) -> dict[str, A
 
     from polgrad.config import parse_config
     from polgrad.results import read_metrics
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     torch.set_num_threads(w.threads)
     steps = w.warmup + w.steps + 1  # the last step also runs the (unmeasured) final eval

@@ -79,7 +79,7 @@ def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     from polgrad import hooks
     from polgrad.config import parse_config
     from polgrad.results import read_metrics
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     torch.set_num_threads(w.threads)
     steps = w.warmup + w.steps + 1  # the last step also runs the (unmeasured) final eval

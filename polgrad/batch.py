@@ -86,6 +86,25 @@ class Batch(Mapping):
             changes["rollout"] = self.rollout.select(rows)
         return dataclasses.replace(self, **changes)
 
+    @property
+    def n_groups(self) -> int:
+        """How many groups (prompts) the batch holds."""
+        return int(self.group_ids.unique().numel())
+
+    def first_groups(self, k: int) -> Batch:
+        """The rows of the batch's first `k` groups (smallest group ids), each group whole."""
+        return self.select(torch.isin(self.group_ids, self.group_ids.unique()[:k]))
+
+    def without_faulty_groups(self) -> Batch:
+        """The batch without the groups of its faulty rewards (NaN score or baseline score: what
+        `train.reward_errors = 'skip_group'` makes of them), so no group statistic sees them."""
+        bad = ~torch.isfinite(self.scores)
+        if self.baseline_scores is not None:
+            bad |= ~torch.isfinite(self.baseline_scores)
+        if not bool(bad.any()):
+            return self
+        return self.select(~torch.isin(self.group_ids, self.group_ids[bad]))
+
     @classmethod
     def concat(cls, parts: list[Batch], pad_id: int) -> Batch:
         """The rows of `parts` one after the other: [B,T] tensors right-padded with 0 to the longest

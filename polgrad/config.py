@@ -7,7 +7,9 @@
                                     ConfigError naming the file, line or binding, with the valid
                                     names and the closest match (`explain`)
     build()                         the run's validated `TrainConfig` (the `train.*` bindings,
-                                    polgrad/train_config.py) and its `Algorithm`: what the trainer runs
+                                    polgrad/train_config.py), its `Algorithm` and its task: the
+                                    trainer's inputs (`polgrad.trainer.train(cfg, algo, task, ...)`)
+    record()                        the `ConfigRecord` a run writes down (config.gin, operative config)
     load_spec / table_row_from_file / comparison_table
                                     a spec file to its Algorithm and Table-5 row
 
@@ -24,6 +26,7 @@ import inspect
 import os
 import typing
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gin
@@ -66,6 +69,22 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
             "(or use @value_init.policy)"
         )
     return cfg, algo, task
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """The gin configuration a run writes into its folder, handed to the trainer by the entry point so
+    that nothing below it reads gin: `bindings`, the parsed bindings (config.gin; a resume compares
+    them with the folder's), and `operative()`, the values gin actually used, read when the run ends
+    (parts called during training add theirs: operative_config.gin and the model card)."""
+
+    bindings: str
+    operative: Callable[[], str]
+
+
+def record() -> ConfigRecord:
+    """The `ConfigRecord` of the parsed gin configuration (call it at the entry point, after `build`)."""
+    return ConfigRecord(gin.config_str(), gin.operative_config_str)
 
 
 def _check_task_bindings(cfg: TrainConfig) -> None:

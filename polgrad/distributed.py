@@ -72,17 +72,19 @@ The shared-memory comm op. `deepspeed.init_distributed` JIT-compiles `deepspeed_
 fast path used only by inference all-reduce, never by training): measured here 35 s cold on 2 idle
 cores (~55 s loaded), 0.13 s from the torch-extensions cache, 0.01 s skipped. `setup` skips it by
 marking the op incompatible in DeepSpeed's own compatibility table (`deepspeed.ops.__compatible_ops__`,
-which `build_shm_op` consults), so nothing is compiled and nothing is cached outside the repo.
+which `build_shm_op` consults) while `deepspeed.init_distributed` runs, and restoring the entry after
+it, so nothing is compiled, nothing is cached outside the repo and nothing of DeepSpeed stays patched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
 import resource
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +102,7 @@ if TYPE_CHECKING:  # deepspeed is imported lazily: DS_ACCELERATOR must be set be
 
 __all__ = [
     "DistInfo",
+    "session",
     "backward",
     "ds_config",
     "has_checkpoint",
@@ -112,7 +115,9 @@ __all__ = [
 ]
 
 _RNG_KEY = "polgrad_rng"  # where save_checkpoint puts every rank's RNG states in client_state
-_LAUNCHER_ENV = ("RANK", "WORLD_SIZE")  # set by torchrun and the deepspeed launcher
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
+_SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory comm op (module docstring)
+_MISSING = object()  # set by torchrun and the deepspeed launcher
 
 
 @dataclass(frozen=True)
@@ -165,11 +170,21 @@ def setup(seed: int | None = None) -> DistInfo:
     from deepspeed.accelerator import get_accelerator
 
     if not deepspeed.comm.is_initialized():
-        if get_accelerator().device_name() == "cpu":
-            # Skip the shm comm op's JIT build (see the module docstring): training never uses it.
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        # torch.distributed is up, so DeepSpeed only wraps it: no MPI discovery, no second group.
-        deepspeed.init_distributed(dist_backend=tdist.get_backend(), verbose=False)
+        # Skip the shm comm op's JIT build (see the module docstring): training never uses it. The
+        # entry is DeepSpeed's own table, so it is marked only while init_distributed builds its ops.
+        cpu = get_accelerator().device_name() == "cpu"
+        table = deepspeed.ops.__compatible_ops__ if cpu else {}
+        before = table.get(_SHM_OP, _MISSING)
+        if cpu:
+            table[_SHM_OP] = False
+        try:
+            # torch.distributed is up, so DeepSpeed only wraps it: no MPI discovery, no second group.
+            deepspeed.init_distributed(dist_backend=tdist.get_backend(), verbose=False)
+        finally:
+            if before is _MISSING:
+                table.pop(_SHM_OP, None)
+            else:
+                table[_SHM_OP] = before
 
     if seed is not None:
         random.seed(seed)
@@ -177,6 +192,22 @@ def setup(seed: int | None = None) -> DistInfo:
         torch.manual_seed(seed)  # also seeds every CUDA device
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     return DistInfo(tdist.get_rank(), tdist.get_world_size(), local_rank, device)
+
+
+@contextlib.contextmanager
+def session(seed: int | None = None) -> Iterator[DistInfo]:
+    """`setup(seed)` for the duration of a run, leaving the process's environment as it found it: the
+    variables setup writes (LOCAL_RANK, DS_ACCELERATOR) are restored on exit. The process group stays
+    up (setup is idempotent; a second run in the same process joins it)."""
+    env = {k: os.environ.get(k) for k in ("LOCAL_RANK", "DS_ACCELERATOR")}
+    try:
+        yield setup(seed=seed)
+    finally:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ds_config(

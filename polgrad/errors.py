@@ -6,8 +6,9 @@ traceback; library callers get an ordinary exception they can catch.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
@@ -68,17 +69,21 @@ def write_error(error: OSError, path, fix: str = "") -> WriteError:
     return WriteError(f"{reason[:1].lower()}{reason[1:]} while writing {where}" + (f"; {fix}" if fix else ""))
 
 
-def _keep_polgrad_errors_one_line() -> None:
-    """Stop gin from appending "In call to configurable ..." lines to polgrad's own errors.
+@contextlib.contextmanager
+def gin_keeps_our_lines() -> Iterator[None]:
+    """Inside: gin does not append "In call to configurable ..." lines to polgrad's own errors.
 
     gin wraps every exception raised inside a configurable in a proxy whose message gains the
     call site. polgrad's errors already name the part and the binding in one line, so for them
-    the exception is re-raised unchanged; every other exception keeps gin's context.
+    the exception is re-raised unchanged; every other exception keeps gin's context. The entry
+    points (`python -m polgrad.train`, `polgrad.train.run`, `python -m polgrad.sweep`) run inside
+    it; gin is restored on exit, so importing polgrad patches nothing.
     """
     from gin import utils as gin_utils
 
     original = gin_utils.augment_exception_message_and_reraise
-    if getattr(original, "_polgrad", False):
+    if getattr(original, "_polgrad", False):  # nested: the outer context restores it
+        yield
         return
 
     def augment(exception, message):
@@ -88,6 +93,7 @@ def _keep_polgrad_errors_one_line() -> None:
 
     augment._polgrad = True
     gin_utils.augment_exception_message_and_reraise = augment
-
-
-_keep_polgrad_errors_one_line()
+    try:
+        yield
+    finally:
+        gin_utils.augment_exception_message_and_reraise = original

@@ -81,10 +81,10 @@ def _write_run_model_files(m: Any, root: Path, name: str, source: str) -> None:
     if getattr(policy, "generation_config", None) is not None:
         policy.generation_config.save_pretrained(root / "policy")
     m.tokenizer.save_pretrained(root / "policy")
-    if m.critic is not None:
-        m.critic.module.config.save_pretrained(root / "critic")
+    if m.critic.model is not None:
+        m.critic.model.module.config.save_pretrained(root / "critic")
     if _is_peft(policy):  # LoRA: the adapters' configs, to merge them into the weights on export
-        critic_adapter = getattr(m.critic, "adapter", None) if m.critic is not None else None
+        critic_adapter = getattr(m.critic.model, "adapter", None)
         lora_json = {"adapters": _lora().peft_configs(policy), "critic_adapter": critic_adapter}
         atomic_write_text(str(root / _lora().LORA_FILE), json.dumps(lora_json, indent=2, sort_keys=True))
     atomic_write_text(str(root / "spec.json"), json.dumps({"name": name, "source": source}, indent=2))
@@ -101,8 +101,8 @@ def write_final(m: Any, out_dir: str, *, name: str, source: str, config: str, su
             _save_lora_gathered(m, tmp)
         else:
             _save_gathered(m.engine.module, tmp)
-        if m.critic_engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
-            _save_gathered(m.critic_engine.module, tmp / "critic")
+        if m.critic.engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
+            _save_gathered(m.critic.engine.module, tmp / "critic")
         if collective.rank() == 0:
             m.tokenizer.save_pretrained(tmp)
             card = model_card(name, source, summary.get("steps"), config, summary)
@@ -142,7 +142,7 @@ def _save_lora_gathered(m: Any, final: Path) -> None:
             adapter = final / "adapter"
             module.save_pretrained(str(adapter), selected_adapters=[_lora().POLICY_ADAPTER])
     if collective.rank() == 0:
-        critic = getattr(m.critic, "adapter", None) if m.critic is not None else None
+        critic = getattr(m.critic.model, "adapter", None)
         write_lora_model(
             module.config, state, _lora().peft_configs(module), critic, module.generation_config, final
         )

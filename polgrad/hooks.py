@@ -12,9 +12,11 @@ Phases nest; a listener gets the nested path, e.g. "sample/decode" (the rollout'
 inside the trainer's sampling phase) or "eval/decode" (the same loop during evaluation).
 
 Phases the trainer emits, per step: sample, reward, old_logp, ref, values, advantage,
-policy_fwd, loss, backward, optim, sync, eval, checkpoint. The HF rollout emits decode inside
-them (the sampled rows' decode and, for ReMax, the greedy baseline's). Each thread nests its own
-phases: the async producer's decode (polgrad/producer.py) is reported as "decode", at the top.
+policy_fwd, loss, backward, optim, sync, eval, checkpoint. The loop's own clock (`clock`) listens
+the same way and turns them into the metrics row's time_* columns (`STEP_TIMES`). The HF rollout
+emits decode inside them (the sampled rows' decode and, for ReMax, the greedy baseline's). Each
+thread nests its own phases: the async producer's decode (polgrad/producer.py) is reported as
+"decode", at the top.
 """
 
 from __future__ import annotations
@@ -77,3 +79,40 @@ def listen(on_phase: PhaseListener | None = None, on_event: EventListener | None
             _phase_listeners.remove(on_phase)
         if on_event is not None:
             _event_listeners.remove(on_event)
+
+
+# The step's time_* metrics: each is the sum of the seconds of these top-level phases of the
+# trainer's thread (a phase's nested phases, e.g. sample/decode, are inside its own seconds).
+STEP_TIMES = {
+    "time_gen": ("sample",),
+    "time_ref": ("reward", "old_logp", "ref"),
+    "time_values": ("values",),
+    "time_adv": ("advantage",),
+    "time_update": ("policy_fwd", "loss", "backward", "optim", "sync"),
+}
+
+
+class PhaseClock:
+    """Seconds per top-level phase of the thread that made it, summed over the block `clock()` opens;
+    phases of other threads (the async producer's decode) are not its."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._thread = threading.get_ident()
+
+    def __call__(self, path: str, dt: float) -> None:
+        if "/" not in path and threading.get_ident() == self._thread:
+            self.seconds[path] = self.seconds.get(path, 0.0) + dt
+
+    def step_times(self) -> dict[str, float]:
+        """The step's time_* metrics (`STEP_TIMES`): 0.0 for a group of phases the step did not run."""
+        return {k: sum(self.seconds.get(p, 0.0) for p in phases) for k, phases in STEP_TIMES.items()}
+
+
+@contextlib.contextmanager
+def clock() -> Iterator[PhaseClock]:
+    """The one clock of the loop's phases: `with hooks.clock() as c: <one step>`, then
+    `c.step_times()` are the step's time_* metrics."""
+    c = PhaseClock()
+    with listen(on_phase=c):
+        yield c

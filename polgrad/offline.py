@@ -19,7 +19,6 @@ the sequences it trains on, 2 per pair, and their response tokens.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import torch
@@ -29,8 +28,9 @@ from torch import Tensor
 from polgrad import collective, config, hooks, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
+from polgrad.build import Models
+from polgrad.loop_state import LoopState
 from polgrad.models import encode_sequences
-from polgrad.run import LoopState, Models
 
 
 def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Tensor:
@@ -46,9 +46,8 @@ def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Te
 
 def pair_step(
     cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int, state: LoopState
-) -> tuple[dict[str, Any], dict[str, float], float, LoopState]:
-    """Steps 3-5 for a preference spec; returns (row, phase times, tokens, new state)."""
-    t0 = time.perf_counter()
+) -> tuple[dict[str, Any], float, LoopState]:
+    """Steps 3-5 for a preference spec; returns (row, tokens, new state)."""
     # 3. This step's pairs, chosen responses first and rejected ones after, in one batch.
     pairs = task.preference_pairs(cfg.prompts_per_step, seed=seed)
     n = len(pairs)
@@ -59,7 +58,6 @@ def pair_step(
     # 4. The frozen reference's log-probs.
     with torch.no_grad(), hooks.phase("ref"):
         ref = sequence_logp(m.reference, ids, attn, resp)
-    t_ref = time.perf_counter()
     # 5. One optimizer step over micro-batches of pairs (micro_batch_size sequences: half as many pairs).
     n_pairs = float(collective.all_sum(torch.tensor(float(n), dtype=torch.float64)))
     micro = list(torch.arange(n).split(max(cfg.micro_batch_size // 2, 1)))
@@ -85,8 +83,7 @@ def pair_step(
     )
     row = {"step": state.step, "pairs": n_pairs, **dict(zip(keys, summed, strict=True))}
     row.update(skipped_steps=state.skipped_steps, optimizer_steps=1)
-    times = {"time_ref": t_ref - t0, "time_update": time.perf_counter() - t_ref}
     tokens = float(collective.all_sum(resp.sum().double()))
     # It samples nothing: the budget counts the sequences it trains on (2 per pair) and their tokens.
     state = stopping.counted(state, 2 * n_pairs, kept=2 * n_pairs, tokens=tokens)
-    return row, times, tokens, state
+    return row, tokens, state

@@ -19,8 +19,8 @@ vLLM: the producer owns the engine while the run is async (the trainer no longer
 steps). Before sampling step s it loads the snapshot of v(s) into the engine
 (`VLLMRollout.load_weights`: the policy's state_dict names, as `sync_weights` feeds them), unless the
 engine holds that version already: it starts with version `start` (the starting weights, or those
-run.start_or_resume synced on a resume), so each version is loaded once. It never reads the module
-the trainer is updating.
+the sampler synced on a resume: polgrad/sampling.py), so each version is loaded once. It never reads
+the module the trainer is updating.
 
 Determinism: a rollout depends only on the weights of its version (loaded by value), the examples
 and the generator seed (hf.generate draws from its private generator). The producer's thread never
@@ -65,8 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from polgrad import collective, config
-from polgrad.algorithm import Algorithm
+from polgrad import collective
 from polgrad.io import atomic_path
 from polgrad.rollout import hf as hf_rollout
 
@@ -105,7 +104,7 @@ class Producer:
         """draw(step) -> (examples, generate() kwargs) of the step's first sampling round, as the
         trainer's collect asks for them; saved: the versions of a resumed run's checkpoint; vllm: the
         run's VLLMRollout, which then samples instead of a copy of `module` and must hold version
-        `start` (the run's starting weights, or those start_or_resume synced on a resume)."""
+        `start` (the run's starting weights, or those the sampler synced on a resume)."""
         self.vllm = vllm
         self.model = copy.deepcopy(module).eval() if vllm is None else None
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
@@ -234,35 +233,6 @@ class Producer:
             self.engine_version = req.version
             self.reloads.append(req.version)
         return self.vllm.generate(req.examples, own_threads=False, **req.kwargs)
-
-
-def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[str, Any]:
-    """The generate() arguments of a sampling round with this seed (the trainer's collect and `start`)."""
-    return dict(
-        group_size=algo.group_size,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        greedy_baseline=algo.needs_baseline_rollout,
-        generator_seed=seed,
-    )
-
-
-def start(
-    cfg: config.TrainConfig, algo: Algorithm, m, task, out_dir: str, step: int, seed_of: Callable[[int], int]
-) -> Producer | None:
-    """With train.async_rollouts, the run's Producer (else None) from `step` on: step s's first sampling
-    round draws the prompts and seed the trainer's collect draws (seed_of(s)), from version v(s)."""
-    if not cfg.async_rollouts or algo.offline:
-        return None
-
-    def draw(s: int) -> tuple[list, dict[str, Any]]:
-        seed = seed_of(s)
-        return task.examples("train", cfg.prompts_per_step, seed=seed), sample_kwargs(cfg, algo, seed)
-
-    saved = load_saved(os.path.join(out_dir, "checkpoints", "sampler"), step) if step else {}
-    kw = dict(max_staleness=cfg.max_staleness, steps=cfg.steps, start=step, draw=draw, saved=saved)
-    return Producer(m.engine.module, m.tokenizer, vllm=m.vllm, **kw)
 
 
 def load_saved(directory: str, step: int) -> dict[int, Weights]:

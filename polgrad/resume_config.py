@@ -15,7 +15,7 @@ Allowed without a word:
   (`train.reward_timeout_s`) and the thread count (`train.threads`: float summation order only).
 
 `--allow-config-change` lets a resume train on with the new bindings anyway. The run then says so
-(`polgrad.run.start_or_resume`, `apply`): every changed binding takes effect from the resumed step
+(`polgrad.loop_state.start_or_resume`, `apply`): every changed binding takes effect from the resumed step
 (the loop's KL coefficient restarts at a changed `Algorithm.kl_coef`, the optimizer's groups take a
 changed `train.lr`, `train.critic_lr` or `train.adam_eps`, which the checkpoint would otherwise
 restore), one JSON line {"time", "step", "changes": {binding: [old, new]}, "overridden":
@@ -99,7 +99,7 @@ def _name(scope: str, selector: str, arg: str) -> str:
 def bindings(text: str) -> dict[str, Any]:
     """{full binding name: parsed value} of a gin text (`config.gin`, `gin.config_str()`); a value
     that is a macro (`Algorithm.kl_coef = %KL`) is its macro's value, so that changing `KL = ...`
-    shows as a change of every binding that reads it (and acts on it: `polgrad.run`)."""
+    shows as a change of every binding that reads it (and acts on it: `polgrad.loop_state`)."""
     out: dict[str, Any] = {}
     for st in config_parser.ConfigParser(text, _Delegate()):
         if isinstance(st, config_parser.BindingStatement):

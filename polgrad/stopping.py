@@ -3,7 +3,7 @@
 ^C and SIGTERM during training: finish the step, checkpoint it, stop (no step is redone on resume).
 
 `python -m polgrad.train` runs `train()` inside `on_signals()`. Once the loop has started (`arm()`,
-at the end of `polgrad.run.start_or_resume`), the first SIGINT or SIGTERM only sets a flag and
+at the end of `polgrad.loop_state.start_or_resume`), the first SIGINT or SIGTERM only sets a flag and
 says so; the loop asks `requested()` after every step (one max over the ranks, so that a signal
 that reached one rank stops them all at the same step), saves a checkpoint of that step, and
 `stop_if` raises `Stopped`, which the entry point turns into one line and exit code 130 (SIGINT)
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from polgrad import collective
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# The loop state's cumulative counters (polgrad.run.LoopState), logged in every metrics row and summary.
+# The loop state's cumulative counters (polgrad.loop_state.LoopState), logged in every row and summary.
 COUNTERS = ("sampled_sequences", "kept_sequences", "generated_tokens")
 _state: dict[str, int | bool | None] = {"installed": False, "armed": False, "signum": None, "last": None}
 

@@ -31,8 +31,27 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 from polgrad.config import DEFAULT_BASE, parse_config
+
+
+def run(out_dir: str, *, resume: bool | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """One run of the parsed gin configuration into `out_dir`: build its inputs (`config.build()`,
+    every check the sweep's dry run makes too) and hand them to `polgrad.trainer.train`; returns the
+    summary. `resume` / `progress` override `train.resume` / `train.progress` when given. This is
+    the boundary below which nothing reads gin; polgrad's own errors stay one line inside it."""
+    import dataclasses
+
+    from polgrad import config
+    from polgrad.errors import gin_keeps_our_lines
+    from polgrad.trainer import train
+
+    with gin_keeps_our_lines():
+        cfg, algo, task = config.build()
+        overrides = {"resume": resume, "progress": progress}
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+        return train(cfg, algo, task, out_dir, record=config.record())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,12 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                 runlock.check_not_a_run(out)  # never a silent overwrite
             else:
                 resume_config.check(out, allow=args.allow_config_change)  # no silent config change
-            from polgrad.trainer import train
-
             # No bar in a log file (sweep cells write stderr to stdout.log): only on a terminal.
             with stopping.on_signals():  # ^C / SIGTERM: finish the step, checkpoint it, stop
                 progress = not args.no_progress and sys.stderr.isatty()
-                summary = train(out, resume=args.resume, progress=progress)
+                summary = run(out, resume=args.resume, progress=progress)
     except stopping.Stopped as e:
         ckpt = os.path.join(out, "checkpoints", "policy", f"step{e.step}")
         print(

@@ -51,7 +51,7 @@ class TrainConfig:
     seed has its own warm start and the same seed the same one in every configuration (paired, and the
     spread over seeds includes the warm start's variance). An integer pins one warm start for every
     seed: the conclusions then hold for that one SFT policy. summary.json records the warm start
-    (`warm_start`, polgrad/run.py).
+    (`warm_start`, polgrad/build.py).
     eval_size: held-out prompts evaluated (greedy, each once, the same list for every run); None
     evaluates the task's whole held-out split. adam_eps: AdamW's epsilon (policy and critic).
     bf16: mixed precision as DeepSpeed's `bf16` config runs it: the policy's and critic's modules
@@ -170,6 +170,14 @@ class TrainConfig:
                 f"train.task must be a registered task such as @task.add, got {self.task!r}; "
                 f"valid task names: {', '.join(registry.names('task'))}"
             )
+        # The task's configuration as gin has it now: nothing after the config boundary reads gin.
+        kwargs = {
+            name: p.default
+            for name, p in inspect.signature(self.task).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
+        kwargs.update(gin.get_bindings(self.task))
+        object.__setattr__(self, "_task_kwargs", kwargs)
 
     @property
     def warm_start_seed(self) -> int:
@@ -181,14 +189,19 @@ class TrainConfig:
         return registry.entry_of(self.task).name
 
     def task_kwargs(self) -> dict[str, Any]:
-        """The task's full configuration (defaults + gin bindings): it keys the SFT and RM caches."""
-        kwargs = {
-            name: p.default
-            for name, p in inspect.signature(self.task).parameters.items()
-            if p.default is not inspect.Parameter.empty
-        }
-        kwargs.update(gin.get_bindings(self.task))
-        return kwargs
+        """The task's full configuration (defaults + gin bindings, read when the config was built): it
+        keys the SFT and RM caches."""
+        return dict(self._task_kwargs)
+
+    def lora_settings(self) -> dict[str, Any]:
+        """The LoRA adapter's settings (train.lora_*) as `polgrad.models.lora.lora_config` takes them:
+        the policy's adapter and a LoRA reward model's are built from this one dict."""
+        return dict(
+            r=self.lora_r,
+            alpha=self.lora_alpha,
+            target_modules=list(self.lora_target_modules),
+            dropout=self.lora_dropout,
+        )
 
 
 def _check_async(cfg: TrainConfig) -> None:

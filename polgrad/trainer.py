@@ -1,9 +1,11 @@
 """The RL loop, readable top to bottom: sample -> score -> reference/values -> advantages -> update.
 
-One call of `train(out_dir)` is one run of the chapter's policy-gradient loop. What it runs comes
-from gin through `polgrad.config.build()`: the immutable `Algorithm` (what to optimise) and the
-`TrainConfig` (the `train.*` bindings: task, model, budget, optimiser, DeepSpeed). It writes into
-out_dir:
+One call of `train(cfg, algo, task, out_dir, record=...)` is one run of the chapter's
+policy-gradient loop. Its inputs are built by the entry point (`polgrad.config.build()` from the parsed
+gin files; `python -m polgrad.train`, `polgrad.train.run`): the immutable `Algorithm` (what to
+optimise), the `TrainConfig` (the `train.*` bindings: task, model, budget, optimiser, DeepSpeed), the
+task, and the `ConfigRecord` of the gin configuration the run writes down. Nothing here reads gin.
+It writes into out_dir:
 
     config.gin            every binding of the run (written first, so a crash still has it); a resume
                           whose bindings differ rewrites it and appends to resume_overrides.jsonl
@@ -24,7 +26,8 @@ out_dir:
 
 Loop state: the step, the KL coefficient (a controller may move it; the spec never changes), the
 count of skipped optimizer steps and the budget's counters. It is saved in every checkpoint and
-restored on resume (polgrad/run.py holds the models, the loop state, checkpoints and the summary).
+restored on resume (polgrad/loop_state.py; the models are built once by polgrad/build.py, the summary
+by polgrad/summary.py).
 
 Reproducibility: the warm start and reward model are seeded by `train.init_seed` (default: the RL seed), so
 a seed starts from the same policy in every configuration (paired); summary.json's `warm_start` names it.
@@ -44,14 +47,14 @@ several minibatches each rank shuffles its own rows into them, so the minibatche
 With filters, every rank keeps the same number of groups (the fewest any rank has), so all
 ranks run the same optimizer steps.
 
-Asynchronous rollouts (`train.async_rollouts`, `train.max_staleness` = k; polgrad/producer.py): a
+Asynchronous rollouts (`train.async_rollouts`, `train.max_staleness` = k; polgrad/sampling.py): a
 producer samples step s's rollout from the weights of step max(s - k, 0) while the trainer updates on
 earlier ones. Its log-probs are kept as `rollout_logp` (the behaviour policy), old_logp is recomputed
 when the rollout is stale, and the row logs staleness_mean/max, rollout_wait_s and the statistics of
 π_old/π_behaviour (is_ratio_*). k = 0 is the synchronous loop exactly; checkpoints also hold the k
-older weight versions the next steps sample with, so resume stays exact. With the vLLM backend the
-producer owns the engine and loads each version into it before sampling, so the step below does not
-sync it.
+older weight versions the next steps sample with, so resume stays exact. The loop does not know
+which sampler it has (HF, vLLM, async: `Sampler`, polgrad/sampling.py) nor which critic
+(`Critic`, polgrad/critic.py): both are chosen once when the models are built.
 
 Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.
@@ -66,58 +69,55 @@ import os
 import time
 from typing import Any, NamedTuple
 
-import gin
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, offline, producer, stopping, tracking
+from polgrad import collective, config, export, hooks, offline, stopping, tracking
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
+from polgrad.build import Models, build_models
 from polgrad.errors import PolgradError
 from polgrad.evaluation import Evaluator, exact_kl, explained_variance
 from polgrad.io import atomic_write_text
+from polgrad.loop_state import LoopState, save_checkpoint, start_or_resume
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
-from polgrad.run import (  # noqa: F401 - re-exported: the loop's surrounding pieces
-    SUMMARY_LAST_K,
-    LoopState,
-    Models,
-    _progress,
-    build_models,
-    save_checkpoint,
-    start_or_resume,
-    summarize,
-)
+from polgrad.sampling import round_seed, sample_kwargs, step_seed
+from polgrad.summary import summarize
 from polgrad.tasks.rewards import RewardGuard
 
 
-def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Train the configured Algorithm for `train.steps` steps, or until its sampling budget is spent
+def train(
+    cfg: config.TrainConfig, algo: Algorithm, task: Any, out_dir: str, *, record: config.ConfigRecord
+) -> dict[str, Any]:
+    """Train `algo` on `task` as `cfg` says for `cfg.steps` steps, or until its sampling budget is spent
     (`train.max_sampled_sequences` / `max_generated_tokens`, polgrad/stopping.py); returns the summary.
 
-    resume / progress override `train.resume` / `train.progress` when given.
+    `record` is the gin configuration the run writes down (config.gin, operative_config.gin).
     """
+    with dist_lib.session(seed=cfg.seed) as info:  # every rank seeded alike: the models start identical
+        return _train(cfg, algo, task, out_dir, record, info.rank)
+
+
+def _train(
+    cfg: config.TrainConfig, algo: Algorithm, task: Any, out_dir: str, record: config.ConfigRecord, rank: int
+) -> dict[str, Any]:
     t_start = time.time()
-    cfg, algo, task = config.build()  # every check the sweep's dry run makes too
-    overrides = {"resume": resume, "progress": progress}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     os.makedirs(out_dir, exist_ok=True)
-    rank = dist_lib.setup(seed=cfg.seed).rank  # every rank seeded alike: the models start identical
     config.check_world_size(cfg, collective.world_size())  # the sweep's dry run checks it too
 
-    # 1. Build the models: the warm-started policy, and the reference, critic and reward model the parts need.
-    m = build_models(cfg, algo, task)
+    # 1. Build the models: the warm-started policy, and the reference, critic, reward model and sampler
+    #    the parts and the settings need (polgrad/build.py), once; the loop never changes them.
+    m = build_models(cfg, algo, task, out_dir=out_dir, seed_of=lambda s: step_seed(cfg.seed, s, rank))
     t_start += m.warm_start_s  # the run's time_s and wall_time_s leave out the warm start (warm_start_s)
-    evaluate = Evaluator(task, task.eval_examples(cfg.eval_size), cfg.max_new_tokens, out_dir, rank == 0)
-    evaluate.rewards = RewardGuard(cfg.reward_errors, cfg.task_name, timeout_s=cfg.reward_timeout_s)
+    guard = RewardGuard(cfg.reward_errors, cfg.task_name, timeout_s=cfg.reward_timeout_s)
+    examples = task.eval_examples(cfg.eval_size)
+    evaluate = Evaluator(task, examples, cfg.max_new_tokens, out_dir, rank == 0, rewards=guard)
     # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
-    state = start_or_resume(cfg, algo, m, out_dir, evaluate)
-    m.producer = producer.start(
-        cfg, algo, m, task, out_dir, state.step, lambda s: step_seed(cfg.seed, s, rank)
-    )
+    state = start_or_resume(cfg, algo, m, out_dir, evaluate, record.bindings)
     track = tracking.start(cfg, out_dir, algo.name, state.step, enabled=rank == 0)  # train.loggers
 
     # 3-5 of each step: sample, score, advantages, update (rl_step, below); a preference spec
@@ -128,7 +128,9 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         if stopping.done(cfg, state):  # the sampling budget is spent (e.g. resumed after its last step)
             break
         hooks.event("step")
-        row, times, tokens, state = one_step(cfg, algo, m, task, step_seed(cfg.seed, step, rank), state)
+        with hooks.clock() as clock:  # the step's phases, summed into its time_* metrics
+            row, tokens, state = one_step(cfg, algo, m, task, step_seed(cfg.seed, step, rank), state)
+        times = clock.step_times()
         # 6. Evaluate; log; checkpoint (at the last step: train.steps, or the sampling budget spent).
         if (step + 1) % cfg.eval_every == 0 or stopping.done(cfg, state):
             with hooks.phase("eval"):
@@ -152,10 +154,7 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         stopping.stop_if(stop, state.step)
 
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).
-    if m.producer is not None:  # first: its thread may still be sampling with the vLLM engine
-        m.producer.close()
-    if m.vllm is not None:
-        m.vllm.close()
+    m.sampler.close()  # an async sampler's thread may still be sampling with the vLLM engine
     summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary.update(stopping.counts(state), table5=algo.table_row())  # the totals the budget counts
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, **m.summary_fields())
@@ -163,71 +162,53 @@ def train(out_dir: str, *, resume: bool | None = None, progress: bool | None = N
         atomic_write_text(
             os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)
         )
-        atomic_write_text(os.path.join(out_dir, "operative_config.gin"), gin.operative_config_str())
+        atomic_write_text(os.path.join(out_dir, "operative_config.gin"), record.operative())
     track.finish(summary)
     # 8. The result as a model: out_dir/final/ (policy + tokenizer, critic, model card; polgrad/export.py).
     export.write_final(
-        m, out_dir, name=algo.name, source=algo.source, config=gin.operative_config_str(), summary=summary
+        m, out_dir, name=algo.name, source=algo.source, config=record.operative(), summary=summary
     )
     return summary
 
 
-def step_seed(seed: int, step: int, rank: int = 0) -> int:
-    """The seed of every random draw of `step` on `rank` (prompts, sampling, minibatch order)."""
-    return (int(seed) * 1_000_003 + int(step) * 7919 + 17 + int(rank) * 104_729) % (2**31 - 1)
-
-
-def round_seed(seed: int, sampling_round: int) -> int:
-    """The seed of sampling round r of a step whose seed is `seed` (round 0: the step's own)."""
-    return (int(seed) + int(sampling_round) * 15_485_863) % (2**31 - 1)
-
-
 def rl_step(
     cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int, state: LoopState
-) -> tuple[dict[str, Any], dict[str, float], float, LoopState]:
-    """Steps 3-5 of one RL step, and its metrics row; returns (row, phase times, tokens, new state)."""
-    t0 = time.perf_counter()
-    if m.producer is not None:  # async rollouts: publish this step's weights, queue the coming rollouts
-        m.producer.begin(state.step, m.engine.module)
+) -> tuple[dict[str, Any], float, LoopState]:
+    """Steps 3-5 of one RL step, and its metrics row; returns (row, generated tokens, new state)."""
+    m.sampler.begin(state.step, m.engine.module)  # async: publish these weights, queue the next rollouts
     # 3. Collect a batch: G responses per prompt, scored, with the reference's and critic's view
     #    (with filters, sampling again until enough groups are kept: DAPO's dynamic sampling).
     got = collect_kept(cfg, algo, m, task, seed)
     # 4. Advantages for the whole batch (reward shaping, filters and a KL in the reward inside).
     with hooks.phase("advantage"):
         batch, prep_metrics = algo.prepare(got.batch, kl_coef=state.kl_coef)
-    times = {**got.times, "time_adv": time.perf_counter() - t0 - sum(got.times.values())}
     # 5. Update: ppo_epochs x minibatches optimizer steps on this batch.
     update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed)
-    if m.vllm is not None and m.producer is None and n_updates:  # async: the producer owns the engine
-        with hooks.phase("sync"):
-            m.vllm.sync_weights(m.engine.module)
-    times["time_update"] = time.perf_counter() - t0 - sum(times.values())
+    if n_updates:  # the sampler gets the new weights (vLLM: loaded into its engine; HF, async: nothing)
+        m.sampler.sync(m.engine.module)
     # The row; the KL controller moves the coefficient for the next step.
     state = dataclasses.replace(state, step=state.step + 1, skipped_steps=state.skipped_steps + skipped)
     row = step_row(m, got.sampled, batch, state, {**prep_metrics, **got.info}, update_metrics)
     # The budget's counters: everything sampled (every round, greedy baselines), what was trained on.
     sampled, tokens = collective.all_sum(torch.tensor(got.counts, dtype=torch.float64)).tolist()
     state = stopping.counted(state, sampled, kept=row["update_seqs"], tokens=tokens)
-    if m.producer is not None:  # staleness, the wait for rollouts, the IS weights π_old/π_behaviour
-        row.update(m.producer.metrics(batch))
+    row.update(m.sampler.metrics(batch))  # async: staleness, the wait, the IS weights π_old/π_behaviour
     row["optimizer_steps"] = n_updates  # the denominator of the summary's skipped_frac
     if "kl_seq" in row:  # the per-sequence KL, the unit of the controllers' targets
         new_coef = algo.next_kl_coef(state.kl_coef, row["kl_seq"], n_steps=int(row["update_seqs"]))
         state = dataclasses.replace(state, kl_coef=new_coef)
-    return row, times, tokens, state
+    return row, tokens, state
 
 
 # --------------------------------------------------------------------------- 3. collect a batch
-def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> tuple[Batch, dict]:
-    """Sample G responses for each of this step's prompts and add what the parts need; phase times.
+def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> Batch:
+    """Sample G responses for each of this step's prompts and add what the parts need.
 
     The batch still holds the groups of faulty rewards (`collect_kept` counts, then drops them)."""
-    t0 = time.perf_counter()
     examples = task.examples("train", cfg.prompts_per_step, seed=seed)
     m.engine.module.eval()
     with hooks.phase("sample"):
-        rollout = m.sample(examples, **producer.sample_kwargs(cfg, algo, seed))
-    t_gen = time.perf_counter()
+        rollout = m.sampler.sample(examples, **sample_kwargs(cfg, algo, seed))
     # The reward: one scalar per sequence (a greedy baseline gets the same scorer).
     with hooks.phase("reward"):
         scores = m.score(rollout, task)
@@ -237,7 +218,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's own,
     # and a stale async rollout's are not pi_old's: recompute old_logp with the trainer's forward.
     # Otherwise the sampling-time log-probs are pi_old's already (same weights, same temperature).
-    if algo.needs_rollout_logp or (m.producer is not None and m.producer.stale):
+    if algo.needs_rollout_logp or m.sampler.stale:
         with torch.no_grad(), hooks.phase("old_logp"):
             old_logp = hf_rollout.response_logprobs(m.engine.module, rollout, temperature=cfg.temperature)
             old_logp = old_logp.double() * mask
@@ -249,14 +230,8 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         with torch.no_grad(), hooks.phase("ref"):
             kl_exact, ref_logp = exact_kl(m.engine.module, m.reference, rollout, temperature=cfg.temperature)
             ref_logp = ref_logp.double()
-    t_ref = time.perf_counter()
-    # The critic's values before the update (old_values).
-    values = None
-    if m.critic is not None:
-        m.critic.module.eval()
-        with torch.no_grad(), hooks.phase("values"):
-            values = hf_rollout.response_values(m.critic.module, rollout).double() * mask
-    batch = Batch(
+    values = m.critic.old_values(rollout, mask)  # the critic's values before the update; None without one
+    return Batch(
         mask=mask,
         group_ids=rollout.group_ids,
         old_logp=old_logp,
@@ -270,22 +245,15 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         old_values=values,
         rollout=rollout,
     )
-    t_values = time.perf_counter()
-    return batch, {
-        "time_gen": t_gen - t0,
-        "time_ref": t_ref - t_gen,
-        "time_values": t_values - t_ref,
-    }
 
 
 class Collected(NamedTuple):
     """What step 3 hands on: everything sampled (for the reward metrics), the batch to train on
-    (what the filters kept), the phase times, the dynamic-sampling metrics and this rank's counts of
-    (sequences, generated tokens) sampled, faulty groups and greedy baselines included (stopping.sampled)."""
+    (what the filters kept), the dynamic-sampling metrics and this rank's counts of (sequences,
+    generated tokens) sampled, faulty groups and greedy baselines included (stopping.sampled)."""
 
     sampled: Batch
     batch: Batch
-    times: dict[str, float]
     info: dict[str, float]
     counts: tuple[float, float] = (0.0, 0.0)
 
@@ -303,26 +271,24 @@ def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed
     batch statistics are those of the rows trained on). Yu et al. 2025 (DAPO), dynamic sampling.
     """
     if not algo.filters:
-        raw, times = collect(cfg, algo, m, task, seed)
-        batch = without_faulty_groups(raw)
-        return Collected(batch, same_groups_on_every_rank(batch), times, {}, stopping.sampled(raw.rollout))
+        raw = collect(cfg, algo, m, task, seed)
+        batch = raw.without_faulty_groups()
+        return Collected(batch, same_groups_on_every_rank(batch), {}, stopping.sampled(raw.rollout))
     need, pad_id = cfg.prompts_per_step, m.tokenizer.pad_token_id
-    sampled, kept, times, drawn = [], [], {}, (0.0, 0.0)
+    sampled, kept, drawn = [], [], (0.0, 0.0)
     for r in range(algo.max_sampling_rounds):
-        raw, part_times = collect(cfg, algo, m, task, round_seed(seed, r))
-        times = {k: times.get(k, 0.0) + v for k, v in part_times.items()}
+        raw = collect(cfg, algo, m, task, round_seed(seed, r))
         drawn = tuple(a + b for a, b in zip(drawn, stopping.sampled(raw.rollout), strict=True))
-        part = without_faulty_groups(raw)
+        part = raw.without_faulty_groups()
         sampled.append(part)
         kept.append(part.select(algo.keep(part)))
-        have = sum(_n_groups(b) for b in kept)
+        have = sum(b.n_groups for b in kept)
         if float(collective.all_min(torch.tensor(float(have)))) >= need:  # every rank decides alike
             break
     all_sampled, batch = Batch.concat(sampled, pad_id), Batch.concat(kept, pad_id)
-    counts = [_n_groups(batch), _n_groups(all_sampled), batch.size, all_sampled.size]
+    counts = [batch.n_groups, all_sampled.n_groups, batch.size, all_sampled.size]
     n_kept, n_sampled, rows_kept, rows_sampled = collective.all_sum(torch.tensor(counts, dtype=torch.float64))
-    take = int(collective.all_min(torch.tensor(float(min(need, _n_groups(batch))))))
-    batch = batch.select(torch.isin(batch.group_ids, batch.group_ids.unique()[:take]))
+    batch = batch.first_groups(int(collective.all_min(torch.tensor(float(min(need, batch.n_groups))))))
     size = torch.tensor(float(batch.size))
     if float(collective.all_min(size)) != float(collective.all_max(size)):
         raise PolgradError(
@@ -334,31 +300,14 @@ def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed
         "kept_frac": float(n_kept / n_sampled.clamp_min(1)),
         "filtered_frac": float(1 - rows_kept / rows_sampled.clamp_min(1)),  # prepare sees kept rows only
     }
-    return Collected(all_sampled, batch, times, info, drawn)
-
-
-def _n_groups(batch: Batch) -> int:
-    return int(batch.group_ids.unique().numel())
-
-
-def without_faulty_groups(batch: Batch) -> Batch:
-    """The batch without the groups of its faulty rewards (NaN score or baseline score: what
-    `train.reward_errors = 'skip_group'` makes of them), so no group statistic sees them."""
-    bad = ~torch.isfinite(batch.scores)
-    if batch.baseline_scores is not None:
-        bad |= ~torch.isfinite(batch.baseline_scores)
-    if not bool(bad.any()):
-        return batch
-    return batch.select(~torch.isin(batch.group_ids, batch.group_ids[bad]))
+    return Collected(all_sampled, batch, info, drawn)
 
 
 def same_groups_on_every_rank(batch: Batch) -> Batch:
     """The first groups of `batch`, as many as the rank with the fewest has (groups dropped for a
     faulty reward), so every rank runs the same optimizer steps; `batch` at world size 1."""
-    take = int(collective.all_min(torch.tensor(float(_n_groups(batch)))))
-    if take == _n_groups(batch):
-        return batch
-    return batch.select(torch.isin(batch.group_ids, batch.group_ids.unique()[:take]))
+    take = int(collective.all_min(torch.tensor(float(batch.n_groups))))
+    return batch if take == batch.n_groups else batch.first_groups(take)
 
 
 # --------------------------------------------------------------------------- 5. update
@@ -387,8 +336,7 @@ def update(
                     totals[k] = totals.get(k, 0.0) + float(v)
             with hooks.phase("optim"):
                 applied = dist_lib.step(m.engine)
-                if m.critic_engine is not None:  # a LoRA critic steps with the policy's engine
-                    dist_lib.step(m.critic_engine)
+                m.critic.step()  # its own engine's step (a LoRA critic's is the policy's)
             skipped += applied is False
             n_updates += 1
     # Each micro-batch metric is a share of its step's mean (denominators of the whole step over
@@ -428,23 +376,16 @@ def micro_step(
                 m.reference, mb.rollout, temperature=cfg.temperature, return_logits=True
             )
             fresh["ref_logits"] = ref.logits.double()
-    if m.critic is not None:
-        m.critic.module.train()
-        fresh["values"] = hf_rollout.response_values(m.critic, mb.rollout).double()
+    fresh.update(m.critic.fresh(mb.rollout))  # the critic's values with a graph ({} without a critic)
     with hooks.phase("loss"):
         policy_loss, value_loss, metrics = algo.loss(mb.replace(**fresh), counts, kl_coef=kl_coef)
     # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the whole step,
     # which DeepSpeed then skips on every rank (see distributed.py).
     with hooks.phase("backward"):
-        if m.critic is not None and m.critic_engine is None:
-            # A LoRA critic (train.lora_r) is trained by the policy's engine: one backward of the sum,
-            # so a shared adapter gets both losses' gradient in one optimizer step (an own adapter
-            # and the head get the value loss's only: the policy's forward never touches them).
-            dist_lib.backward(m.engine, policy_loss + value_loss, boundary=last)
-        else:
-            dist_lib.backward(m.engine, policy_loss, boundary=last)
-            if m.critic is not None:
-                dist_lib.backward(m.critic, value_loss, boundary=last)
+        # A LoRA critic is trained by the policy's engine: one backward of the sum, so a shared
+        # adapter gets both losses' gradient in one step (polgrad/critic.py); a critic's own engine
+        # gets its own backward; without a critic, the policy loss's only.
+        m.critic.backward(m.engine, policy_loss, value_loss, last=last)
     return metrics
 
 
@@ -455,20 +396,12 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
     Every number is over the whole batch of every rank (sums reduced by polgrad.collective)."""
     scores, mask = sampled.scores.double(), batch.mask
     row: dict[str, Any] = {"step": state.step, **prep}
-    if m.rm_accuracy is not None:
-        row["rm_heldout_accuracy"] = m.rm_accuracy
+    row.update(m.row_fields)  # e.g. the reward model's held-out pairwise accuracy
     lengths = sampled.rollout.mask.sum(-1).double()
+    errors = m.rewards.take()  # faulty rewards (train.reward_errors)
+    sums = [len(scores), scores.sum(), (scores >= 1.0).double().sum(), lengths.sum(), batch.size, errors]
     n, score_sum, correct, length_sum, update_seqs, reward_errors = collective.all_sum(
-        torch.stack(
-            [
-                torch.tensor(float(len(scores))),
-                scores.sum(),
-                (scores >= 1.0).double().sum(),
-                lengths.sum(),
-                torch.tensor(float(batch.size)),
-                torch.tensor(float(m.rewards.take())),  # faulty rewards (train.reward_errors)
-            ]
-        )
+        torch.tensor([float(x) for x in sums], dtype=torch.float64)
     ).tolist()
     row["reward_errors"] = int(reward_errors)
     n = max(n, 1.0)  # every group dropped for a faulty reward: the means are 0
@@ -494,6 +427,14 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
         row["kl"] = kl_sum / max(tokens, 1.0)
         row["kl_exact"] = kl_exact_sum / max(tokens, 1.0)
         row["kl_seq"] = kl_sum / update_seqs
-    if m.critic is not None and update_seqs and batch.returns is not None:
+    if batch.values is not None and update_seqs and batch.returns is not None:  # a critic's batch
         row["explained_variance"] = explained_variance(batch.values, batch.returns, mask)
     return row
+
+
+def _progress(it, *, enabled: bool, desc: str):
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, unit="step", dynamic_ncols=True)

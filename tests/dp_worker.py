@@ -55,7 +55,8 @@ def build(case: str, stage: int):
     import gin
 
     from polgrad import config, distributed
-    from polgrad.trainer import build_models
+    from polgrad.build import build_models
+    from polgrad.sampling import step_seed
 
     spec, _, variant = case.partition("+")
     extra = VARIANTS[variant] if variant else []
@@ -65,7 +66,8 @@ def build(case: str, stage: int):
     )
     cfg, algo, task = config.build()
     info = distributed.setup(seed=cfg.seed)
-    return cfg, algo, task, info, build_models(cfg, algo, task)
+    m = build_models(cfg, algo, task, out_dir=str(REPO), seed_of=lambda s: step_seed(cfg.seed, s, info.rank))
+    return cfg, algo, task, info, m
 
 
 def step(cfg, algo, m, collected, sampled, seed: int) -> dict:
@@ -75,7 +77,8 @@ def step(cfg, algo, m, collected, sampled, seed: int) -> dict:
     from deepspeed.utils import safe_get_full_grad
 
     from polgrad import hooks
-    from polgrad.trainer import LoopState, step_row, update
+    from polgrad.loop_state import LoopState
+    from polgrad.trainer import step_row, update
 
     batch, prep = algo.prepare(collected, kl_coef=algo.kl_coef)
     params = [(n, p) for n, p in m.engine.module.named_parameters() if p.requires_grad]  # LoRA: adapter, head

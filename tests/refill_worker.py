@@ -53,7 +53,7 @@ def run(rank: int, world: int, store: str, out: str) -> None:
         def scripted(cfg_, algo_, m_, task_, seed):
             calls.append(seed)
             r = len(calls) - 1
-            return _batch(ROUNDS[rank][r], r), {"time_gen": 1.0}
+            return _batch(ROUNDS[rank][r], r)
 
         trainer.collect = scripted
         got = trainer.collect_kept(cfg, algo, _Models(), task, 1000 + rank)

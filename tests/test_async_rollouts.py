@@ -23,7 +23,7 @@ from polgrad.io import new_file_mode
 from polgrad.models import build_tiny, load_policy
 from polgrad.producer import Producer, load_saved
 from polgrad.rollout import hf
-from polgrad.trainer import train
+from polgrad.train import run as train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -179,7 +179,7 @@ def test_a_stale_rollout_gets_pi_old_recomputed_with_the_trainers_weights(setup,
     from types import SimpleNamespace
 
     from polgrad import trainer as trainer_lib
-    from polgrad.run import Models
+    from polgrad.build import Models
 
     task, model, tokenizer, base = setup
     gin.clear_config()
@@ -189,7 +189,7 @@ def test_a_stale_rollout_gets_pi_old_recomputed_with_the_trainers_weights(setup,
     cfg, algo, _ = config.build()
     assert not algo.needs_rollout_logp  # clip.ppo: only the staleness can ask for the recompute
     fake = _FakeProducer(model, base, tokenizer, stale)
-    m = Models(engine=SimpleNamespace(module=model), tokenizer=tokenizer, producer=fake)
+    m = Models(engine=SimpleNamespace(module=model), tokenizer=tokenizer, sampler=fake)
     batch, _ = trainer_lib.collect(cfg, algo, m, task, seed=11)
     mask = fake.rollout.mask.double()
     with torch.no_grad():

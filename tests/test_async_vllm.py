@@ -32,7 +32,7 @@ from polgrad.models import build_tiny, load_policy  # noqa: E402
 from polgrad.producer import Producer, load_saved  # noqa: E402
 from polgrad.rollout import hf  # noqa: E402
 from polgrad.rollout.vllm import VLLMRollout  # noqa: E402
-from polgrad.trainer import train  # noqa: E402
+from polgrad.train import run as train  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

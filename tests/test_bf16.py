@@ -182,7 +182,7 @@ def test_a_bf16_grpo_run_learns(tmp_path):
     parse_config([GRPO], ["train.bf16 = True", "train.steps = 40", "train.prompts_per_step = 8",
                           "train.eval_every = 100", "train.eval_size = None", "train.checkpoint_every = 100",
                           "train.progress = False"])  # fmt: skip
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     try:
         train(str(tmp_path / "run"))

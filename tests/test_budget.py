@@ -25,7 +25,7 @@ from polgrad.rollout.rollout import Rollout
 from polgrad.sweep import budget, expand, load_experiment, main, prepare, run
 from polgrad.sweep.grid import with_budget
 from polgrad.tasks.base import Example
-from polgrad.trainer import train
+from polgrad.train import run as train
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent

@@ -21,7 +21,7 @@ import os
 import gin
 
 from polgrad.config import parse_config
-from polgrad.trainer import train
+from polgrad.train import run as train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -81,7 +81,7 @@ def _collect_kept(monkeypatch, rounds: int):
     def fake_collect(cfg_, algo_, m_, task_, seed):
         r = len(seeds)
         seeds.append(seed)
-        return _batch(ROUNDS[r], r), {"time_gen": 1.0}
+        return _batch(ROUNDS[r], r)
 
     monkeypatch.setattr(trainer, "collect", fake_collect)
     return trainer.collect_kept(cfg, algo, _Models(), task, 1234), seeds
@@ -102,7 +102,6 @@ def test_samples_until_the_batch_holds_prompts_per_step_kept_groups(monkeypatch)
     assert got.batch.mask.shape == (6, 3) and got.batch.mask[:2, 2].tolist() == [0, 0]  # padded
     # everything sampled is kept for the reward metrics
     assert got.sampled.size == 3 * PROMPTS * G
-    assert got.times == {"time_gen": 3.0}
 
 
 def test_the_budget_counts_every_round_sampled_not_what_is_kept(monkeypatch):

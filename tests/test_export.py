@@ -20,6 +20,7 @@ import torch
 
 from polgrad import export, trainer
 from polgrad.config import parse_config
+from polgrad.train import run as run_training
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = [
@@ -46,7 +47,10 @@ def _run(out: Path, spec: str, bindings=()) -> dict:
     write_final, save_checkpoint = export.write_final, trainer.save_checkpoint
 
     def spy_final(m, out_dir, **kw):
-        seen["final"] = (_weights(m.engine.module), _weights(m.critic.module) if m.critic else None)
+        seen["final"] = (
+            _weights(m.engine.module),
+            _weights(m.critic.model.module) if m.critic.model is not None else None,
+        )
         return write_final(m, out_dir, **kw)
 
     def spy_checkpoint(m, out_dir, state):
@@ -57,7 +61,7 @@ def _run(out: Path, spec: str, bindings=()) -> dict:
     parse_config([str(REPO / "registry" / spec)], [*FAST, *bindings])
     export.write_final, trainer.save_checkpoint = spy_final, spy_checkpoint
     try:
-        trainer.train(str(out))
+        run_training(str(out))
     finally:
         export.write_final, trainer.save_checkpoint = write_final, save_checkpoint
         gin.clear_config()

@@ -20,12 +20,12 @@ import gin
 import pytest
 import torch
 
-from polgrad import config, models, pretrain, run
+from polgrad import build, config, models, pretrain
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.rollout import hf as hf_rollout
 from polgrad.tasks.base import Example
 from polgrad.tasks.synthetic import Add, Sort
-from polgrad.trainer import train
+from polgrad.train import run as train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "registry", "grpo.gin")
@@ -95,7 +95,7 @@ def build_models_for(bindings):
     gin.clear_config()
     config.parse_config([GRPO], [*FAST, *bindings])
     cfg, algo, task = config.build()
-    return run.build_models(cfg, algo, task)
+    return build.build_models(cfg, algo, task, out_dir=".", seed_of=lambda s: s)
 
 
 # ----------------------------------------------------------------------------- positions

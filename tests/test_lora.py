@@ -266,7 +266,7 @@ FAST = ["train.checkpoint_every = 100", "train.progress = False", "train.eval_si
 
 def _run(tmp_path, bindings, name="run", spec=PPO_LORA):
     from polgrad.config import parse_config
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     gin.clear_config()
     parse_config([spec], [*FAST, *bindings])
@@ -299,13 +299,14 @@ def test_ppo_with_a_shared_lora_critic_learns(tmp_path):
 def _built(bindings, spec=PPO_LORA):
     """The run's Models as `trainer.train` builds them (cached warm start; nothing trains)."""
     from polgrad import distributed
+    from polgrad.build import build_models
     from polgrad.config import build, parse_config
-    from polgrad.run import build_models
+    from polgrad.sampling import step_seed
 
     parse_config([spec], [*FAST, *bindings])
     cfg, algo, task = build()
     distributed.setup(seed=cfg.seed)
-    return cfg, build_models(cfg, algo, task)
+    return cfg, build_models(cfg, algo, task, out_dir=".", seed_of=lambda s: step_seed(cfg.seed, s))
 
 
 @pytest.mark.slow
@@ -485,7 +486,7 @@ def test_a_resumed_lora_run_ends_where_an_uninterrupted_one_ends(tmp_path):
     _run(tmp_path, [*common, "train.steps = 2"], name="cut")
     from polgrad import hooks
     from polgrad.config import parse_config
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     steps_run = []
     gin.clear_config()

@@ -52,13 +52,14 @@ def _pair_gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
     """The policy's gradient after one offline step's backward (before the optimizer applies it)."""
     from polgrad import distributed as dist_lib
     from polgrad import hooks, offline
-    from polgrad.run import LoopState, build_models
+    from polgrad.build import build_models
+    from polgrad.loop_state import LoopState
 
     gin.clear_config()
     config.parse_config([DPO], ["train.prompts_per_step = 6", f"train.micro_batch_size = {micro_batch_size}"])
     cfg, algo, task = config.build()
     dist_lib.setup(seed=cfg.seed)
-    m = build_models(cfg, algo, task)
+    m = build_models(cfg, algo, task, out_dir=".", seed_of=lambda s: s)  # nothing sampled: DPO
     grads: dict[str, torch.Tensor] = {}
 
     def on_phase(path, _dt):
@@ -66,7 +67,7 @@ def _pair_gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
             grads.update({n: p.grad.detach().clone() for n, p in m.engine.module.named_parameters()})
 
     with hooks.listen(on_phase=on_phase):
-        row, _, _, state = offline.pair_step(cfg, algo, m, task, seed=5, state=LoopState())
+        row, _, state = offline.pair_step(cfg, algo, m, task, seed=5, state=LoopState())
     assert state.step == 1 and row["pairs"] == 6.0
     return grads | {"_loss": torch.tensor(row["pref_loss"])}
 
@@ -107,7 +108,7 @@ def test_pair_loss_uses_the_reference_log_ratios():
 
 @pytest.mark.slow
 def test_dpo_trains_through_polgrad_train(tmp_path):
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     gin.clear_config()
     config.parse_config(

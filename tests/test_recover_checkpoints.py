@@ -135,7 +135,7 @@ def _train(out: Path, steps: int, resume: bool) -> list[dict]:
     import gin
 
     from polgrad.config import parse_config
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     gin.clear_config()
     parse_config([GRPO], [*FAST, f"train.steps = {steps}"])

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from polgrad import run, sweep
+from polgrad import sweep
 from polgrad.registry import register
 from polgrad.results import report
+from polgrad.summary import summarize
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
@@ -43,7 +44,7 @@ def _metrics(tmp_path: Path, skipped_per_step: list[int], updates_per_step: int 
     ],
 )
 def test_the_summary_status_follows_the_skipped_fraction(tmp_path, skipped, updates, threshold, status, frac):
-    summary = run.summarize(str(_metrics(tmp_path, skipped, updates)), 1.0, unstable_skip_frac=threshold)
+    summary = summarize(str(_metrics(tmp_path, skipped, updates)), 1.0, unstable_skip_frac=threshold)
     assert summary["status"] == status
     assert summary["skipped_frac"] == pytest.approx(frac)
     assert summary["skipped_steps"] == sum(skipped)
@@ -60,7 +61,7 @@ def test_the_threshold_is_checked():
 
     from polgrad.config import parse_config
     from polgrad.errors import ConfigError
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     gin.clear_config()
     parse_config([str(TESTS.parent / "registry" / "grpo.gin")], ["train.unstable_skip_frac = 1.5"])

@@ -3,7 +3,7 @@
 `train.reward_errors` decides: 'raise' (one line naming the task, the reward function, the
 sample and the problem), 'zero' (scored 0, warned once) or 'skip_group' (the prompt's whole
 group leaves the update). The scorer is exercised through `Models.score` (what the loop calls),
-the group drop through `trainer.without_faulty_groups`, and the whole loop end to end.
+the group drop through `Batch.without_faulty_groups`, and the whole loop end to end.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import torch
 
 from polgrad import config, pretrain, trainer
 from polgrad.batch import Batch
+from polgrad.build import Models, RewardModelScorer, TaskScorer
 from polgrad.errors import PolgradError
 from polgrad.registry import register
-from polgrad.run import Models
 from polgrad.tasks.base import Example
 from polgrad.tasks.rewards import RewardGuard
 from polgrad.tasks.synthetic import Add
+from polgrad.train import run as run_training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "registry", "grpo.gin")
@@ -103,11 +104,19 @@ def _rollout(prompts_and_texts):
 ROLLOUT = _rollout([("22+4=", "26"), ("13+5=", "18"), ("40+1=", "41"), ("71+1=", "99")])
 
 
+def _models(rewards: RewardGuard | None = None, reward_model=None) -> Models:
+    """The run's Models as far as scoring goes: the task's verifier, or `reward_model`, checked by
+    `rewards` (default: 'raise'), as `build_models` makes them."""
+    rewards = rewards or RewardGuard()
+    score = TaskScorer(rewards) if reward_model is None else RewardModelScorer(reward_model, rewards)
+    return Models(engine=None, tokenizer=None, sampler=None, rewards=rewards, score=score)
+
+
 # ----------------------------------------------------------------------------- 'raise' (default)
 @pytest.mark.parametrize("kind", sorted(PRODUCE))
 def test_a_faulty_reward_stops_with_one_line_naming_task_function_sample_and_problem(kind):
     FAULT.update(kind=kind, on=True)
-    m = Models(engine=None, tokenizer=None)  # the default policy: 'raise'
+    m = _models()  # the default policy: 'raise'
     with pytest.raises(PolgradError) as err:
         m.score(ROLLOUT, FaultyAdd())
     msg = str(err.value)
@@ -122,7 +131,7 @@ def test_a_faulty_reward_stops_with_one_line_naming_task_function_sample_and_pro
 def test_a_long_sample_is_truncated_in_the_message():
     FAULT.update(kind="nan", on=True)
     with pytest.raises(PolgradError) as err:
-        Models(None, None).score(_rollout([("1" + "2" * 500 + "=", "7" * 500)]), FaultyAdd())
+        _models().score(_rollout([("1" + "2" * 500 + "=", "7" * 500)]), FaultyAdd())
     assert "'1" + "2" * 59 + "...'" in str(err.value) and len(str(err.value)) < 400
 
 
@@ -130,7 +139,7 @@ def test_a_reward_model_that_gives_nan_is_named(monkeypatch):
     from polgrad.rollout import hf as hf_rollout
 
     monkeypatch.setattr(hf_rollout, "rollout_scores", lambda rm, r: torch.tensor([0.5, math.nan, 0.25, -1.0]))
-    m = Models(None, None, reward_model=torch.nn.Identity())
+    m = _models(reward_model=torch.nn.Identity())
     m.rewards.reward_model = "the reward model /tmp/rm"
     with pytest.raises(
         PolgradError,
@@ -149,7 +158,7 @@ def test_a_reward_over_its_time_limit_stops_in_one_line_naming_task_function_and
     """A hung reward used to hang the run forever (only Sweep.timeout_s stopped a sweep's cell);
     with train.reward_timeout_s it stops within the limit, whatever train.reward_errors says."""
     FAULT["on"] = True
-    m = Models(None, None, rewards=RewardGuard(policy, timeout_s=0.3))
+    m = _models(rewards=RewardGuard(policy, timeout_s=0.3))
     t0 = time.monotonic()
     with pytest.raises(PolgradError) as err:
         m.score(ROLLOUT, HangingAdd())
@@ -231,13 +240,13 @@ def test_the_loop_stops_on_a_hung_reward_within_its_limit(
         match=r"^reward of task.test_hanging \(test_reward_errors.HangingAdd.reward\) "
         r"did not return within train.reward_timeout_s = 1 s on prompt '[13579]",
     ):
-        trainer.train(str(tmp_path / "run"))
+        run_training(str(tmp_path / "run"))
 
 
 # ----------------------------------------------------------------------------- 'zero'
 def test_zero_scores_the_faulty_samples_0_warns_once_and_counts_them(capsys):
     FAULT.update(kind="none", on=True)
-    m = Models(None, None, rewards=RewardGuard("zero", "test_faulty"))
+    m = _models(rewards=RewardGuard("zero", "test_faulty"))
     rollout = _rollout([("22+4=", "26"), ("13+5=", "18"), ("40+1=", "41"), ("71+1=", "72")])
     rollout.examples = [
         Example(p, t)
@@ -264,7 +273,7 @@ def _batch(scores, groups):
 
 def test_skip_group_drops_the_whole_group_before_any_group_statistic():
     FAULT.update(kind="raise", on=True)
-    m = Models(None, None, rewards=RewardGuard("skip_group", "test_faulty"))
+    m = _models(rewards=RewardGuard("skip_group", "test_faulty"))
     rollout = _rollout([("22+4=", "1"), ("24+4=", "28"), ("13+5=", "18"), ("42+1=", "43")])
     rollout.examples = [
         Example(p, a)
@@ -273,7 +282,7 @@ def test_skip_group_drops_the_whole_group_before_any_group_statistic():
     scores = m.score(rollout, FaultyAdd())
     assert scores[[0, 1, 3]].tolist() == [0.0, 1.0, 1.0] and math.isnan(scores[2])
     # groups of 2: rows 0-1 are group 0, rows 2-3 group 1 (its row 3 is fine but goes too)
-    kept = trainer.without_faulty_groups(_batch(scores.tolist(), [0, 0, 1, 1]))
+    kept = _batch(scores.tolist(), [0, 0, 1, 1]).without_faulty_groups()
     assert kept.group_ids.tolist() == [0, 0] and kept.scores.tolist() == [0.0, 1.0]
     # GRPO's group statistics see only the kept group: advantages are those of group 0 alone
     gin.clear_config()
@@ -289,7 +298,7 @@ def test_a_faulty_greedy_baseline_drops_its_group_too():
         _batch([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1]),
         baseline_scores=torch.tensor([0.0, 0.0, math.nan, math.nan]),
     )
-    assert trainer.without_faulty_groups(batch).group_ids.tolist() == [0, 0]
+    assert batch.without_faulty_groups().group_ids.tolist() == [0, 0]
 
 
 def test_every_rank_keeps_as_many_groups_as_the_rank_with_the_fewest(monkeypatch):
@@ -337,7 +346,7 @@ def test_the_loop_stops_on_a_faulty_reward_with_the_one_line_message(tmp_path, f
     with pytest.raises(
         PolgradError, match=r"^reward of task.test_faulty \(test_reward_errors.FaultyAdd.reward\) "
     ):
-        trainer.train(str(tmp_path / "run"))
+        run_training(str(tmp_path / "run"))
 
 
 @pytest.mark.slow
@@ -346,7 +355,7 @@ def test_the_loop_goes_on_past_faulty_rewards_and_counts_them(tmp_path, faults_a
     FAULT["kind"] = "raise"
     gin.clear_config()
     config.parse_config([GRPO], [*FAST, f"train.reward_errors = '{policy}'"])
-    summary = trainer.train(str(tmp_path / "run"))
+    summary = run_training(str(tmp_path / "run"))
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     errors = [r["reward_errors"] for r in rows]
     assert sum(errors) > 0 and summary["reward_errors"] == sum(errors)
@@ -373,7 +382,7 @@ def test_warm_start_time_is_reported_apart_from_the_rl_wall_time(tmp_path, monke
     config.parse_config([GRPO], FAST)
     t0 = time.time()
     try:
-        summary = trainer.train(str(tmp_path / "run"))
+        summary = run_training(str(tmp_path / "run"))
     finally:
         FAULT["on"] = True
     elapsed = time.time() - t0

@@ -25,6 +25,7 @@ import pytest
 from polgrad import resume_config, runlock
 from polgrad import train as train_cli
 from polgrad.config import parse_config
+from polgrad.critic import NoCritic
 from polgrad.errors import ConfigError
 
 TESTS = Path(__file__).resolve().parent
@@ -393,7 +394,7 @@ def test_resume_with_a_changed_kl_coef_exits_in_one_line_naming_it(tmp_path, cap
 def _fake_run(lr: float = 1e-4):
     groups = [{"lr": lr, "eps": 1e-8}, {"lr": lr, "eps": 1e-8}]
     engine = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=groups))
-    m = types.SimpleNamespace(engine=engine, critic_engine=None)
+    m = types.SimpleNamespace(engine=engine, critic=NoCritic())
     cfg = types.SimpleNamespace(lr=3e-4, critic_lr=2e-4, adam_eps=1e-6)
     return m, cfg
 
@@ -401,7 +402,7 @@ def _fake_run(lr: float = 1e-4):
 def test_an_allowed_change_acts_from_the_resumed_step_and_is_recorded(tmp_path):
     """The checkpoint restores the old KL coefficient and optimizer lr/eps: the new bindings replace
     them, resume_overrides.jsonl says what changed at which step, config.gin holds the new bindings."""
-    from polgrad.run import LoopState, _config_changes
+    from polgrad.loop_state import LoopState, _config_changes
 
     (tmp_path / "config.gin").write_text(_config("train.steps = 2"))
     parse_config(
@@ -409,7 +410,8 @@ def test_an_allowed_change_acts_from_the_resumed_step_and_is_recorded(tmp_path):
     )
     m, cfg = _fake_run()
     saved = LoopState(step=2, kl_coef=0.04, skipped_steps=1)
-    state = _config_changes(cfg, types.SimpleNamespace(kl_coef=0.5), m, str(tmp_path), saved, True)
+    algo = types.SimpleNamespace(kl_coef=0.5)
+    state = _config_changes(cfg, algo, m, str(tmp_path), saved, True, gin.config_str())
     assert state == LoopState(step=2, kl_coef=0.5, skipped_steps=1)
     assert m.engine.optimizer.param_groups == [{"lr": 3e-4, "eps": 1e-6}, {"lr": 2e-4, "eps": 1e-6}]
     (row,) = [json.loads(line) for line in open(tmp_path / "resume_overrides.jsonl")]
@@ -427,13 +429,14 @@ def test_an_allowed_change_acts_from_the_resumed_step_and_is_recorded(tmp_path):
 
 def test_an_unchanged_config_keeps_the_checkpoints_loop_state(tmp_path):
     """A KL controller moved the coefficient to 0.07: a plain resume must not reset it to 0.04."""
-    from polgrad.run import LoopState, _config_changes
+    from polgrad.loop_state import LoopState, _config_changes
 
     (tmp_path / "config.gin").write_text(_config("train.steps = 2"))
     parse_config([GRPO], ["train.steps = 2"])
     m, cfg = _fake_run()
     saved = LoopState(step=2, kl_coef=0.07, skipped_steps=0)
-    assert _config_changes(cfg, types.SimpleNamespace(kl_coef=0.04), m, str(tmp_path), saved, True) == saved
+    algo = types.SimpleNamespace(kl_coef=0.04)
+    assert _config_changes(cfg, algo, m, str(tmp_path), saved, True, gin.config_str()) == saved
     assert m.engine.optimizer.param_groups[0] == {"lr": 1e-4, "eps": 1e-8}
     assert not (tmp_path / "resume_overrides.jsonl").exists()
 

@@ -374,7 +374,7 @@ def test_a_two_cell_sweep_writes_one_tracker_run_per_cell_named_after_it(tmp_pat
 @pytest.mark.slow
 def test_the_trainer_resumes_into_the_same_tracker_runs_without_logging_a_step_twice(tmp_path):
     """The real trainer in-process: 2 steps, then resumed from its step-2 checkpoint to 4 steps."""
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     def run(steps: int, resume: bool) -> None:
         gin.clear_config()

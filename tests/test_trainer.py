@@ -17,7 +17,7 @@ import torch
 
 from polgrad.config import parse_config
 from polgrad.registry import StepCounts, register
-from polgrad.trainer import train
+from polgrad.train import run as train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = sorted(glob.glob(os.path.join(REPO, "registry", "*.gin")))

@@ -36,6 +36,7 @@ import torch
 from polgrad import distributed, hooks, trainer
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
+from polgrad.build import Models
 from polgrad.rollout.hf import Rollout, response_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +103,7 @@ def _one_update(agg: str, micro_batch_size: int):
         bf16=False,
         grad_clip=None,
     )
-    m = trainer.Models(engine=engine, tokenizer=None)
+    m = Models(engine=engine, tokenizer=None, sampler=None)  # update() never samples
     batch = _batch(engine.module)
     cfg = types.SimpleNamespace(micro_batch_size=micro_batch_size, temperature=1.0)
     grads: dict[str, torch.Tensor] = {}

@@ -16,7 +16,7 @@ else:
     vllm = pytest.importorskip("vllm")
 
 from polgrad.config import parse_config  # noqa: E402
-from polgrad.trainer import train  # noqa: E402
+from polgrad.train import run as train  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

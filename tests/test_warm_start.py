@@ -1,5 +1,5 @@
 """Warm starts per seed, still paired: train.init_seed follows train.seed unless bound, the run records
-which warm start it started from (summary.json `warm_start`, polgrad/run.py), and the cache shares one
+which warm start it started from (summary.json `warm_start`, polgrad/build.py), and the cache shares one
 warm start per seed between configurations and experiments.
 
 The SFT itself is replaced by an untrained tiny model (`_sft` patched) in a temporary cache: what is
@@ -16,7 +16,7 @@ from pathlib import Path
 import gin
 import pytest
 
-from polgrad import config, models, run
+from polgrad import build, config, models
 from polgrad.errors import ConfigError
 from polgrad.pretrain import sft as sft_module
 from polgrad.sweep.experiment import load_experiment
@@ -60,7 +60,7 @@ def cell_config(experiment: str, config_index: int, seed: int, extra: tuple[str,
 
 
 def warm_start_of(experiment: str, config_index: int, seed: int, extra: tuple[str, ...] = ()) -> str:
-    return run.warm_start_id(run.warm_start(cell_config(experiment, config_index, seed, extra)))
+    return build.warm_start_id(build.warm_start(cell_config(experiment, config_index, seed, extra)))
 
 
 def test_each_seed_has_its_own_warm_start_shared_by_every_configuration_and_experiment(fake_sft, tmp_path):
@@ -91,12 +91,12 @@ def test_a_bound_init_seed_pins_one_warm_start_for_every_seed(fake_sft):
 
 
 def test_warm_start_id_of_a_policy_path(tmp_path, fake_sft):
-    made = run.warm_start(cell_config("kl_ablation", 0, seed=5))
+    made = build.warm_start(cell_config("kl_ablation", 0, seed=5))
     key = models.read_info(made)["key"]
-    assert run.warm_start_id(made) == key[:16] and made.endswith(f"-{key[:16]}")
+    assert build.warm_start_id(made) == key[:16] and made.endswith(f"-{key[:16]}")
     # train.policy_path is the run's policy as given: a checkpoint polgrad made keeps its key...
     cfg = cell_config("kl_ablation", 0, seed=6, extra=(f"train.policy_path = '{made}'",))
-    assert run.warm_start(cfg) == made and fake_sft == [5]
+    assert build.warm_start(cfg) == made and fake_sft == [5]
     # ...one made elsewhere (no polgrad.json key) is known by its content: config.json and weights
     ids = {}
     for seed in (0, 1):
@@ -104,16 +104,18 @@ def test_warm_start_id_of_a_policy_path(tmp_path, fake_sft):
         model.save_pretrained(tmp_path / f"hf{seed}")
         tokenizer.save_pretrained(tmp_path / f"hf{seed}")
         assert not (tmp_path / f"hf{seed}" / "polgrad.json").exists()
-        ids[seed] = run.warm_start_id(str(tmp_path / f"hf{seed}"))
+        ids[seed] = build.warm_start_id(str(tmp_path / f"hf{seed}"))
     assert ids[0] != ids[1]  # two different checkpoints, two warm starts
     assert all(re.fullmatch(r"path-[0-9a-f]{16}", i) for i in ids.values()), ids
-    assert run.warm_start_id(str(tmp_path / "hf0")) == ids[0]  # the same folder twice
+    assert build.warm_start_id(str(tmp_path / "hf0")) == ids[0]  # the same folder twice
     shutil.copytree(tmp_path / "hf0", tmp_path / "elsewhere" / "hf0")  # the same checkpoint elsewhere
     (tmp_path / "elsewhere" / "hf0" / "README.md").write_text("a note, not the model\n")
-    assert run.warm_start_id(str(tmp_path / "elsewhere" / "hf0")) == ids[0]
+    assert build.warm_start_id(str(tmp_path / "elsewhere" / "hf0")) == ids[0]
     conf = json.loads((tmp_path / "hf0" / "config.json").read_text())
     (tmp_path / "hf0" / "config.json").write_text(json.dumps({**conf, "rope_theta": 1234.0}))
-    assert run.warm_start_id(str(tmp_path / "hf0")) not in ids.values()  # its config.json is its identity too
+    assert (
+        build.warm_start_id(str(tmp_path / "hf0")) not in ids.values()
+    )  # its config.json is its identity too
 
 
 def test_warm_start_id_of_a_large_weights_file_reads_its_ends(tmp_path):
@@ -123,12 +125,12 @@ def test_warm_start_id_of_a_large_weights_file_reads_its_ends(tmp_path):
     big.mkdir()
     data = bytearray(b"w" * (3 << 20))
     (big / "model.safetensors").write_bytes(bytes(data))
-    first = run.warm_start_id(str(big))
+    first = build.warm_start_id(str(big))
     data[-1:] = b"x"
     (big / "model.safetensors").write_bytes(bytes(data))
-    second = run.warm_start_id(str(big))
+    second = build.warm_start_id(str(big))
     (big / "model.safetensors").write_bytes(bytes(data) + b"w")
-    assert len({first, second, run.warm_start_id(str(big))}) == 3
+    assert len({first, second, build.warm_start_id(str(big))}) == 3
 
 
 @pytest.mark.parametrize("value", ["'0'", "1.5", "True"])
@@ -152,7 +154,7 @@ FAST = [
 
 def test_summary_records_the_warm_start_each_run_started_from(fake_sft, tmp_path):
     """The trainer writes summary.json's `warm_start`: the seed's, whatever the spec."""
-    from polgrad.trainer import train
+    from polgrad.train import run as train
 
     got = {}
     for spec, seed in (("grpo", 1), ("reinforce", 1), ("grpo", 2)):

@@ -55,7 +55,7 @@ BUDGET_COLUMNS = (
 # The swept bindings a cell's built config never reads (space-separated; the sweep's dry run finds
 # them, polgrad/sweep/reads.py): labels and the md's table leave them out of that cell's group.
 NOT_READ = "not_read"
-# The policy a run started from (summary.json's warm_start: its SFT cache key, polgrad/run.py): cells of
+# The policy a run started from (summary.json's warm_start: its SFT cache key, polgrad/build.py): cells of
 # one seed share it when pairing holds. An older CSV without it still loads (the md says so).
 WARM_START = "warm_start"
 FRONT_COLUMNS = ("experiment", "cell_id", "spec", "spec_file")

@@ -1,7 +1,7 @@
 """Which warm starts an experiment's runs started from, in words: the md's first paragraph.
 
 Each finished run records the policy it started from (summary.json's `warm_start`, the CSV's
-`warm_start` column: the SFT warm start's cache key, polgrad/run.py `warm_start_id`). By default a
+`warm_start` column: the SFT warm start's cache key, polgrad/build.py `warm_start_id`). By default a
 seed fixes its warm start (train.init_seed follows train.seed), so an experiment's rows fall in one of
 these designs, and `warm_start_paragraph` says which:
 

@@ -1,0 +1,256 @@
+"""A run's models, built once and complete, one builder per role: policy, reward model, reference,
+critic, engines, sampler.
+
+`build_models` returns the `Models` bundle the loop reads and never patches: the policy's DeepSpeed
+engine and tokenizer, the frozen reference (None when nothing reads it), the `Critic` strategy
+(polgrad/critic.py), the scorer of the responses (the task's verifier or a reward model), the
+`Sampler` strategy (polgrad/sampling.py), and what summary.json records of the warm start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from polgrad import config, models, pretrain, sampling
+from polgrad import distributed as dist_lib
+from polgrad.algorithm import Algorithm
+from polgrad.critic import Critic, NoCritic, OwnEngineCritic, PolicyEngineCritic
+from polgrad.rollout import hf as hf_rollout
+from polgrad.tasks.rewards import RewardGuard
+
+
+# --------------------------------------------------------------------------- the bundle
+class TaskScorer:
+    """Scores with the task's own verifier, each reward checked by `rewards` (train.reward_errors)."""
+
+    def __init__(self, rewards: RewardGuard):
+        self.rewards = rewards
+
+    def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor:
+        return self.rewards.task_scores(task, rollout.examples, rollout.texts)
+
+
+class RewardModelScorer:
+    """Scores with a learned reward model (train.reward_source = 'reward_model'), checked by `rewards`."""
+
+    def __init__(self, model: torch.nn.Module, rewards: RewardGuard):
+        self.model, self.rewards = model, rewards
+
+    def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor:
+        scores = hf_rollout.rollout_scores(self.model, rollout)
+        return self.rewards.checked(scores, rollout.examples, rollout.texts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """The run's models, complete when built (`build_models`); the loop reads them and never sets them.
+
+    `score(rollout, task)` is one scalar per sequence [B] float64: the reward model's, else the task's
+    verifier's, each checked by `rewards` (train.reward_errors: a reward that raises or is not a finite
+    number stops the run in one line, is scored 0, or is NaN ('skip_group': the loop drops its group)).
+    `row_fields` go into every metrics row (a reward model's held-out pairwise accuracy)."""
+
+    engine: Any  # the policy's DeepSpeed engine
+    tokenizer: Any
+    sampler: sampling.Sampler
+    critic: Critic = dataclasses.field(default_factory=NoCritic)
+    reference: torch.nn.Module | None = None  # frozen; None when no part reads it and KL is not measured
+    rewards: RewardGuard = dataclasses.field(default_factory=RewardGuard)
+    score: Callable[[hf_rollout.Rollout, Any], Tensor] | None = None  # default: TaskScorer(rewards)
+    row_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
+    warm_start: str = ""  # which policy the run started from (`warm_start_id`)
+
+    def __post_init__(self) -> None:
+        if self.score is None:
+            object.__setattr__(self, "score", TaskScorer(self.rewards))
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What summary.json records of the warm start: its seconds and its identity (`warm_start_id`)."""
+        return {"warm_start_s": self.warm_start_s, "warm_start": self.warm_start}
+
+
+# --------------------------------------------------------------------------- the builders
+def build_models(
+    cfg: config.TrainConfig, algo: Algorithm, task: Any, *, out_dir: str, seed_of: Callable[[int], int]
+) -> Models:
+    """Policy (built and warm-started by cached SFT unless train.policy_path), then what the parts need.
+
+    The inputs are checked against the policy before anything trains (`models.check_inputs`: the
+    task's prompts fit the model's positions and survive its tokenizer). `Models.warm_start_s` is
+    the time spent in polgrad.pretrain (SFT, reward model; ~0 when cached), `Models.warm_start` the
+    starting policy's `warm_start_id`. `seed_of(step)` is the seed of a step's first sampling round
+    (the async sampler draws the coming steps' prompts with it); `out_dir` holds the checkpoints a
+    resumed async sampler reads. The roles are built in a fixed order (policy, reward model,
+    reference, critic, engines, sampler): each draws its random initialisation from the RNG
+    `distributed.setup` seeded, so the order is part of the run's reproducibility."""
+    t_pretrain = time.perf_counter()
+    policy_path = warm_start(cfg)
+    warm_start_s = time.perf_counter() - t_pretrain
+    policy, tokenizer = _policy(cfg, task, policy_path)
+    t_pretrain = time.perf_counter()
+    rm_path, rm_accuracy, reward_model = _reward_model(cfg, algo, task, policy, policy_path)
+    warm_start_s += time.perf_counter() - t_pretrain if rm_path is not None else 0.0
+    reference = _reference(cfg, algo, policy, policy_path)
+    critic, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path)
+    ds = dict(
+        zero_stage=cfg.zero_stage,
+        micro_batch_size=cfg.micro_batch_size,
+        grad_accum=1,
+        bf16=cfg.bf16,
+        grad_clip=cfg.grad_clip,
+    )
+    engine = dist_lib.make_engine(policy, lr=cfg.lr, eps=cfg.adam_eps, lr_groups=lr_groups, **ds)
+    if critic is None:
+        strategy: Critic = NoCritic()
+    elif getattr(critic, "in_policy_engine", False):  # a LoRA critic: the policy's engine trains it
+        strategy = PolicyEngineCritic(critic)
+    else:
+        strategy = OwnEngineCritic(dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds))
+    sampler = sampling.make_sampler(cfg, algo, task, out_dir, engine.module, tokenizer, policy_path, seed_of)
+    rewards = RewardGuard(
+        cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}", timeout_s=cfg.reward_timeout_s
+    )
+    score = TaskScorer(rewards) if reward_model is None else RewardModelScorer(reward_model, rewards)
+    return Models(
+        engine=engine,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        critic=strategy,
+        reference=reference,
+        rewards=rewards,
+        score=score,
+        row_fields={} if rm_accuracy is None else {"rm_heldout_accuracy": rm_accuracy},
+        warm_start_s=warm_start_s,
+        warm_start=warm_start_id(policy_path),
+    )
+
+
+def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch.nn.Module, Any]:
+    """The warm-started policy and its tokenizer, checked against the task; with LoRA the backbone is
+    frozen and the actor trains its adapter (polgrad/models/lora.py)."""
+    policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
+    models.check_inputs(
+        task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
+    )
+    if cfg.lora_r:
+        policy = models.lora.add_policy_adapter(policy, models.lora.lora_config(**cfg.lora_settings()))
+    return policy, tokenizer
+
+
+def _reward_model(
+    cfg: config.TrainConfig, algo: Algorithm, task: Any, policy: torch.nn.Module, policy_path: str
+) -> tuple[str | None, float | None, torch.nn.Module | None]:
+    """(checkpoint, held-out pairwise accuracy, scoring model). A reward model is trained (cached) when
+    it scores the responses or initialises the critic; it scores them with train.reward_source =
+    'reward_model'. With LoRA it is an adapter + head on the policy's backbone, unless a part
+    (value_init.reward_model) reads the reward model's own checkpoint: then it is the full model."""
+    if not (cfg.reward_source == "reward_model" or algo.needs_reward_model):
+        return None, None, None
+    lora_rm = bool(cfg.lora_r) and not algo.needs_reward_model
+    rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
+    if lora_rm:
+        rm["lora"] = cfg.lora_settings()
+    rm_path, rm_accuracy = pretrain.train_reward_model(
+        policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, **rm
+    )
+    reward_model = None
+    if cfg.reward_source == "reward_model":
+        reward_model = (
+            models.lora.add_reward_model(policy, rm_path) if lora_rm else models.load_reward_model(rm_path)
+        )
+    return rm_path, rm_accuracy, reward_model
+
+
+def _reference(
+    cfg: config.TrainConfig, algo: Algorithm, policy: torch.nn.Module, policy_path: str
+) -> torch.nn.Module | None:
+    """The frozen reference when a part reads it or the run measures KL (train.measure_kl). With LoRA
+    it is the policy's own module with its adapter disabled: no second copy."""
+    if not (algo.needs_reference or cfg.measure_kl):
+        return None
+    if cfg.lora_r:
+        return models.lora.AdapterDisabled(policy)
+    reference = models.load_reference(policy_path)
+    if cfg.bf16:
+        # The policy's engine module at step 0, exactly (KL 0, as in fp32): DeepSpeed's bf16 casts
+        # the parameters only (buffers such as RoPE's inv_freq stay fp32, as in a bf16 HF load).
+        for p in reference.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    return reference
+
+
+def _critic(
+    cfg: config.TrainConfig, algo: Algorithm, policy: torch.nn.Module, policy_path: str, rm_path: str | None
+) -> tuple[Any, tuple]:
+    """The critic module the spec's value_init part builds (None without one), and the extra param
+    groups of the policy's engine: a `lora` part builds on the peft policy, and its head (and own
+    adapter) train in the policy's engine at the critic's lr."""
+    if not algo.needs_critic:
+        return None, ()
+    lora_critic = algo.parts["Algorithm.value_init"].meta.get("lora", False)
+    on_policy = {"policy": policy} if lora_critic else {}
+    critic = algo.value_init(policy_path=policy_path, reward_model_path=rm_path, **on_policy)
+    lr_groups = ((models.lora.critic_parameters(policy), cfg.critic_lr),) if lora_critic else ()
+    return critic, lr_groups
+
+
+# --------------------------------------------------------------------------- the warm start
+# The files of a checkpoint polgrad did not make that its `warm_start_id` hashes: what the model is.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+EDGE_BYTES = 1 << 20  # a large file is hashed by its size, first and last MiB
+
+
+def warm_start_id(policy_path: str) -> str:
+    """The identity of a starting policy, as summary.json's `warm_start` and the CSV's column record it:
+    the first 16 hex characters of its polgrad.json cache key (an SFT warm start's: the suffix of its
+    cache folder .cache/polgrad/sft/<task>-<key>, which the task, model, SFT settings and seed fix), or
+    for a checkpoint polgrad did not make, 'path-' and 16 hex characters of a hash of its content:
+    config.json and the weights files (`WEIGHT_SUFFIXES`), each by name, size and the sha256 of its
+    bytes (of its first and last MiB when larger than 2 MiB), so two such checkpoints are told apart
+    and the same one, wherever it lies, is one warm start."""
+    key = models.read_info(policy_path).get("key") if os.path.isdir(policy_path) else None
+    if key:
+        return str(key)[:16]
+    h = hashlib.sha256()
+    folder = Path(policy_path)
+    files = sorted(folder.iterdir()) if folder.is_dir() else []
+    for f in files:
+        if f.is_file() and (f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES)):
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                if size <= 2 * EDGE_BYTES:
+                    content = hashlib.sha256(fh.read()).hexdigest()
+                else:
+                    head = fh.read(EDGE_BYTES)
+                    fh.seek(-EDGE_BYTES, os.SEEK_END)
+                    content = hashlib.sha256(head + fh.read(EDGE_BYTES)).hexdigest()
+            h.update(f"{f.name}\0{size}\0{content}\n".encode())
+    return "path-" + h.hexdigest()[:16]
+
+
+def warm_start(cfg: config.TrainConfig) -> str:
+    """The run's starting policy: train.policy_path, else the cached SFT warm start of the task's tiny
+    model seeded by `cfg.warm_start_seed` (train.init_seed, else train.seed)."""
+    if cfg.policy_path is not None:
+        return cfg.policy_path
+    sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
+    return pretrain.warm_start(
+        cfg.task_name,
+        cfg.task_kwargs(),
+        cfg.model_kwargs,
+        seed=cfg.warm_start_seed,
+        progress=cfg.progress,
+        reward_errors=cfg.reward_errors,
+        reward_timeout_s=cfg.reward_timeout_s,
+        **sft,
+    )

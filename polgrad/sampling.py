@@ -1,0 +1,230 @@
+"""Where a run's rollouts come from: one `Sampler`, chosen once when the models are built.
+
+The loop calls every sampler the same way and never asks which one it has:
+
+    begin(step, module)   a step begins; `module` holds the weights of version `step`
+    sample(examples, **sample_kwargs(...))  -> Rollout of this step's sampling round
+    stale                 True when the last rollout came from older weights than the trainer's
+    sync(module)          the trainer's optimizer changed the weights (after a step that updated)
+    resumed(module)       the weights were loaded from a checkpoint (a resume, before the first step)
+    metrics(batch)        what the sampler adds to the step's metrics row ({} when synchronous)
+    save(directory, step) what a checkpoint at `step` must hold to resume exactly (async: old weights)
+    close()               the run ends: wait for what is in flight, free the engine
+
+Three implementations, picked by `make_sampler` from `train.rollout_backend` and
+`train.async_rollouts`:
+
+    HFSampler     Hugging Face generation with the policy module itself (the default, CPU)
+    VLLMSampler   a vLLM engine, loaded with the policy's weights after every step that updated
+    AsyncSampler  polgrad.producer.Producer: step s samples from the weights of step max(s - k, 0)
+                  (hf or vLLM inside), so the rollouts of later steps are sampled while this one trains
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from polgrad import config, hooks, producer
+from polgrad.algorithm import Algorithm
+from polgrad.rollout import hf as hf_rollout
+
+
+class Sampler(Protocol):
+    """What the loop asks of a rollout source (module docstring)."""
+
+    stale: bool
+
+    def begin(self, step: int, module: torch.nn.Module) -> None: ...
+    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout: ...
+    def sync(self, module: torch.nn.Module) -> None: ...
+    def resumed(self, module: torch.nn.Module) -> None: ...
+    def metrics(self, batch: Any) -> dict[str, float]: ...
+    def save(self, directory: str, step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The seed of every random draw of `step` on `rank` (prompts, sampling, minibatch order)."""
+    return (int(seed) * 1_000_003 + int(step) * 7919 + 17 + int(rank) * 104_729) % (2**31 - 1)
+
+
+def round_seed(seed: int, sampling_round: int) -> int:
+    """The seed of sampling round r of a step whose seed is `seed` (round 0: the step's own)."""
+    return (int(seed) + int(sampling_round) * 15_485_863) % (2**31 - 1)
+
+
+def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[str, Any]:
+    """The generate() arguments of a sampling round with this seed (every sampler takes the same)."""
+    return dict(
+        group_size=algo.group_size,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        greedy_baseline=algo.needs_baseline_rollout,
+        generator_seed=seed,
+    )
+
+
+class HFSampler:
+    """Samples with the policy module the trainer updates (Hugging Face generation, polgrad/rollout/hf.py)."""
+
+    stale = False
+
+    def __init__(self, module: torch.nn.Module, tokenizer: Any):
+        self.module, self.tokenizer = module, tokenizer
+
+    def begin(self, step: int, module: torch.nn.Module) -> None:
+        pass
+
+    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
+        return hf_rollout.generate(self.module, self.tokenizer, examples, **kwargs)
+
+    def sync(self, module: torch.nn.Module) -> None:
+        pass  # it samples with the module itself
+
+    def resumed(self, module: torch.nn.Module) -> None:
+        pass
+
+    def metrics(self, batch: Any) -> dict[str, float]:
+        return {}
+
+    def save(self, directory: str, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class VLLMSampler:
+    """Samples with a vLLM engine (polgrad/rollout/vllm.py) that gets the policy's weights after every
+    step that updated them, and after a resume loaded them."""
+
+    stale = False
+
+    def __init__(self, vllm: Any):
+        self.vllm = vllm
+
+    def begin(self, step: int, module: torch.nn.Module) -> None:
+        pass
+
+    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
+        return self.vllm.generate(examples, **kwargs)
+
+    def sync(self, module: torch.nn.Module) -> None:
+        with hooks.phase("sync"):
+            self.vllm.sync_weights(module)
+
+    def resumed(self, module: torch.nn.Module) -> None:
+        self.vllm.sync_weights(module)
+
+    def metrics(self, batch: Any) -> dict[str, float]:
+        return {}
+
+    def save(self, directory: str, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.vllm.close()
+
+
+class AsyncSampler:
+    """Asynchronous rollouts (`train.async_rollouts`, `train.max_staleness` = k): a
+    `producer.Producer`, started at the first step the loop runs (0, or the step a resume loads), with
+    the versions that checkpoint saved. With vLLM the producer owns the engine: the trainer's `sync`
+    does nothing, a resume loads the checkpoint's weights into the engine before the producer starts."""
+
+    def __init__(
+        self,
+        cfg: config.TrainConfig,
+        algo: Algorithm,
+        task: Any,
+        out_dir: str,
+        module: torch.nn.Module,
+        tokenizer: Any,
+        seed_of: Callable[[int], int],
+        vllm: Any = None,
+    ):
+        self.cfg, self.algo, self.task, self.out_dir = cfg, algo, task, out_dir
+        self.module, self.tokenizer, self.seed_of, self.vllm = module, tokenizer, seed_of, vllm
+        self.producer: producer.Producer | None = None
+
+    @property
+    def stale(self) -> bool:
+        return self.producer is not None and self.producer.stale
+
+    def _start(self, step: int) -> producer.Producer:
+        cfg, algo, task, seed_of = self.cfg, self.algo, self.task, self.seed_of
+
+        def draw(s: int) -> tuple[list, dict[str, Any]]:
+            seed = seed_of(s)  # step s's first round: the prompts and seed the trainer's collect draws
+            return task.examples("train", cfg.prompts_per_step, seed=seed), sample_kwargs(cfg, algo, seed)
+
+        saved = (
+            producer.load_saved(os.path.join(self.out_dir, "checkpoints", "sampler"), step) if step else {}
+        )
+        return producer.Producer(
+            self.module,
+            self.tokenizer,
+            vllm=self.vllm,
+            max_staleness=cfg.max_staleness,
+            steps=cfg.steps,
+            start=step,
+            draw=draw,
+            saved=saved,
+        )
+
+    def begin(self, step: int, module: torch.nn.Module) -> None:
+        if self.producer is None:
+            self.producer = self._start(step)
+        self.producer.begin(step, module)
+
+    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
+        return self.producer.sample(examples, **kwargs)
+
+    def sync(self, module: torch.nn.Module) -> None:
+        pass  # the producer snapshots the weights at `begin`, and loads them into vLLM itself
+
+    def resumed(self, module: torch.nn.Module) -> None:
+        if self.vllm is not None:  # the engine must hold the version the producer starts at
+            self.vllm.sync_weights(module)
+
+    def metrics(self, batch: Any) -> dict[str, float]:
+        return self.producer.metrics(batch)
+
+    def save(self, directory: str, step: int) -> None:
+        if self.producer is not None:
+            self.producer.save(directory, step)
+
+    def close(self) -> None:
+        if self.producer is not None:  # first: its thread may still be sampling with the vLLM engine
+            self.producer.close()
+        if self.vllm is not None:
+            self.vllm.close()
+
+
+def make_sampler(
+    cfg: config.TrainConfig,
+    algo: Algorithm,
+    task: Any,
+    out_dir: str,
+    module: torch.nn.Module,
+    tokenizer: Any,
+    policy_path: str,
+    seed_of: Callable[[int], int],
+) -> Sampler:
+    """The run's sampler (module docstring). A preference spec (DPO) samples nothing: it gets the
+    HF sampler, which it never calls. The vLLM engine loads the starting policy from `policy_path`."""
+    vllm = None
+    if cfg.rollout_backend == "vllm":
+        from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
+
+        vllm = VLLMRollout(policy_path, seed=cfg.seed)
+    if cfg.async_rollouts and not algo.offline:
+        return AsyncSampler(cfg, algo, task, out_dir, module, tokenizer, seed_of, vllm=vllm)
+    if vllm is not None:
+        return VLLMSampler(vllm)
+    return HFSampler(module, tokenizer)

@@ -1,0 +1,60 @@
+"""A run's summary.json: means over its last steps, its first and last evaluation, its stability."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from polgrad.evaluation import read_evals
+
+SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
+
+
+def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0) -> dict[str, Any]:
+    """The run's summary: means over the last steps, the last and the starting eval accuracy.
+
+    `status` is 'unstable' when more than `unstable_skip_frac` of the run's optimizer steps were
+    skipped for a non-finite loss or gradient (`skipped_frac`; `unstable` says so in words), else 'ok'.
+    `wall_time_s` is the RL run's (the trainer leaves the warm start out: its `warm_start_s`);
+    `reward_errors` counts the faulty rewards of every step (train.reward_errors)."""
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
+    init = [e["accuracy"] for e in read_evals(out_dir) if e["step"] == 0]
+    last = rows[-SUMMARY_LAST_K:]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in last if key in r]
+        return float(sum(vals) / len(vals)) if vals else None
+
+    evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+    skipped = rows[-1].get("skipped_steps", 0) if rows else 0
+    updates = sum(r.get("optimizer_steps", 1) for r in rows)  # rows of older runs: one per step
+    stability = _stability(skipped, updates, unstable_skip_frac)
+    return {
+        **stability,
+        "steps": len(rows),
+        "final_train_reward": mean("reward_mean"),
+        "eval_accuracy": evals[-1] if evals else None,
+        "eval_accuracy_init": init[0] if init else None,
+        "kl": mean("kl"),
+        "kl_exact": mean("kl_exact"),
+        "entropy": mean("entropy"),
+        "tokens_per_s": mean("tokens_per_s"),
+        "wall_time_s": wall_time_s,
+        "peak_mem_mb": max((r.get("peak_mem_mb", 0.0) for r in rows), default=None),
+        "skipped_steps": skipped,
+        "reward_errors": sum(int(r.get("reward_errors", 0)) for r in rows),
+    }
+
+
+def _stability(skipped: int, updates: int, threshold: float) -> dict[str, Any]:
+    """status 'ok' or 'unstable' (skipped / optimizer steps above `threshold`), and the numbers."""
+    frac = skipped / updates if updates else 0.0
+    out: dict[str, Any] = {"status": "unstable" if frac > threshold else "ok", "skipped_frac": frac}
+    if frac > threshold:
+        out["unstable"] = (
+            f"unstable: {skipped} of {updates} optimizer steps skipped for a non-finite loss or gradient "
+            f"({frac:.0%} > train.unstable_skip_frac = {threshold:g}); try a lower train.lr"
+        )
+    return out
