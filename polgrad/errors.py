@@ -6,9 +6,8 @@ traceback; library callers get an ordinary exception they can catch.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 
 def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
@@ -22,6 +21,17 @@ class PolgradError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))  # force one line
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Keep the one line when gin re-raises it. gin re-raises an exception from inside a
+        configurable as an instance of a subclass of its type, made on the spot, whose `__str__`
+        appends "In call to configurable ..." lines. A polgrad error already names the part and the
+        binding in its one line, so a subclass whose `__str__` is defined outside polgrad renders
+        only the first line; every other exception keeps gin's context. Nothing of gin is patched."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__str__")
+        if own is not None and not str(getattr(own, "__module__", "")).startswith("polgrad"):
+            cls.__str__ = lambda self, _own=own: _own(self).split("\n", 1)[0]
 
 
 class RegistryError(PolgradError, KeyError):
@@ -67,33 +77,3 @@ def write_error(error: OSError, path, fix: str = "") -> WriteError:
     reason = os.strerror(error.errno) if error.errno else (error.strerror or str(error))
     where = error.filename if path is None and error.filename else path
     return WriteError(f"{reason[:1].lower()}{reason[1:]} while writing {where}" + (f"; {fix}" if fix else ""))
-
-
-@contextlib.contextmanager
-def gin_keeps_our_lines() -> Iterator[None]:
-    """Inside: gin does not append "In call to configurable ..." lines to polgrad's own errors.
-
-    gin wraps every exception raised inside a configurable in a proxy whose message gains the
-    call site. polgrad's errors already name the part and the binding in one line, so for them
-    the exception is re-raised unchanged; every other exception keeps gin's context. The entry
-    points (`python -m polgrad.train`, `polgrad.train.run`, `python -m polgrad.sweep`) run inside
-    it; gin is restored on exit, so importing polgrad patches nothing.
-    """
-    from gin import utils as gin_utils
-
-    original = gin_utils.augment_exception_message_and_reraise
-    if getattr(original, "_polgrad", False):  # nested: the outer context restores it
-        yield
-        return
-
-    def augment(exception, message):
-        if isinstance(exception, PolgradError):
-            raise exception.with_traceback(exception.__traceback__)
-        return original(exception, message)
-
-    augment._polgrad = True
-    gin_utils.augment_exception_message_and_reraise = augment
-    try:
-        yield
-    finally:
-        gin_utils.augment_exception_message_and_reraise = original

@@ -40,18 +40,16 @@ def run(out_dir: str, *, resume: bool | None = None, progress: bool | None = Non
     """One run of the parsed gin configuration into `out_dir`: build its inputs (`config.build()`,
     every check the sweep's dry run makes too) and hand them to `polgrad.trainer.train`; returns the
     summary. `resume` / `progress` override `train.resume` / `train.progress` when given. This is
-    the boundary below which nothing reads gin; polgrad's own errors stay one line inside it."""
+    the boundary below which nothing reads gin."""
     import dataclasses
 
     from polgrad import config
-    from polgrad.errors import gin_keeps_our_lines
     from polgrad.trainer import train
 
-    with gin_keeps_our_lines():
-        cfg, algo, task = config.build()
-        overrides = {"resume": resume, "progress": progress}
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-        return train(cfg, algo, task, out_dir, record=config.record())
+    cfg, algo, task = config.build()
+    overrides = {"resume": resume, "progress": progress}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    return train(cfg, algo, task, out_dir, record=config.record())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,14 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
-from polgrad.errors import (
-    PolgradError,
-    WriteError,
-    did_you_mean,
-    gin_keeps_our_lines,
-    is_write_failure,
-    write_error,
-)
+from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.sweep import budget, launch, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
@@ -308,11 +301,6 @@ def prepare(path: str, train_module: str | None = None) -> tuple[Experiment, lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    with gin_keeps_our_lines():  # polgrad's errors raised inside a part stay one line
-        return _main(argv)
-
-
-def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(
         prog="python -m polgrad.sweep",
