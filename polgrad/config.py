@@ -37,6 +37,11 @@ from polgrad.algorithm import Algorithm
 from polgrad.errors import ConfigError, PolgradError, did_you_mean
 from polgrad.train_config import TrainConfig
 
+# Bindings that existed once: a file that still binds one is told what replaced it.
+REMOVED = {
+    "train.async_rollouts": "asynchronous rollouts are one setting, train.max_staleness = k (0, the "
+    "default, is the synchronous loop; k > 0 samples step s from the weights of step s - k)",
+}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BASE = os.path.join("experiments", "base_tiny.gin")
 
@@ -60,8 +65,11 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
     except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
         raise ConfigError(_first_line(e)) from None
     _check_task_needs(cfg, algo, task)
-    if cfg.async_rollouts and algo.offline:
-        raise ConfigError(f"train.async_rollouts = True: {algo.name} samples nothing (Algorithm.preference)")
+    if cfg.asynchronous and algo.offline:
+        raise ConfigError(
+            f"train.max_staleness = {cfg.max_staleness} (asynchronous rollouts): {algo.name} samples nothing "
+            "(Algorithm.preference); leave it at 0"
+        )
     value_init = algo.parts.get("Algorithm.value_init")
     if value_init is not None and value_init.meta.get("lora") and cfg.lora_r == 0:
         raise ConfigError(
@@ -144,8 +152,10 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     vLLM rollouts run one in-process engine inside the trainer's process; at world size > 1 each
     rank would start its own inside the trainer's process group, which polgrad does not test.
     """
-    if world_size > 1 and cfg.async_rollouts:
-        raise ConfigError("train.async_rollouts = True runs on one process only (world size 1)")
+    if world_size > 1 and cfg.asynchronous:
+        raise ConfigError(
+            "train.max_staleness > 0 (asynchronous rollouts) runs on one process only (world size 1)"
+        )
     if world_size > 1 and cfg.rollout_backend == "vllm":
         raise ConfigError(
             "train.rollout_backend = 'vllm' is supported on one process only (each rank would start its "
@@ -290,6 +300,9 @@ def check_statement(stmt: Any, recorder: _Recorder) -> str | None:
         if fn is None or isinstance(fn, _Ambiguous):
             return fn or unknown_selector(stmt.selector)
         params, var_kw = _parameters(fn)
+        removed = REMOVED.get(f"{stmt.selector}.{stmt.arg_name}")
+        if removed:
+            return f"{stmt.selector}.{stmt.arg_name} no longer exists: {removed}"
         if stmt.arg_name not in params and not var_kw:
             return (
                 f"'{stmt.selector}' has no parameter '{stmt.arg_name}'; valid parameters: "

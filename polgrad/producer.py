@@ -1,6 +1,6 @@
 """Asynchronous rollouts: a producer samples the next batches from stale weights while the trainer updates.
 
-`train.async_rollouts = True` with `train.max_staleness = k`. Version j of the policy is its
+`train.max_staleness = k` > 0 (polgrad/sampling.py's AsyncSampler). Version j of the policy is its
 weights after j steps (version 0: the starting policy). Step s trains on a rollout sampled with
 
     v(s) = max(s - k, first)      first = 0, or on a resume without the saved versions the step resumed at

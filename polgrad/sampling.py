@@ -12,7 +12,7 @@ The loop calls every sampler the same way and never asks which one it has:
     close()               the run ends: wait for what is in flight, free the engine
 
 Three implementations, picked by `make_sampler` from `train.rollout_backend` and
-`train.async_rollouts`:
+`train.max_staleness`:
 
     HFSampler     Hugging Face generation with the policy module itself (the default, CPU)
     VLLMSampler   a vLLM engine, loaded with the policy's weights after every step that updated
@@ -132,7 +132,7 @@ class VLLMSampler:
 
 
 class AsyncSampler:
-    """Asynchronous rollouts (`train.async_rollouts`, `train.max_staleness` = k): a
+    """Asynchronous rollouts (`train.max_staleness` = k > 0): a
     `producer.Producer`, started at the first step the loop runs (0, or the step a resume loads), with
     the versions that checkpoint saved. With vLLM the producer owns the engine: the trainer's `sync`
     does nothing, a resume loads the checkpoint's weights into the engine before the producer starts."""
@@ -223,7 +223,7 @@ def make_sampler(
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
         vllm = VLLMRollout(policy_path, seed=cfg.seed)
-    if cfg.async_rollouts and not algo.offline:
+    if cfg.asynchronous and not algo.offline:
         return AsyncSampler(cfg, algo, task, out_dir, module, tokenizer, seed_of, vllm=vllm)
     if vllm is not None:
         return VLLMSampler(vllm)

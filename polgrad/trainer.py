@@ -47,11 +47,11 @@ several minibatches each rank shuffles its own rows into them, so the minibatche
 With filters, every rank keeps the same number of groups (the fewest any rank has), so all
 ranks run the same optimizer steps.
 
-Asynchronous rollouts (`train.async_rollouts`, `train.max_staleness` = k; polgrad/sampling.py): a
+Asynchronous rollouts (`train.max_staleness` = k > 0; polgrad/sampling.py): a
 producer samples step s's rollout from the weights of step max(s - k, 0) while the trainer updates on
 earlier ones. Its log-probs are kept as `rollout_logp` (the behaviour policy), old_logp is recomputed
 when the rollout is stale, and the row logs staleness_mean/max, rollout_wait_s and the statistics of
-π_old/π_behaviour (is_ratio_*). k = 0 is the synchronous loop exactly; checkpoints also hold the k
+π_old/π_behaviour (is_ratio_*). k = 0 (the default) is the synchronous loop; checkpoints also hold the k
 older weight versions the next steps sample with, so resume stays exact. The loop does not know
 which sampler it has (HF, vLLM, async: `Sampler`, polgrad/sampling.py) nor which critic
 (`Critic`, polgrad/critic.py): both are chosen once when the models are built.

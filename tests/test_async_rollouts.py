@@ -1,4 +1,4 @@
-"""Async rollouts (train.async_rollouts, polgrad/producer.py): the lag rule, exactness, resume, errors.
+"""Async rollouts (train.max_staleness > 0, polgrad/producer.py): the lag rule, exactness, resume, errors.
 
 Fast tests drive a `Producer` directly on a randomly initialised tiny model whose weights are
 changed by hand between "steps" (so every version differs); the slow ones train the tiny default
@@ -24,6 +24,7 @@ from polgrad.models import build_tiny, load_policy
 from polgrad.producer import Producer, load_saved
 from polgrad.rollout import hf
 from polgrad.train import run as train
+from polgrad.train_config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,7 +191,7 @@ def test_a_stale_rollout_gets_pi_old_recomputed_with_the_trainers_weights(setup,
     assert not algo.needs_rollout_logp  # clip.ppo: only the staleness can ask for the recompute
     fake = _FakeProducer(model, base, tokenizer, stale)
     m = Models(engine=SimpleNamespace(module=model), tokenizer=tokenizer, sampler=fake)
-    batch, _ = trainer_lib.collect(cfg, algo, m, task, seed=11)
+    batch = trainer_lib.collect(cfg, algo, m, task, seed=11)
     mask = fake.rollout.mask.double()
     with torch.no_grad():
         trainers = hf.response_logprobs(model, fake.rollout, temperature=cfg.temperature).double() * mask
@@ -229,17 +230,16 @@ def _decode_phase():
     [
         (["train.max_staleness = -1"], "train.max_staleness must be an integer >= 0, got -1"),
         (["train.max_staleness = 1.5"], "train.max_staleness must be an integer >= 0, got 1.5"),
-        (["train.async_rollouts = 1"], "train.async_rollouts must be True or False, got 1"),
         (
-            ["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 1000000"],
+            ["train.steps = 20", "train.max_staleness = 1000000"],
             "train.max_staleness = 1000000 is above train.steps = 20: every rollout would be the starting "
             "policy's; use at most 8 (1 to 8 is the usual range)",
         ),
         *[
             (
-                ["train.async_rollouts = True", f"train.rollout_backend = '{b}'", "train.zero_stage = 3"],
-                "train.async_rollouts = True needs train.zero_stage 0, 1 or 2, got 3: the producer "
-                "snapshots the policy's whole weights every step, and ZeRO-3 partitions them",
+                ["train.max_staleness = 1", f"train.rollout_backend = '{b}'", "train.zero_stage = 3"],
+                "train.max_staleness > 0 (asynchronous rollouts) needs train.zero_stage 0, 1 or 2, got 3: "
+                "the producer snapshots the policy's whole weights every step, and ZeRO-3 partitions them",
             )
             for b in ("hf", "vllm")
         ],
@@ -258,7 +258,7 @@ def test_a_staleness_that_leaves_only_the_starting_policy_warns(capsys):
     Not an error: a run cut short to be resumed with more train.steps may mean it."""
     for k, warned in ((2, False), (3, True), (4, True)):
         gin.clear_config()
-        parse_config([GRPO], ["train.async_rollouts = True", "train.steps = 4", f"train.max_staleness = {k}"])
+        parse_config([GRPO], ["train.steps = 4", f"train.max_staleness = {k}"])
         config.build()
         err = capsys.readouterr().err
         assert err == (
@@ -269,13 +269,13 @@ def test_a_staleness_that_leaves_only_the_starting_policy_warns(capsys):
         ), k
 
 
-def test_a_staleness_above_the_sane_range_warns_and_is_inert_without_async(capsys):
-    """k in (8, steps]: accepted with one warning line (it used to pass silently); k = 8 and a
-    synchronous run (where max_staleness is unused) say nothing."""
+def test_a_staleness_above_the_sane_range_warns(capsys):
+    """k in (8, steps]: accepted with one warning line (it used to pass silently); k = 8 and the
+    synchronous default (k = 0) say nothing."""
     for bindings, warned in (
-        (["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 9"], True),
-        (["train.async_rollouts = True", "train.steps = 20", "train.max_staleness = 8"], False),
-        (["train.steps = 20", "train.max_staleness = 1000"], False),
+        (["train.steps = 20", "train.max_staleness = 9"], True),
+        (["train.steps = 20", "train.max_staleness = 8"], False),
+        (["train.steps = 20"], False),
     ):
         gin.clear_config()
         parse_config([GRPO], bindings)
@@ -292,21 +292,40 @@ def test_a_staleness_above_the_sane_range_warns_and_is_inert_without_async(capsy
 def test_async_rollouts_are_accepted_with_either_backend():
     for backend in ("hf", "vllm"):  # the vLLM engine is the producer's (tests/test_async_vllm.py)
         gin.clear_config()
-        parse_config([GRPO], ["train.async_rollouts = True", f"train.rollout_backend = '{backend}'"])
+        parse_config([GRPO], ["train.max_staleness = 1", f"train.rollout_backend = '{backend}'"])
         cfg, _, _ = config.build()
-        assert (cfg.async_rollouts, cfg.rollout_backend) == (True, backend)
+        assert (cfg.asynchronous, cfg.rollout_backend) == (True, backend)
 
 
 def test_async_is_refused_for_a_preference_spec_and_at_world_size_two():
-    parse_config([os.path.join(REPO, "registry", "dpo.gin")], ["train.async_rollouts = True"])
-    with pytest.raises(ConfigError, match=r"^train.async_rollouts = True: dpo samples nothing"):
+    parse_config([os.path.join(REPO, "registry", "dpo.gin")], ["train.max_staleness = 1"])
+    with pytest.raises(
+        ConfigError, match=r"^train.max_staleness = 1 \(asynchronous rollouts\): dpo samples nothing"
+    ):
         config.build()
     gin.clear_config()
-    parse_config([GRPO], ["train.async_rollouts = True"])
+    parse_config([GRPO], ["train.max_staleness = 1"])
     cfg, _, _ = config.build()
-    assert (cfg.async_rollouts, cfg.max_staleness) == (True, 1)
-    with pytest.raises(ConfigError, match=r"^train.async_rollouts = True runs on one process only"):
+    assert (cfg.asynchronous, cfg.max_staleness) == (True, 1)
+    with pytest.raises(
+        ConfigError, match=r"^train.max_staleness > 0 \(asynchronous rollouts\) runs on one process"
+    ):
         config.check_world_size(cfg, 2)
+    gin.clear_config()
+    parse_config([GRPO], [])
+    cfg, _, _ = config.build()
+    assert (cfg.asynchronous, cfg.max_staleness) == (False, 0)  # the default: synchronous
+    config.check_world_size(cfg, 2)
+
+
+def test_the_removed_async_switch_says_what_replaced_it():
+    """train.async_rollouts was a second switch for what train.max_staleness says alone."""
+    with pytest.raises(ConfigError) as info:
+        parse_config([GRPO], ["train.async_rollouts = True"])
+    assert (
+        "train.async_rollouts no longer exists: asynchronous rollouts are one setting, train.max_staleness"
+        in str(info.value)
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -348,9 +367,13 @@ def _equal_weights(a, b) -> bool:
 
 
 @pytest.mark.slow
-def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
+def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path, monkeypatch):
+    """The producer at k = 0 (forced: train.max_staleness = 0 is the synchronous loop) samples what the
+    synchronous loop samples, bit for bit: a staleness grid's k = 0 cell is the synchronous baseline
+    whichever of the two ran it."""
     sync, w_sync = _train(tmp_path, "sync", [])
-    asy, w_async = _train(tmp_path, "async", ["train.async_rollouts = True", "train.max_staleness = 0"])
+    monkeypatch.setattr(TrainConfig, "asynchronous", property(lambda self: True))
+    asy, w_async = _train(tmp_path, "async", ["train.max_staleness = 0"])
     assert [r["staleness_max"] for r in asy] == [0.0] * 4
     assert [set(r) - set(s) for r, s in zip(asy, sync, strict=True)] == [ASYNC_KEYS - TIMING] * 4
     assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
@@ -360,7 +383,7 @@ def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("clip", ["ppo", "icepop"])
 def test_staleness_two_logs_its_lag_and_keeps_the_behaviour_logprobs(tmp_path, clip):
-    bind = ["train.async_rollouts = True", "train.max_staleness = 2", f"Algorithm.clip = @clip.{clip}"]
+    bind = ["train.max_staleness = 2", f"Algorithm.clip = @clip.{clip}"]
     rows, _ = _train(tmp_path, "k2", bind)
     assert [r["staleness_max"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
     assert [r["staleness_mean"] for r in rows] == [0.0, 1.0, 2.0, 2.0]
@@ -376,7 +399,7 @@ def test_staleness_two_logs_its_lag_and_keeps_the_behaviour_logprobs(tmp_path, c
 
 @pytest.mark.slow
 def test_a_resumed_async_run_ends_where_the_uninterrupted_one_ends(tmp_path):
-    bind = ["train.async_rollouts = True", "train.max_staleness = 2", "Algorithm.clip = @clip.tis"]
+    bind = ["train.max_staleness = 2", "Algorithm.clip = @clip.tis"]
     full, w_full = _train(tmp_path, "full", bind)
     _train(tmp_path, "cut", [*bind, "train.steps = 2"])
     resumed, w_resumed = _train(tmp_path, "cut", bind, resume=True)

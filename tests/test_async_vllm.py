@@ -33,6 +33,7 @@ from polgrad.producer import Producer, load_saved  # noqa: E402
 from polgrad.rollout import hf  # noqa: E402
 from polgrad.rollout.vllm import VLLMRollout  # noqa: E402
 from polgrad.train import run as train  # noqa: E402
+from polgrad.train_config import TrainConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -212,13 +213,15 @@ def _equal_weights(a, b) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
-def test_async_vllm_with_staleness_zero_is_the_synchronous_vllm_run_exactly(tmp_path):
+def test_async_vllm_with_staleness_zero_is_the_synchronous_vllm_run_exactly(tmp_path, monkeypatch):
     phases: list[str] = []
     with hooks.listen(on_phase=lambda path, dt: phases.append(path)):
         sync, w_sync = _train(tmp_path, "sync", [])
         synced, phases[:] = phases.count("sync"), []
         rng_sync = torch.get_rng_state(), random.getstate()
-        asy, w_async = _train(tmp_path, "async", ["train.async_rollouts = True", "train.max_staleness = 0"])
+        # the producer at k = 0, forced (train.max_staleness = 0 alone is the synchronous loop)
+        monkeypatch.setattr(TrainConfig, "asynchronous", property(lambda self: True))
+        asy, w_async = _train(tmp_path, "async", ["train.max_staleness = 0"])
     # vLLM's sampler draws from torch's global RNG in the producer's thread, inside a kept state, and
     # the trainer draws nothing from it during the loop: the run leaves the global RNGs where the
     # synchronous one does
@@ -239,7 +242,7 @@ def test_a_resumed_async_vllm_run_ends_where_the_uninterrupted_one_ends(tmp_path
     process). Across processes too, checked by hand with `python -m polgrad.train` (GRPO, clip.tis,
     k = 2, train.threads = 1): two 6-step runs gave the same metrics.jsonl, and a run cut at step 3
     and resumed in a new process gave the uninterrupted one's."""
-    bind = ["train.async_rollouts = True", "train.max_staleness = 2", "Algorithm.clip = @clip.tis"]
+    bind = ["train.max_staleness = 2", "Algorithm.clip = @clip.tis"]
     full, w_full = _train(tmp_path, "full", bind)
     assert [r["staleness_max"] for r in full] == [0.0, 1.0, 2.0, 2.0]
     assert [r["staleness_mean"] for r in full] == [0.0, 1.0, 2.0, 2.0]
