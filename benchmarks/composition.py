@@ -44,7 +44,7 @@ def _composition_timings(algo, b: int, t: int, blocks: int, block: int, threads:
     leaf = x["logp"].clone().requires_grad_(True)
 
     def composed(backward: bool):
-        loss, _, _ = algo.loss({**x, "logp": leaf}, counts)
+        loss, _, _ = algo.loss({**x, "logp": leaf}, counts, kl_coef=algo.kl_coef)
         if backward:
             loss.backward()
 

@@ -188,7 +188,7 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
         "rollout_logp": old_logp.double(),
         "ref_logp": ref_logp.double(),
     }
-    batch, _ = algo.prepare(batch)
+    batch, _ = algo.prepare(batch, kl_coef=algo.kl_coef)
     counts = StepCounts.of_step([mask])
 
     # TRL's trainer around the same weights (its __init__ patches the fused LM head onto the model)
@@ -223,7 +223,9 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
         out = hf_rollout.response_logprobs(policy_pg, rollout, with_entropy=True)
     leaf_pg = out.logp.double().requires_grad_(True)
     leaf_trl = out.logp.double().requires_grad_(True)
-    loss_fn_pg, _, _ = algo.loss(dict(batch, logp=leaf_pg, entropy=out.entropy.double()), counts)
+    loss_fn_pg, _, _ = algo.loss(
+        dict(batch, logp=leaf_pg, entropy=out.entropy.double()), counts, kl_coef=algo.kl_coef
+    )
     loss_fn_pg.backward()
     given = {"logps": (leaf_trl, out.entropy.double(), None)}
     with patched([(trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: given["logps"])]):
@@ -247,7 +249,9 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
         gin.bind_parameter("kl.k3.max_value", None)
         gin.bind_parameter("kl.k3.max_log_ratio", None)
     leaf_ng = out.logp.double().requires_grad_(True)
-    loss_fn_ng, _, _ = algo.loss(dict(batch, logp=leaf_ng, entropy=out.entropy.double()), counts)
+    loss_fn_ng, _, _ = algo.loss(
+        dict(batch, logp=leaf_ng, entropy=out.entropy.double()), counts, kl_coef=algo.kl_coef
+    )
     loss_fn_ng.backward()
     with gin.unlock_config():
         gin.bind_parameter("kl.k3.max_value", max_value)
@@ -258,7 +262,9 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
 
     # --- 2. end to end: each framework's own forward, advantage formula and dtype
     out = hf_rollout.response_logprobs(policy_pg, rollout, with_entropy=True)
-    loss_pg, _, _ = algo.loss(dict(batch, logp=out.logp.double(), entropy=out.entropy.double()), counts)
+    loss_pg, _, _ = algo.loss(
+        dict(batch, logp=out.logp.double(), entropy=out.entropy.double()), counts, kl_coef=algo.kl_coef
+    )
     loss_pg.backward()
     loss_trl = trainer._compute_loss(
         trainer.model,

@@ -26,26 +26,16 @@ import gin
 import torch
 from torch import Tensor
 
-from polgrad import collective, registry, table5
+from polgrad import collective, registry, spec_checks, table5
 from polgrad.batch import Batch
 from polgrad.components.advantage import last_token
-from polgrad.errors import ConfigError, PolgradError
 from polgrad.registry import StepCounts
-from polgrad.spec_checks import entry_of_kind as _entry
-from polgrad.spec_checks import unbound_hyperparameters as _unbound_hyperparameters
-
-PLACEMENTS = ("reward", "loss")
 
 
 def _global_sums(*values: float | Tensor) -> list[float]:
     """The values summed over the data-parallel ranks (collective; as they are on one process)."""
     t = torch.tensor([float(v) for v in values], dtype=torch.float64)
     return collective.all_sum(t).tolist()
-
-
-def needing_baseline(algo: Algorithm) -> str:
-    binding = next(b for b, e in algo.parts.items() if e.meta.get("needs_baseline_rollout"))
-    return f"{binding} = @{algo.parts[binding].full_name}"
 
 
 @gin.configurable
@@ -118,7 +108,7 @@ class Algorithm:
         self.filters = tuple(filters or ())
         self.max_sampling_rounds = int(max_sampling_rounds)
         self.reward_shaping = tuple(reward_shaping or ())
-        self._validate()
+        spec_checks.validate(self)  # sets self.parts; every check and the probe (polgrad/spec_checks.py)
         self.parts = MappingProxyType(self.parts)  # read-only, like every other attribute
         self._frozen = True
 
@@ -129,164 +119,6 @@ class Algorithm:
                 "pass kl_coef to prepare/loss"
             )
         super().__setattr__(name, value)
-
-    # ------------------------------------------------------------------ validation
-    def _validate(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError("Algorithm.name must be a non-empty string, e.g. Algorithm.name = 'grpo'")
-        self.parts: dict[str, registry.Entry] = {}
-        if self.preference is not None:
-            self.parts["Algorithm.preference"] = _entry("Algorithm.preference", self.preference, "preference")
-            self._validate_offline()
-        for kind in () if self.offline else ("advantage", "clip", "aggregate"):
-            if getattr(self, kind) is None:
-                valid = ", ".join(f"@{kind}.{n}" for n in registry.names(kind))
-                raise ConfigError(
-                    f"Algorithm.{kind} is required (one of {valid}), unless Algorithm.preference "
-                    "trains on preference pairs"
-                )
-            self.parts[f"Algorithm.{kind}"] = _entry(f"Algorithm.{kind}", getattr(self, kind), kind)
-        self.parts["Algorithm.kl_controller"] = _entry(
-            "Algorithm.kl_controller", self.kl_controller, "kl_controller"
-        )
-        self.parts["Algorithm.value_loss"] = _entry("Algorithm.value_loss", self.value_loss, "value_loss")
-        if self.kl is not None:
-            self.parts["Algorithm.kl"] = _entry("Algorithm.kl", self.kl, "kl")
-        if self.value_init is not None:
-            self.parts["Algorithm.value_init"] = _entry("Algorithm.value_init", self.value_init, "value_init")
-        for i, fn in enumerate(self.reward_shaping):
-            self.parts[f"Algorithm.reward_shaping[{i}]"] = _entry(
-                f"Algorithm.reward_shaping[{i}]", fn, "reward_shaping"
-            )
-        for i, fn in enumerate(self.filters):
-            self.parts[f"Algorithm.filters[{i}]"] = _entry(f"Algorithm.filters[{i}]", fn, "filter")
-
-        if self.kl_placement not in PLACEMENTS:
-            raise ConfigError(
-                f"Algorithm.kl_placement must be one of {', '.join(map(repr, PLACEMENTS))}, "
-                f"got {self.kl_placement!r}"
-            )
-        for binding, value, low in (
-            ("Algorithm.kl_coef", self.kl_coef, 0.0),
-            ("Algorithm.entropy_coef", self.entropy_coef, 0.0),
-            ("Algorithm.vf_coef", self.vf_coef, 0.0),
-        ):
-            if not value >= low:  # also rejects NaN
-                raise ConfigError(f"{binding} must be >= {low}, got {value}")
-        for binding, value in (
-            ("Algorithm.ppo_epochs", self.ppo_epochs),
-            ("Algorithm.minibatches", self.minibatches),
-            ("Algorithm.group_size", self.group_size),
-            ("Algorithm.max_sampling_rounds", self.max_sampling_rounds),
-        ):
-            if value < 1:
-                raise ConfigError(f"{binding} must be >= 1, got {value}")
-
-        if self.max_sampling_rounds > 1 and not self.filters:
-            raise ConfigError(
-                f"Algorithm.max_sampling_rounds = {self.max_sampling_rounds} refills what filters drop, but "
-                "Algorithm.filters is empty: add a filter (e.g. @filter.zero_variance_groups) or remove it"
-            )
-        needing_groups = [b for b, e in self.parts.items() if e.meta.get("needs_groups")]
-        if needing_groups and self.group_size < 2:
-            raise ConfigError(
-                f"{needing_groups[0]} = @{self.parts[needing_groups[0]].full_name} compares samples of the "
-                f"same prompt: set Algorithm.group_size >= 2 (got {self.group_size})"
-            )
-        needing_critic = [b for b, e in self.parts.items() if e.meta.get("needs_critic")]
-        if needing_critic and self.value_init is None:
-            raise ConfigError(
-                f"{needing_critic[0]} = @{self.parts[needing_critic[0]].full_name} needs a critic: set "
-                "Algorithm.value_init to one of "
-                + ", ".join("@value_init." + n for n in registry.names("value_init"))
-            )
-        if self.value_init is not None and not needing_critic:
-            raise ConfigError(
-                f"Algorithm.value_init = @{self.parts['Algorithm.value_init'].full_name} is set but no part "
-                "uses a critic (e.g. @advantage.gae or @advantage.mc): remove the binding"
-            )
-        if (
-            self.kl is not None
-            and self.kl_placement == "reward"
-            and self.parts["Algorithm.kl"].meta.get("needs_logits")
-        ):
-            raise ConfigError(
-                f"Algorithm.kl = @{self.parts['Algorithm.kl'].full_name} needs the full logits, which a "
-                "KL in the reward does not have (it uses the sampled tokens' log-probs): pick a "
-                "sample-based estimator such as @kl.k1 there, or set Algorithm.kl_placement = 'loss'"
-            )
-        if self.needs_baseline_rollout and self.reward_shaping:
-            raise ConfigError(
-                f"{needing_baseline(self)} compares each score with the greedy response's raw score; "
-                "reward shaping would change one side only: remove Algorithm.reward_shaping"
-            )
-        self._probe()
-
-    def _validate_offline(self) -> None:
-        """A preference spec has none of the on-policy parts: each one set is a mistake, named."""
-        binding = f"Algorithm.preference = @{self.parts['Algorithm.preference'].full_name}"
-        unused = {
-            "advantage": self.advantage,
-            "clip": self.clip,
-            "aggregate": self.aggregate,
-            "kl": self.kl,
-            "value_init": self.value_init,
-            "reward_shaping": self.reward_shaping or None,
-            "filters": self.filters or None,
-        }
-        for name, value in unused.items():
-            if value is not None:
-                raise ConfigError(
-                    f"{binding} trains on fixed preference pairs against the reference; it has no "
-                    f"Algorithm.{name}: remove that binding (or Algorithm.preference)"
-                )
-
-    def _probe(self) -> None:
-        """Call each tensor part once on a tiny batch, as the loop will, so that a bad part or
-        hyperparameter fails now, naming its binding: `Algorithm.clip = @clip.x: TypeError: ...`.
-
-        One case is deferred to the real call (`_unbound_hyperparameters`): a hyperparameter the
-        spec leaves to a config file parsed later (an unbound %MACRO, or a required keyword-only
-        hyperparameter no binding sets yet), since a spec is also built on its own (Table 5).
-        """
-        dt = torch.float64
-        mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=dt)
-        logp = torch.tensor([[-1.0, -0.5], [-0.7, 0.0]], dtype=dt)
-        group_ids = torch.tensor([0, 0])
-        rewards = torch.tensor([1.0, 0.0], dtype=dt)
-        probes: list[tuple[str, Callable[[], Any]]] = [
-            ("Algorithm.value_loss", lambda: self.value_loss(logp, logp, logp, mask)),
-            ("Algorithm.kl_controller", lambda: self.kl_controller(0.1, 0.1, 1)),
-        ]
-        if self.offline:
-            pair = torch.tensor([0.5, -0.25], dtype=dt)
-            probes.append(("Algorithm.preference", lambda: self.preference(pair, -pair)))
-        else:
-            probes.append(
-                (
-                    "Algorithm.clip",
-                    lambda: self.clip(logp, logp - 0.1, mask.clone(), mask, rollout_logp=logp - 0.1),
-                )
-            )
-        if self.kl is not None:
-            logits = torch.zeros(2, 2, 3, dtype=dt)
-            probes.append(
-                ("Algorithm.kl", lambda: self.kl(logp, logp - 0.1, mask, logits=logits, ref_logits=logits))
-            )
-        if not self.offline and not self.needs_critic and not self.needs_baseline_rollout:
-            tok = last_token(rewards, mask)
-            adv_kwargs = dict(group_ids=group_ids, values=None, token_rewards=tok, baseline_rewards=None)
-            probes.append(("Algorithm.advantage", lambda: self.advantage(rewards, mask, **adv_kwargs)))
-        for binding, call in probes:
-            if _unbound_hyperparameters(self.parts[binding]):
-                continue
-            try:
-                call()
-            except Exception as e:  # noqa: BLE001 - every failure is reported, naming the binding
-                first = (str(e).strip().splitlines() or [""])[0]  # gin appends "In call to ..." lines
-                # polgrad's own errors already say what is wrong; any other gets its type named
-                what = first if isinstance(e, PolgradError) else f"{type(e).__name__}: {first}"
-                raise ConfigError(f"{binding} = @{self.parts[binding].full_name}: {what}") from None
 
     # ------------------------------------------------------------------ what the loop must provide
     def _any(self, key: str) -> bool:
@@ -334,7 +166,7 @@ class Algorithm:
 
     @torch.no_grad()
     def prepare(
-        self, batch: Batch | Mapping[str, Tensor], *, kl_coef: float | None = None
+        self, batch: Batch | Mapping[str, Tensor], *, kl_coef: float
     ) -> tuple[Batch, dict[str, float]]:
         """Scores to advantages for a whole rollout batch (no gradient).
 
@@ -342,11 +174,12 @@ class Algorithm:
           `old_logp` [B,T]; plus `ref_logp` [B,T] if needs_reference, `values` [B,T] if
           needs_critic, `baseline_scores` [B] if needs_baseline_rollout (a `Batch`, or a mapping
           of its field names). Every field and the rollout are filtered with the rows.
-        kl_coef: this step's KL coefficient (loop state; default: the spec's initial `kl_coef`).
+        kl_coef: this step's KL coefficient (the loop state's: `Algorithm.kl_coef` is only where it
+          starts; the controller moves it).
         Returns the batch with `rewards` [B], `token_rewards` [B,T], `adv` [B,T], `returns`
         [B,T] (if a critic), and rows dropped by the filters removed; plus scalar metrics.
         """
-        beta = self.kl_coef if kl_coef is None else float(kl_coef)
+        kl_coef = float(kl_coef)
         batch = Batch.of(batch)
         mask = batch["mask"]
         # Means over the batch of every data-parallel rank (polgrad.collective; as is on one process).
@@ -368,9 +201,9 @@ class Algorithm:
         rewards = scores
         if self.kl_in_reward():
             kl_tok = self.kl(out["old_logp"], out["ref_logp"], mask) * mask
-            token_rewards = token_rewards - beta * kl_tok
+            token_rewards = token_rewards - kl_coef * kl_tok
             # Sequence-level estimators see the same penalty folded into the scalar reward.
-            rewards = scores - beta * kl_tok.sum(-1)
+            rewards = scores - kl_coef * kl_tok.sum(-1)
             kl_sum, tokens = _global_sums(kl_tok.sum(), mask.sum())
             metrics["kl_reward"] = kl_sum / max(tokens, 1.0)
 
@@ -405,7 +238,7 @@ class Algorithm:
         return scores, keep
 
     def loss(
-        self, mb: Batch | Mapping[str, Tensor], counts: StepCounts, *, kl_coef: float | None = None
+        self, mb: Batch | Mapping[str, Tensor], counts: StepCounts, *, kl_coef: float
     ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
         """Policy loss, critic loss and metrics of one micro-batch, as its share of the step.
 
@@ -414,7 +247,7 @@ class Algorithm:
           `rollout_logp` for off-policy corrections; `values` (with grad), `old_values`, `returns`
           if a critic is trained.
         counts: the whole optimizer step's denominators (StepCounts.of_step over every micro-batch).
-        kl_coef: this step's KL coefficient (loop state; default: the spec's initial `kl_coef`).
+        kl_coef: this step's KL coefficient (the loop state's, as in `prepare`).
         Summing the returned losses over the step's micro-batches gives the step loss; metrics
         are likewise shares (token-weighted sums over counts.num_tokens) that add up to step means.
         """
@@ -431,7 +264,7 @@ class Algorithm:
             kl_tok = self.kl(
                 mb["logp"], mb["ref_logp"], mask, logits=mb.get("logits"), ref_logits=mb.get("ref_logits")
             )
-            per_token = per_token + (self.kl_coef if kl_coef is None else float(kl_coef)) * kl_tok
+            per_token = per_token + float(kl_coef) * kl_tok
             metrics["kl_loss"] = (kl_tok.detach() * mask).sum() / counts.num_tokens
         if self.entropy_coef > 0:
             per_token = per_token - self.entropy_coef * mb["entropy"]

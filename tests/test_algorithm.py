@@ -86,7 +86,7 @@ def _batch(gen: torch.Generator, b: int = 8, t: int = 5) -> dict:
 def test_prepare_kl_in_reward_folds_the_penalty_into_both_reward_forms():
     a = build("Algorithm.kl_placement = 'reward'\nAlgorithm.kl = @kl.k1\nAlgorithm.kl_coef = 0.5")
     batch = _batch(torch.Generator().manual_seed(0))
-    out, _ = a.prepare(batch)
+    out, _ = a.prepare(batch, kl_coef=a.kl_coef)
     kl = (batch["old_logp"] - batch["ref_logp"]) * batch["mask"]
     # rewards = score - beta * sum_t kl_t ; token_rewards sum to the same number per row.
     torch.testing.assert_close(out["rewards"], batch["scores"] - 0.5 * kl.sum(-1), rtol=0, atol=1e-12)
@@ -98,7 +98,7 @@ def test_prepare_filters_rows():
     a = build()
     batch = _batch(torch.Generator().manual_seed(1))
     batch["scores"] = torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1])  # group 0 has zero variance
-    out, metrics = a.prepare(batch)
+    out, metrics = a.prepare(batch, kl_coef=a.kl_coef)
     assert out["mask"].shape[0] == 4 and metrics["filtered_frac"] == 0.5
     assert torch.equal(out["group_ids"], torch.tensor([1, 1, 1, 1]))
 
@@ -111,16 +111,16 @@ def test_total_loss_is_the_sum_of_micro_batch_shares(seed, cut):
     gin.clear_config()
     a = build()
     gen = torch.Generator().manual_seed(seed)
-    batch, _ = a.prepare(_batch(gen))
+    batch, _ = a.prepare(_batch(gen), kl_coef=a.kl_coef)
     batch = batch.replace(
         logp=batch["old_logp"] + 0.3 * torch.randn(batch["mask"].shape, generator=gen, dtype=torch.float64)
     )
     batch = batch.replace(entropy=torch.rand(batch["mask"].shape, generator=gen, dtype=torch.float64))
     rows = torch.randperm(8, generator=gen)
     parts = [rows[:cut], rows[cut:]]
-    full, _, _ = a.loss(batch, StepCounts.of_step([batch["mask"]]))
+    full, _, _ = a.loss(batch, StepCounts.of_step([batch["mask"]]), kl_coef=a.kl_coef)
     counts = StepCounts.of_step([batch["mask"][r] for r in parts])
-    split = sum(a.loss({k: v[r] for k, v in batch.items()}, counts)[0] for r in parts)
+    split = sum(a.loss({k: v[r] for k, v in batch.items()}, counts, kl_coef=a.kl_coef)[0] for r in parts)
     torch.testing.assert_close(split, full, rtol=0, atol=1e-12)
 
 
@@ -128,9 +128,9 @@ def test_one_gradient_step_grpo_is_plain_policy_gradient():
     """With logp == old_logp, beta = 0 and no entropy, GRPO's gradient is -A/|o_i|/B per token
     (eq. 64 with seq_mean_token_mean): ratio = 1 is inside the trust region."""
     a = build("Algorithm.kl_coef = 0.0\nAlgorithm.entropy_coef = 0.0")
-    batch, _ = a.prepare(_batch(torch.Generator().manual_seed(2)))
+    batch, _ = a.prepare(_batch(torch.Generator().manual_seed(2)), kl_coef=a.kl_coef)
     logp = batch["old_logp"].clone().requires_grad_(True)
-    loss, _, _ = a.loss({**batch, "logp": logp}, StepCounts.of_step([batch["mask"]]))
+    loss, _, _ = a.loss({**batch, "logp": logp}, StepCounts.of_step([batch["mask"]]), kl_coef=a.kl_coef)
     loss.backward()
     lengths = batch["mask"].sum(-1, keepdim=True)
     expected = -batch["adv"] / lengths / batch["mask"].shape[0] * batch["mask"]

@@ -60,7 +60,8 @@ def _kl_in_reward_batch() -> dict:
 
 def test_kl_in_reward_penalises_each_token_where_it_occurs():
     gin.parse_config(KL_IN_REWARD)
-    out, _ = Algorithm().prepare(_kl_in_reward_batch())
+    algo = Algorithm()
+    out, _ = algo.prepare(_kl_in_reward_batch(), kl_coef=algo.kl_coef)
     # beta = 0.5: -beta * k1 = row 0 [-0.25, +0.125, +0.5], row 1 [-0.25, -0.25];
     # the score sits on the last valid token (row 0: t = 2, row 1: t = 1).
     #   row 0: [-0.25, 0.125, 1 + 0.5 = 1.5, 0]
@@ -76,7 +77,8 @@ def test_kl_in_reward_penalises_each_token_where_it_occurs():
 
 def test_kl_in_reward_advantage_is_the_return_to_go_of_per_token_penalties():
     gin.parse_config(KL_IN_REWARD)
-    out, _ = Algorithm().prepare(_kl_in_reward_batch())
+    algo = Algorithm()
+    out, _ = algo.prepare(_kl_in_reward_batch(), kl_coef=algo.kl_coef)
     # GAE with gamma = lam = 1 and V = 0: A_t = sum_{s >= t} r_s over the valid tokens.
     #   row 0: [-0.25 + 0.125 + 1.5, 0.125 + 1.5, 1.5] = [1.375, 1.625, 1.5]
     #   row 1: [-0.25 + 1.75, 1.75] = [1.5, 1.75]
@@ -118,7 +120,7 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy():
     # adv = 0: the clipped surrogate is 0 on every token, so the loss is the bonus alone:
     #   token_mean(-0.25 * H) = -0.25 * (0.5 + 1.0 + 2.0) / 3 = -0.875 / 3 = -7/24.
     zero = torch.zeros(2, 3, dtype=F64)
-    loss, _, metrics = a.loss(_entropy_mb(zero, E_ENT), counts)
+    loss, _, metrics = a.loss(_entropy_mb(zero, E_ENT), counts, kl_coef=a.kl_coef)
     # -7/24 is one division of exact dyadics (-0.875 / 3): at most half an ulp, within EPS * 7/24.
     assert float(loss) == pytest.approx(-7 / 24, rel=EPS, abs=0)
     assert float(metrics["entropy"]) == pytest.approx(3.5 / 3, rel=EPS, abs=0)
@@ -128,8 +130,8 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy():
     # losses are sums of 3 terms / 3; the terms are O(1), so the difference carries <= ~8 roundings
     # of size <= EPS * 2: 1e-14 is ample and 13 orders below the mutant's error (+7/12).
     adv = torch.tensor([[1.0, -2.0, 0.0], [0.5, 0.0, 0.0]], dtype=F64)
-    with_h, _, _ = a.loss(_entropy_mb(adv, E_ENT), counts)
-    without, _, _ = a.loss(_entropy_mb(adv, zero), counts)
+    with_h, _, _ = a.loss(_entropy_mb(adv, E_ENT), counts, kl_coef=a.kl_coef)
+    without, _, _ = a.loss(_entropy_mb(adv, zero), counts, kl_coef=a.kl_coef)
     # surrogate alone: -(1 - 2 + 0.5) / 3 = 0.5 / 3 = 1/6
     assert float(without) == pytest.approx(1 / 6, rel=2 * EPS, abs=0)
     assert float(with_h) - float(without) == pytest.approx(-7 / 24, abs=1e-14)
@@ -140,7 +142,9 @@ def test_entropy_gradient_is_minus_coef_over_the_step_tokens():
     gin.parse_config(ENTROPY)
     a = Algorithm()
     ent = E_ENT.clone().requires_grad_(True)
-    loss, _, _ = a.loss(_entropy_mb(torch.zeros(2, 3, dtype=F64), ent), StepCounts.of_step(E_MASK))
+    loss, _, _ = a.loss(
+        _entropy_mb(torch.zeros(2, 3, dtype=F64), ent), StepCounts.of_step(E_MASK), kl_coef=a.kl_coef
+    )
     loss.backward()
     # one product -0.25 * (1/3) per entry: <= one rounding.
     torch.testing.assert_close(ent.grad, -E_MASK / 12, rtol=EPS, atol=0)

@@ -30,7 +30,7 @@ TINY = ["--hidden", "64", "--heads", "2", "--kv-heads", "1", "--layers", "1", "-
 
 
 def _composed(algo, x, leaf, counts):
-    loss, _, metrics = algo.loss({**x, "logp": leaf}, counts)
+    loss, _, metrics = algo.loss({**x, "logp": leaf}, counts, kl_coef=algo.kl_coef)
     return loss, metrics
 
 
@@ -93,7 +93,9 @@ def test_fused_loss_known_value():
     assert float(metrics["clip/clip_low"]) == 0.0 and float(metrics["clip/clip_high"]) == 0.0
     algo = grpo_algorithm()
     composed, _, _ = algo.loss(
-        {"logp": logp, "old_logp": old, "ref_logp": ref, "adv": adv, "mask": mask}, StepCounts.of_step([mask])
+        {"logp": logp, "old_logp": old, "ref_logp": ref, "adv": adv, "mask": mask},
+        StepCounts.of_step([mask]),
+        kl_coef=algo.kl_coef,
     )
     assert float(composed.detach()) == pytest.approx(expected, abs=1e-15)
 

@@ -152,7 +152,8 @@ def test_prepare_and_loss_use_the_loop_s_kl_coefficient():
         scores=torch.tensor([1.0, 0.0], dtype=torch.float64),
         truncated=torch.zeros(2, dtype=torch.bool),
     )
-    a, _ = algo.prepare(batch)  # the spec's 0.1
+    assert algo.kl_coef == 0.1  # the spec's: where the loop state's coefficient starts
+    a, _ = algo.prepare(batch, kl_coef=algo.kl_coef)
     b, _ = algo.prepare(batch, kl_coef=0.3)
     # k1 = old - ref = 0.5 per token, 3 tokens: rewards = score - beta * 1.5
     torch.testing.assert_close(

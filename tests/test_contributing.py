@@ -25,7 +25,7 @@ mask = torch.ones(4, 3, dtype=torch.float64)
 batch = dict(mask=mask, group_ids=torch.tensor([0, 0, 0, 1]), old_logp=torch.zeros(4, 3, dtype=torch.float64),
              scores=torch.tensor([1.0, 0.0, 0.5, 1.0], dtype=torch.float64),
              truncated=torch.zeros(4, dtype=torch.bool))
-out, _ = algo.prepare(batch)
+out, _ = algo.prepare(batch, kl_coef=algo.kl_coef)
 # group 0 rewards (1, 0, 0.5): median 0.5; group 1 alone: its own reward
 assert out['adv'][:, 0].tolist() == [0.5, -0.5, 0.0, 0.0], out['adv']
 print('ok')

@@ -111,10 +111,10 @@ def test_bad_hyperparameters(kwargs, message):
     ("args", "message"),
     [
         ((0.1, float("nan"), 10), "measured_kl must be finite"),
-        ((-0.1, 1.0, 10), "coef must be a finite number >= 0"),
+        ((-0.1, 1.0, 10), "kl_coef must be a finite number >= 0"),
         ((0.1, 1.0, -1), "n_steps must be an int >= 0"),
         ((0.1, 1.0, 2.5), "n_steps must be an int >= 0"),
-        ((0.1, torch.ones(3), 10), "coef and measured_kl must be scalars"),
+        ((0.1, torch.ones(3), 10), "kl_coef and measured_kl must be scalars"),
     ],
 )
 def test_bad_state(name, args, message):

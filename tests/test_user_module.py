@@ -57,7 +57,7 @@ def test_user_module_registers_an_estimator_used_from_gin(tmp_path, monkeypatch)
         "group_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
         "old_logp": torch.zeros(6, 2, dtype=torch.float64),
     }
-    out, _ = algo.prepare(batch)
+    out, _ = algo.prepare(batch, kl_coef=algo.kl_coef)
     # medians: group 0 -> 1, group 1 -> 2 ; A = r - median on every token
     torch.testing.assert_close(out["adv"][:, 0], torch.tensor([-1.0, 0, 4, 0, 0, 7], dtype=torch.float64))
     # importing it again (another gin file) must not re-register; a different module reusing the name fails

@@ -1,4 +1,4 @@
-"""Built-in kl_controller parts: how the KL coefficient beta moves from one step to the next.
+"""Built-in kl_controller parts: how the KL coefficient `kl_coef` (beta in the formulas) moves per step.
 
 Call signature: `polgrad.registry.kinds.KLControllerFn`. The parts
 are pure: the training loop holds beta and calls the controller once per optimizer step with the
@@ -14,23 +14,23 @@ from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
 
-def _state(where: str, coef, measured_kl, n_steps) -> tuple[float, float, int]:
-    """Check the loop's inputs: coef >= 0, measured_kl finite (float or 0-dim tensor), n_steps >= 0 int."""
+def _state(where: str, kl_coef, measured_kl, n_steps) -> tuple[float, float, int]:
+    """Check the loop's inputs: kl_coef >= 0, measured_kl finite (float or 0-dim tensor), n_steps >= 0 int."""
     try:  # a 0-dim tensor converts; a vector or a string does not
-        coef, measured_kl = float(coef), float(measured_kl)
+        kl_coef, measured_kl = float(kl_coef), float(measured_kl)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ShapeError(f"{where}: coef and measured_kl must be scalars ({exc})") from None
-    if not math.isfinite(coef) or coef < 0:
-        raise ShapeError(f"{where}: coef must be a finite number >= 0, got {coef}")
+        raise ShapeError(f"{where}: kl_coef and measured_kl must be scalars ({exc})") from None
+    if not math.isfinite(kl_coef) or kl_coef < 0:
+        raise ShapeError(f"{where}: kl_coef must be a finite number >= 0, got {kl_coef}")
     if not math.isfinite(measured_kl):
         raise ShapeError(f"{where}: measured_kl must be finite, got {measured_kl}")
     if not is_int(n_steps, abc=True) or n_steps < 0:
         raise ShapeError(f"{where}: n_steps must be an int >= 0, got {n_steps!r}")
-    return coef, measured_kl, int(n_steps)
+    return kl_coef, measured_kl, int(n_steps)
 
 
 @register("kl_controller", "fixed", formula="beta", constant=True)
-def fixed(coef: float, measured_kl: float, n_steps: int) -> float:
+def fixed(kl_coef: float, measured_kl: float, n_steps: int) -> float:
     """Constant coefficient: beta_{k+1} = beta_k.
 
     Source: Ziegler et al. 2019 ("Fine-tuning language models from human preferences"), the
@@ -38,13 +38,13 @@ def fixed(coef: float, measured_kl: float, n_steps: int) -> float:
 
     Shapes: floats (measured_kl may be a 0-dim tensor) -> float.
     """
-    coef, _, _ = _state("kl_controller.fixed", coef, measured_kl, n_steps)
-    return coef
+    kl_coef, _, _ = _state("kl_controller.fixed", kl_coef, measured_kl, n_steps)
+    return kl_coef
 
 
 @register("kl_controller", "adaptive", formula="beta*(1 + clip(KL/KL_target - 1, -0.2, 0.2)*n/H)")
 def adaptive(
-    coef: float, measured_kl: float, n_steps: int, *, target: float = 6.0, horizon: int = 10000
+    kl_coef: float, measured_kl: float, n_steps: int, *, target: float = 6.0, horizon: int = 10000
 ) -> float:
     """Proportional controller driving the measured KL toward `target`.
 
@@ -71,11 +71,11 @@ def adaptive(
     for name, value in (("target", target), ("horizon", horizon)):
         if not is_real(value, abc=True) or not 0 < value < math.inf:
             raise ConfigError(f"kl_controller.adaptive.{name} must be > 0 and finite, got {value!r}")
-    coef, measured_kl, n_steps = _state("kl_controller.adaptive", coef, measured_kl, n_steps)
+    kl_coef, measured_kl, n_steps = _state("kl_controller.adaptive", kl_coef, measured_kl, n_steps)
     if 0.2 * n_steps >= horizon:
         raise ConfigError(
             f"kl_controller.adaptive.horizon must be > 0.2 * n_steps = {0.2 * n_steps:g} (got {horizon}), "
             "else one update can zero or negate the coefficient"
         )
     error = min(max(measured_kl / target - 1.0, -0.2), 0.2)
-    return coef * (1.0 + error * n_steps / horizon)
+    return kl_coef * (1.0 + error * n_steps / horizon)

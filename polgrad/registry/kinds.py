@@ -176,7 +176,7 @@ class ValueInitFn(Protocol):
 
 
 class KLControllerFn(Protocol):
-    def __call__(self, coef: float, measured_kl: float, n_steps: int) -> float:
+    def __call__(self, kl_coef: float, measured_kl: float, n_steps: int) -> float:
         """the KL coefficient for the next step
 
         measured_kl is the per-sequence KL of the step's rollouts: the mean over the batch's
