@@ -101,7 +101,7 @@ def build_models(
     rm_path, rm_accuracy, reward_model = _reward_model(cfg, algo, task, policy, policy_path)
     warm_start_s += time.perf_counter() - t_pretrain if rm_path is not None else 0.0
     reference = _reference(cfg, algo, policy, policy_path)
-    critic, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path)
+    critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path)
     ds = dict(
         zero_stage=cfg.zero_stage,
         micro_batch_size=cfg.micro_batch_size,
@@ -112,7 +112,7 @@ def build_models(
     engine = dist_lib.make_engine(policy, lr=cfg.lr, eps=cfg.adam_eps, lr_groups=lr_groups, **ds)
     if critic is None:
         strategy: Critic = NoCritic()
-    elif getattr(critic, "in_policy_engine", False):  # a LoRA critic: the policy's engine trains it
+    elif in_policy_engine:  # a LoRA critic: the policy's engine trains it
         strategy = PolicyEngineCritic(critic)
     else:
         strategy = OwnEngineCritic(dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds))
@@ -191,17 +191,18 @@ def _reference(
 
 def _critic(
     cfg: config.TrainConfig, algo: Algorithm, policy: torch.nn.Module, policy_path: str, rm_path: str | None
-) -> tuple[Any, tuple]:
-    """The critic module the spec's value_init part builds (None without one), and the extra param
-    groups of the policy's engine: a `lora` part builds on the peft policy, and its head (and own
-    adapter) train in the policy's engine at the critic's lr."""
+) -> tuple[Any, bool, tuple]:
+    """The critic module the spec's value_init part builds (None without one), whether the policy's
+    engine trains it, and the extra param groups of that engine: a part with the `lora` metadata
+    builds on the peft policy, and its head (and own adapter) train in the policy's engine at the
+    critic's lr."""
     if not algo.needs_critic:
-        return None, ()
+        return None, False, ()
     lora_critic = algo.parts["Algorithm.value_init"].meta.get("lora", False)
     on_policy = {"policy": policy} if lora_critic else {}
     critic = algo.value_init(policy_path=policy_path, reward_model_path=rm_path, **on_policy)
     lr_groups = ((models.lora.critic_parameters(policy), cfg.critic_lr),) if lora_critic else ()
-    return critic, lr_groups
+    return critic, lora_critic, lr_groups
 
 
 # --------------------------------------------------------------------------- the warm start

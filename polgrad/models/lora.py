@@ -146,9 +146,7 @@ class LoraCritic(nn.Module):
 
     It has no weights of its own (the head and adapters live in the policy module, which the policy's
     engine trains): `module` returns itself, so the loop reads it as it reads a critic engine's
-    module; it is not a DeepSpeed engine (`Models.critic_engine` is None)."""
-
-    in_policy_engine = True  # Models.critic_engine is None: the policy's engine trains it
+    module; it is not a DeepSpeed engine (polgrad/critic.py `PolicyEngineCritic`)."""
 
     def __init__(
         self, peft_model: nn.Module, adapter: str, head_name: str = VALUE_HEAD, frozen: bool = False
