@@ -179,6 +179,23 @@ def markdown(
         baseline=base_key,
         predictions=preds,
     )
+    lines = _header(experiment, rows, question=question, command=command, budget=budget)
+    lines += _overview(rows, len(board), primary_metric, higher_is_better, figures, missing_cells, stale_rows)
+    lines += _ranking(
+        rows, board, swept_columns, primary_metric, unread, label, best_key if starred else None
+    )
+    if baseline and base_key is None:
+        lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
+    lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
+    lines += stats_lines
+    lines += _cell_lists(rows)
+    return "\n".join(lines) + "\n"
+
+
+def _header(
+    experiment: str, rows: Sequence[dict[str, str]], *, question: str, command: str, budget: str
+) -> list[str]:
+    """Title, question, the machine and versions the rows ran on, the warm-start design, the budget."""
     envs = {
         k: sorted({str(r.get(k, "")) for r in rows if r.get(k)})
         for k in ("hostname", "cpu_count", "python", "torch", "transformers", "deepspeed", "git_commit")
@@ -188,9 +205,6 @@ def markdown(
         return ", ".join(envs[k]) or "?"
 
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    direction = "higher is better" if higher_is_better else "lower is better"
-    n_ok = sum(r.get("status") == "ok" for r in rows)
-    n_unstable = sum(r.get("status") == UNSTABLE for r in rows)
     lines = [f"# {experiment}", ""]
     if question:
         lines += [f"**Question.** {question}", ""]
@@ -203,10 +217,26 @@ def markdown(
     lines += warm_start_paragraph(rows)  # one warm start, one per seed, or not recorded; broken pairing
     if budget:  # Sweep.budget, as the sweep's dry run stated it (polgrad/sweep/budget.py)
         lines += [f"**Budget.** {budget}", ""]
-    lines += [
+    return lines
+
+
+def _overview(
+    rows: Sequence[dict[str, str]],
+    n_groups: int,
+    primary_metric: str,
+    higher_is_better: bool,
+    figures: Sequence[str],
+    missing_cells: tuple[int, int],
+    stale_rows: int,
+) -> list[str]:
+    """How many cells finished, how the table is sorted and read, the figures, what the CSV lacks."""
+    direction = "higher is better" if higher_is_better else "lower is better"
+    n_ok = sum(r.get("status") == "ok" for r in rows)
+    n_unstable = sum(r.get("status") == UNSTABLE for r in rows)
+    lines = [
         f"{len(rows)} cells ({n_ok} finished, "
         + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
-        + f"{len(rows) - n_ok - n_unstable} failed) in {len(board)} groups (spec + swept "
+        + f"{len(rows) - n_ok - n_unstable} failed) in {n_groups} groups (spec + swept "
         f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly better than "
         "every other one (paired by seed, Holm-corrected: see below), so no group has ★ when no "
         "configuration is significantly better than every other. Each value is "
@@ -235,32 +265,48 @@ def markdown(
             f"({stale_rows} rows of the CSV belong to cells no longer in the experiment file; "
             "they are left out here.)",
         ]
+    return lines
+
+
+def _ranking(
+    rows: Sequence[dict[str, str]],
+    board: list[dict[str, Any]],
+    swept_columns: Sequence[str],
+    primary_metric: str,
+    unread: dict[tuple, set[str]],
+    label,
+    best_key: tuple | None,
+) -> list[str]:
+    """The ranked table (one line per group; `best_key`'s group starred), and which groups' rows lack
+    the Table-5 columns."""
+    group_columns = ["spec", *swept_columns]
     table5 = _table5_cells(rows, group_columns)
     spread = _run_cells(rows, group_columns)
     metric_cols = [primary_metric] + [m for m in METRICS if m != primary_metric]
     header = ["rank", "spec", *swept_columns, "seeds ok", *metric_cols, *(h for _, h in RUN)]
     header += [label for _, label in TABLE5]
-    lines += ["", "| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines = ["", "| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "---|" * len(header)]
     missing: list[str] = []
     for i, e in enumerate(board):
-        best = starred and tuple(e["group"][c] for c in group_columns) == best_key
+        g = e["group"]
+        key = tuple(g[c] for c in group_columns)
+        best = best_key is not None and key == best_key
         rank = f"**{i + 1} ★**" if best else str(i + 1)
         notes = [f"{e[k]} {w}" for k, w in (("n_failed", "failed"), ("n_unstable", UNSTABLE)) if e[k]]
         seeds = f"{e['n']}" + (f" ({', '.join(notes)})" if notes else "")
-        g = e["group"]
-        t5 = table5.get(tuple(g[c] for c in group_columns), {})
+        t5 = table5.get(key, {})
         if any(t5.get(k) for k in TABLE5_COLUMNS):
             t5 = {"table5_method": g["spec"], **t5}
         else:
-            missing.append(label(tuple(g[c] for c in group_columns)))
-        not_read = unread.get(tuple(g[c] for c in group_columns), set())
+            missing.append(label(key))
+        not_read = unread.get(key, set())
         cells = [
             rank,
-            e["group"]["spec"],
+            g["spec"],
             *(NOT_READ_CELL if c in not_read else f"`{g[c]}`" if g[c] else "" for c in swept_columns),
             seeds,
             *(format_mean_ci(e[m]) for m in metric_cols),
-            *(spread.get(tuple(g[c] for c in group_columns), {}).get(k, "n/a") for k, _ in RUN),
+            *(spread.get(key, {}).get(k, "n/a") for k, _ in RUN),
             *(t5.get(k, "n/a") for k, _ in TABLE5),
         ]
         if best:
@@ -279,23 +325,22 @@ def markdown(
             "them from summary.json's `table5`)"
             + ("" if len(missing) == len(board) else ": " + "; ".join(missing)),
         ]
-    if baseline and base_key is None:
-        lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
-    lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
-    lines += stats_lines
-    unstable = [r for r in rows if r.get("status") == UNSTABLE]
-    if unstable:
-        lines += ["", "## Unstable cells (not ranked)", ""]
-        lines += [
-            f"- `{r.get('cell_id')}`: {_md_escape(r.get('error', '')) or '(no message)'}" for r in unstable
-        ]
-    failed = [r for r in rows if r.get("status") not in ("ok", UNSTABLE)]
-    if failed:
-        lines += ["", "## Failed cells", ""]
-        lines += [
-            f"- `{r.get('cell_id')}`: {_md_escape(r.get('error', '')) or '(no message)'}" for r in failed
-        ]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _cell_lists(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The unstable cells (not ranked) and the failed cells, each with its one-line message."""
+    lines: list[str] = []
+    for title, picked in (
+        ("## Unstable cells (not ranked)", [r for r in rows if r.get("status") == UNSTABLE]),
+        ("## Failed cells", [r for r in rows if r.get("status") not in ("ok", UNSTABLE)]),
+    ):
+        if picked:
+            lines += ["", title, ""]
+            lines += [
+                f"- `{r.get('cell_id')}`: {_md_escape(r.get('error', '')) or '(no message)'}" for r in picked
+            ]
+    return lines
 
 
 def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: set[str] | None = None) -> str:

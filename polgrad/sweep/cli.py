@@ -187,31 +187,12 @@ def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome:
 
 
 def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_address, command) -> int:
+    """Run the cells not finished yet, recording each in the CSV, then write the report; exit code."""
     launch.allow_trainers()
-    exp_dir = results_dir / exp.name
-    runs = exp_dir / "runs"
+    runs = results_dir / exp.name / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     order = [c.id for c in cells]
-    # experiment.json is tracked: its paths are relative to the repository root (the working directory
-    # outside git), so a run from another checkout path writes the same bytes; the cells keep their
-    # absolute paths in memory and in the untracked run folders.
-    root = _results.repo_root(Path(exp.file).resolve().parent)
-    meta = {
-        "name": exp.name,
-        "file": _results.repo_relative(exp.file, root),
-        "command": command,
-        "primary_metric": exp.primary_metric,
-        "higher_is_better": exp.higher_is_better,
-        "swept_columns": exp.swept_columns,
-        "baseline": exp.baseline,
-        "question": exp.question,
-        "predictions": exp.predictions,
-        "budget": budget.record(exp.budget, cells),
-        "cells": [{**_cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
-    }
-    if isinstance(exp.tuning, tuning.Plan):
-        meta["tuning"] = exp.tuning.record
-    _results.atomic_write_text(exp_dir / "experiment.json", json.dumps(meta, indent=2) + "\n")
+    meta = _write_experiment_json(exp, cells, results_dir, command)
     csv_file = _results.csv_path(exp.name, results_dir)
     run_dirs = {c.id: runs / c.id for c in cells}
 
@@ -233,14 +214,9 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         f"({executor}{f', {parallel} at a time' if parallel else ''}); results in {results_dir}/",
         file=sys.stderr,
     )
-
-    old_term = (
-        signal.signal(signal.SIGTERM, _interrupt)
-        if threading.current_thread() is threading.main_thread()
-        else None
-    )
     progress = _Progress(len(cells), skipped, exp.name)
-    try:
+
+    def run_cells() -> None:
         if todo:
             EXECUTORS[executor](
                 exp,
@@ -252,20 +228,9 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
                 train_module=train_module,
                 ray_address=ray_address,
             )
-    except KeyboardInterrupt:
-        progress.close()  # before the messages, so the bar does not overwrite them
-        print(f"{exp.name}: stopping; running cells checkpoint their current step", file=sys.stderr)
-        launch.stop_trainers()
-        print(f"{exp.name}: interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
-    except BaseException:  # e.g. the CSV could not be written: no cell may run on unrecorded
-        launch.stop_trainers()
-        raise
-    finally:
-        progress.close()
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
 
+    if not _execute(exp, run_cells, progress):
+        return 130
     try:
         md, png = _results.write_report(exp.name, results_dir)
     except WriteError as e:
@@ -273,6 +238,63 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
             f"{e}; every cell is recorded in {csv_file}: free space, then write the report with "
             f"python -m polgrad.results {exp.name} --results {results_dir}"
         ) from e
+    return _final_lines(exp, cells, csv_file, run_dirs, md, png)
+
+
+def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[str, Any]:
+    """results/<name>/experiment.json: what the report reads of the experiment (its cells included).
+
+    It is tracked: its paths are relative to the repository root (the working directory outside
+    git), so a run from another checkout path writes the same bytes; the cells keep their absolute
+    paths in memory and in the untracked run folders."""
+    root = _results.repo_root(Path(exp.file).resolve().parent)
+    meta = {
+        "name": exp.name,
+        "file": _results.repo_relative(exp.file, root),
+        "command": command,
+        "primary_metric": exp.primary_metric,
+        "higher_is_better": exp.higher_is_better,
+        "swept_columns": exp.swept_columns,
+        "baseline": exp.baseline,
+        "question": exp.question,
+        "predictions": exp.predictions,
+        "budget": budget.record(exp.budget, cells),
+        "cells": [{**_cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
+    }
+    if isinstance(exp.tuning, tuning.Plan):
+        meta["tuning"] = exp.tuning.record
+    _results.atomic_write_text(results_dir / exp.name / "experiment.json", json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _execute(exp, run_cells, progress) -> bool:
+    """run_cells() under the sweep's SIGTERM handler; False when ^C / SIGTERM stopped it (the running
+    cells checkpoint their step). Any other failure stops every trainer: no cell may run unrecorded."""
+    old_term = (
+        signal.signal(signal.SIGTERM, _interrupt)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
+    try:
+        run_cells()
+    except KeyboardInterrupt:
+        progress.close()  # before the messages, so the bar does not overwrite them
+        print(f"{exp.name}: stopping; running cells checkpoint their current step", file=sys.stderr)
+        launch.stop_trainers()
+        print(f"{exp.name}: interrupted; re-run the same command to resume", file=sys.stderr)
+        return False
+    except BaseException:  # e.g. the CSV could not be written: no cell may run on unrecorded
+        launch.stop_trainers()
+        raise
+    finally:
+        progress.close()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    return True
+
+
+def _final_lines(exp, cells, csv_file, run_dirs, md, png) -> int:
+    """The closing lines (ok / unstable / failed counts, each unstable and failed cell); exit code."""
     final = {r.get("cell_id"): r for r in _results.read_rows(csv_file)}
     failed = [c for c in cells if final.get(c.id, {}).get("status") not in FINISHED]
     unstable = [c for c in cells if final.get(c.id, {}).get("status") == "unstable"]

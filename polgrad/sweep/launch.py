@@ -245,15 +245,77 @@ def run_cell(
     else `processes` (Sweep.processes_per_cell) ranks on CPU, started by `launcher`.
     """
     run_dir = Path(run_dir).resolve()
+    resume = _prepare_run_dir(run_dir)
+    n_ranks = ranks(slot, processes)
+    cmd, env, env_changes = _command(
+        cell, run_dir, train_module, slot, launcher, processes, n_ranks, threads, experiment, resume
+    )
+    info = {
+        "experiment": experiment,
+        "cell": dataclasses.asdict(cell),
+        "command": shlex.join(cmd),
+        "cwd": os.getcwd(),
+        "env": {k: env_changes.get(k, env.get(k)) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")},
+        "ranks": n_ranks,
+        # the commit (and diff.patch when the tree differs), the experiment's own outputs left out
+        "environment": _results.cell_environment(run_dir, experiment),
+        "started_at": _now(),
+        "resume": resume,
+    }
+    _results.atomic_write_text(run_dir / "cell.json", json.dumps(info, indent=2, default=str) + "\n")
+    rc, first_error, tail, timed_out = _run_trainer(cell, run_dir, cmd, env, n_ranks, timeout_s, info)
+    summary = read_summary(run_dir)
+    if timed_out:
+        status, error = "failed", _timed_out(timeout_s)
+    elif rc == 0 and summary is not None and summary.get("status") in FINISHED:
+        status, error = summary["status"], str(summary.get("unstable", ""))  # why it is unstable
+    elif rc == 0:
+        status, error = "failed", "trainer exited 0 without a summary.json with status ok"
+    else:
+        status, error = "failed", _error_line(first_error, tail, rc)
+    return {
+        "cell_id": cell.id,
+        "status": status,
+        "error": error,
+        "returncode": rc,
+        "summary": summary,
+        "resumed": resume,
+        "world_size": n_ranks,
+        # where and with which code the cell ran: taken when it started (cell.json's copy, which the
+        # CSV's rebuild from the run folders reads), not now, when a commit may have landed meanwhile
+        "environment": info["environment"],
+    }
+
+
+def _prepare_run_dir(run_dir: Path) -> bool:
+    """Make the cell's folder ready to (re)start the trainer in it; True when it resumes a checkpoint.
+
+    A trainer still running there from a dead sweep is stopped first; a fresh start must not append to
+    a dead attempt's curves, and a resume gets a new summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _kill_stale_trainer(run_dir)
     resume = has_checkpoints(run_dir)
-    if not resume:  # a fresh start must not append to a dead attempt's curves
+    if not resume:
         for stale in ("metrics.jsonl", "eval.jsonl", "summary.json", "config.gin"):
             (run_dir / stale).unlink(missing_ok=True)
     else:
         (run_dir / "summary.json").unlink(missing_ok=True)
-    n_ranks = ranks(slot, processes)
+    return resume
+
+
+def _command(
+    cell: Cell,
+    run_dir: Path,
+    train_module: str,
+    slot: GpuSlot | None,
+    launcher: str,
+    processes: int,
+    n_ranks: int,
+    threads: int,
+    experiment: str,
+    resume: bool,
+) -> tuple[list[str], dict[str, str], dict[str, str | None]]:
+    """The trainer's command line, its environment, and the launcher's changes to that environment."""
     prefix, env_changes = launch_command(
         train_module, slot, launcher=launcher, master_port=free_port(), processes=processes
     )
@@ -280,24 +342,25 @@ def run_cell(
             env.pop(k, None)
         else:
             env[k] = v
-    started = _now()
-    info = {
-        "experiment": experiment,
-        "cell": dataclasses.asdict(cell),
-        "command": shlex.join(cmd),
-        "cwd": os.getcwd(),
-        "env": {k: env_changes.get(k, env.get(k)) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")},
-        "ranks": n_ranks,
-        # the commit (and diff.patch when the tree differs), the experiment's own outputs left out
-        "environment": _results.cell_environment(run_dir, experiment),
-        "started_at": started,
-        "resume": resume,
-    }
-    _results.atomic_write_text(run_dir / "cell.json", json.dumps(info, indent=2, default=str) + "\n")
+    return cmd, env, env_changes
+
+
+def _run_trainer(
+    cell: Cell,
+    run_dir: Path,
+    cmd: list[str],
+    env: dict[str, str],
+    n_ranks: int,
+    timeout_s: float | None,
+    info: dict[str, Any],
+) -> tuple[int | None, str | None, deque[str], bool]:
+    """Start the trainer, log its output to stdout.log, wait for it (stopping it at `timeout_s`);
+    (return code, its first `error:` line, the last lines of its stderr, whether it timed out)."""
     tail: deque[str] = deque(maxlen=30)
     first_error: list[str] = []
+    resume = info["resume"]
     with open(run_dir / "stdout.log", "a", buffering=1) as log:
-        log.write(f"=== {started} {'resume' if resume else 'start'}: {shlex.join(cmd)}\n")
+        log.write(f"=== {info['started_at']} {'resume' if resume else 'start'}: {shlex.join(cmd)}\n")
         log.flush()
         with _RUNNING_LOCK:
             if _STOPPING.is_set():
@@ -343,25 +406,4 @@ def run_cell(
         if timed_out:  # the log's last error line, as in the CSV (not the trainer's 'interrupted')
             log.write(f"error: {_timed_out(timeout_s)}; re-run the sweep to resume the cell\n")
     (run_dir / "trainer.pid").unlink(missing_ok=True)
-    summary = read_summary(run_dir)
-    rc = proc.returncode
-    if timed_out:
-        status, error = "failed", _timed_out(timeout_s)
-    elif rc == 0 and summary is not None and summary.get("status") in FINISHED:
-        status, error = summary["status"], str(summary.get("unstable", ""))  # why it is unstable
-    elif rc == 0:
-        status, error = "failed", "trainer exited 0 without a summary.json with status ok"
-    else:
-        status, error = "failed", _error_line(first_error[0] if first_error else None, tail, rc)
-    return {
-        "cell_id": cell.id,
-        "status": status,
-        "error": error,
-        "returncode": rc,
-        "summary": summary,
-        "resumed": resume,
-        "world_size": n_ranks,
-        # where and with which code the cell ran: taken when it started (cell.json's copy, which the
-        # CSV's rebuild from the run folders reads), not now, when a commit may have landed meanwhile
-        "environment": info["environment"],
-    }
+    return proc.returncode, (first_error[0] if first_error else None), tail, timed_out
