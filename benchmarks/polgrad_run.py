@@ -1,4 +1,4 @@
-"""polgrad's side of the comparison: `polgrad.trainer.train` on the bench workload, timed by its hooks.
+"""polgrad's side of the comparison: `polgrad.train.run` on the bench workload, timed by its hooks.
 
 polgrad is never patched: the trainer and the HF rollout announce their phases through
 `polgrad.hooks`, and a listener maps them onto the bench's phases (HOOK_PHASES).
@@ -72,7 +72,7 @@ def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
 
 
 def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
-    """`polgrad.trainer.train` in this process for warmup + steps + 1 steps; timings of the measured ones."""
+    """`polgrad.train.run` in this process for warmup + steps + 1 steps; timings of the measured ones."""
     import gin
     import torch
 

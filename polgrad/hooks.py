@@ -6,7 +6,7 @@ library never pays for tooling. A benchmark or profiler listens through the publ
 patching polgrad's functions:
 
     with hooks.listen(on_phase=lambda path, seconds: ..., on_event=lambda name: ...):
-        train(out_dir)
+        polgrad.train.run(out_dir)  # or polgrad.trainer.train(cfg, algo, task, out_dir, record=...)
 
 Phases nest; a listener gets the nested path, e.g. "sample/decode" (the rollout's decode loop
 inside the trainer's sampling phase) or "eval/decode" (the same loop during evaluation).
