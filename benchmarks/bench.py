@@ -2,7 +2,7 @@
 
 One command runs, interleaved A B / B A so that machine drift cancels within each pair:
 
-    compare      polgrad (`polgrad.trainer.train`, registry/grpo.gin) vs TRL (`trl.GRPOTrainer`), >= 5 rounds,
+    compare      polgrad (`polgrad.train.run`, registry/grpo.gin) vs TRL (`trl.GRPOTrainer`), >= 5 rounds,
                  at each `--precision` (fp32, bf16 or both: every round runs every framework x precision)
     numerics     one identical batch through TRL's `_compute_loss` and polgrad's `Algorithm.loss`
     composition  the composed `Algorithm.loss` vs one hand-fused GRPO loss function (same numbers)

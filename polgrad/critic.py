@@ -8,7 +8,8 @@ The loop calls every critic the same way and never asks which one it has:
     step()                      the critic's own optimizer step, after the policy's
     engines()                   what a checkpoint saves beside the policy: (("critic", engine),) or ()
 
-Three implementations (`make_critic`, from the spec's `value_init` part and its `lora` metadata):
+Three implementations, picked by `polgrad.build.build_models` from the spec's `value_init` part and
+its `lora` metadata:
 
     NoCritic           a spec without a value function (GRPO, RLOO, ...): one backward of the policy loss
     OwnEngineCritic    a critic model with its own DeepSpeed engine and optimizer (PPO's default)

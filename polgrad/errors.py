@@ -32,6 +32,9 @@ class PolgradError(Exception):
         own = cls.__dict__.get("__str__")
         if own is not None and not str(getattr(own, "__module__", "")).startswith("polgrad"):
             cls.__str__ = lambda self, _own=own: _own(self).split("\n", 1)[0]
+            # gin's proxy is built without arguments: its args (and repr) are the message's too
+            cls.args = property(lambda self: (str(self),))
+            cls.__repr__ = lambda self: f"{type(self).__name__}({str(self)!r})"
 
 
 class RegistryError(PolgradError, KeyError):

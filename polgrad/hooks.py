@@ -1,9 +1,10 @@
 """Phase hooks: the trainer and the rollout backends name what they are doing; tools may listen.
 
 The loop wraps each phase of a step in `with hooks.phase("name"):` and opens each step with
-`hooks.event("step")`. Nobody listens by default and a phase then costs one list check, so the
-library never pays for tooling. A benchmark or profiler listens through the public API instead of
-patching polgrad's functions:
+`hooks.event("step")`. Outside a step nobody listens by default and a phase costs one list check;
+during a step the loop's own clock (`clock`, below) listens, so each phase costs two perf_counter
+calls and a dict update (the phases are milliseconds to seconds long). A benchmark or profiler
+listens through the public API instead of patching polgrad's functions:
 
     with hooks.listen(on_phase=lambda path, seconds: ..., on_event=lambda name: ...):
         polgrad.train.run(out_dir)  # or polgrad.trainer.train(cfg, algo, task, out_dir, record=...)
@@ -98,6 +99,7 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.wall = 0.0  # the block's wall time: phases plus what runs between them (set on exit)
         self._thread = threading.get_ident()
 
     def __call__(self, path: str, dt: float) -> None:
@@ -112,7 +114,12 @@ class PhaseClock:
 @contextlib.contextmanager
 def clock() -> Iterator[PhaseClock]:
     """The one clock of the loop's phases: `with hooks.clock() as c: <one step>`, then
-    `c.step_times()` are the step's time_* metrics."""
+    `c.step_times()` are the step's time_* metrics and `c.wall` its wall time (tokens_per_s's
+    denominator)."""
     c = PhaseClock()
-    with listen(on_phase=c):
-        yield c
+    t0 = time.perf_counter()
+    try:
+        with listen(on_phase=c):
+            yield c
+    finally:
+        c.wall = time.perf_counter() - t0

@@ -110,6 +110,24 @@ def bindings(text: str) -> dict[str, Any]:
             seen.add(value.text)
             value = out.get(value.text[1:], value)
         out[name] = value
+    return _one_async_setting(out)
+
+
+# Before asynchronous rollouts were one setting, train.async_rollouts switched them on and
+# train.max_staleness (default 1 then) said how stale; off, max_staleness did nothing.
+_OLD_ASYNC, _OLD_STALENESS_DEFAULT = "train.async_rollouts", 1
+
+
+def _one_async_setting(out: dict[str, Any]) -> dict[str, Any]:
+    """The bindings of a config.gin written before train.async_rollouts was removed, in today's terms:
+    async on with staleness k (unset: 1) is train.max_staleness = k, async off is 0."""
+    if _OLD_ASYNC not in out:
+        return out
+    out = dict(out)
+    if out.pop(_OLD_ASYNC) is True:
+        out["train.max_staleness"] = out.get("train.max_staleness", _OLD_STALENESS_DEFAULT)
+    else:
+        out["train.max_staleness"] = 0
     return out
 
 
@@ -179,6 +197,8 @@ def check(run_dir: str | os.PathLike, *, allow: bool) -> dict[str, tuple[Any, An
     old = saved_config(run_dir)
     if old is None or not checkpoints.tag_steps(Path(run_dir) / "checkpoints" / "policy"):
         return {}
+    if not allow:
+        _check_async_matches_rows(run_dir, bindings(gin.config_str()).get("train.max_staleness", 0))
     changes = training_changes(diff(old, gin.config_str()))
     if changes and not allow:
         cell = os.environ.get("POLGRAD_CELL_ID")  # a sweep's cell: the sweep passes no such flag
@@ -193,6 +213,29 @@ def check(run_dir: str | os.PathLike, *, allow: bool) -> dict[str, tuple[Any, An
             f"trained with {os.path.join(str(run_dir), CONFIG_FILE)}); {ways}"
         )
     return changes
+
+
+def _check_async_matches_rows(run_dir: str | os.PathLike, max_staleness: Any) -> None:
+    """The run's own rows say whether it sampled asynchronously (an async step logs `staleness_max`):
+    a resume that would switch that, whatever its config.gin says (a config.gin from before
+    train.max_staleness was the one async setting bound it with async off), is refused in one line."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return
+    if not rows:
+        return
+    was_async = any("staleness_max" in r for r in rows)
+    now_async = isinstance(max_staleness, int) and max_staleness > 0
+    if was_async != now_async:
+        how = "asynchronously (its metrics rows log staleness)" if was_async else "synchronously"
+        fix = "bind the train.max_staleness it ran with" if was_async else "bind train.max_staleness = 0"
+        raise ConfigError(
+            f"--resume of {run_dir}: the run sampled {how}, and train.max_staleness = {max_staleness} "
+            f"would make it {'synchronous' if was_async else 'asynchronous'}; {fix} to resume it, or "
+            "choose a new --out"
+        )
 
 
 def record(run_dir: str | os.PathLike, step: int, changes: dict[str, tuple[Any, Any]]) -> dict:

@@ -217,7 +217,9 @@ def make_sampler(
     seed_of: Callable[[int], int],
 ) -> Sampler:
     """The run's sampler (module docstring). A preference spec (DPO) samples nothing: it gets the
-    HF sampler, which it never calls. The vLLM engine loads the starting policy from `policy_path`."""
+    HF sampler, or with train.rollout_backend = 'vllm' the vLLM one (its engine is started, synced on
+    a resume and closed, as before, but never sampled from); it is never asynchronous. The vLLM
+    engine loads the starting policy from `policy_path`."""
     vllm = None
     if cfg.rollout_backend == "vllm":
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen

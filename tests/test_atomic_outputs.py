@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from polgrad import export
+from polgrad.critic import NoCritic
 from polgrad.errors import WriteError
 from polgrad.io import atomic_dir
 
@@ -215,9 +216,7 @@ def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
 # ----------------------------------------------------------------------------- final/ and model/
 def _fake_models(model, tok):
     """What write_final reads of a run's models: a plain (non-LoRA) policy engine, no critic."""
-    return types.SimpleNamespace(
-        engine=types.SimpleNamespace(module=model), critic_engine=None, critic=None, tokenizer=tok
-    )
+    return types.SimpleNamespace(engine=types.SimpleNamespace(module=model), critic=NoCritic(), tokenizer=tok)
 
 
 def test_a_write_final_that_fails_midway_leaves_the_old_final_and_no_half_one(tmp_path, monkeypatch):

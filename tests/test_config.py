@@ -189,3 +189,32 @@ def test_batch_selects_every_field_and_checks_rows():
         Batch.of(
             {"mask": torch.ones(1, 1), "group_ids": torch.zeros(1), "old_logp": torch.zeros(1, 1), "row": 0}
         )
+
+
+def test_a_polgrad_error_raised_inside_a_configurable_stays_one_line_without_patching_gin():
+    """gin re-raises an exception from inside a configurable as a subclass of its type made on the
+    spot, whose message gains "In call to configurable ..." lines. A polgrad error keeps its one line
+    (and its message as args and repr); any other exception keeps gin's context; gin is not patched."""
+    from gin import utils as gin_utils
+
+    from polgrad.errors import ConfigError
+
+    augment = gin_utils.augment_exception_message_and_reraise
+
+    @gin.configurable("probe_polgrad_error")
+    def ours(x=1):
+        raise ConfigError("Algorithm.thing must be >= 1, got 0")
+
+    @gin.configurable("probe_other_error")
+    def other(x=1):
+        raise ValueError("plain")
+
+    with pytest.raises(ConfigError) as info:
+        ours()
+    assert str(info.value) == "Algorithm.thing must be >= 1, got 0"
+    assert info.value.args == ("Algorithm.thing must be >= 1, got 0",)
+    assert repr(info.value) == "ConfigError('Algorithm.thing must be >= 1, got 0')"
+    with pytest.raises(ValueError) as info:
+        other()
+    assert "In call to configurable 'probe_other_error'" in str(info.value)
+    assert gin_utils.augment_exception_message_and_reraise is augment

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from learning import assert_learns
 
+from polgrad.critic import OwnEngineCritic, PolicyEngineCritic
 from polgrad.errors import ConfigError
 from polgrad.models import build_tiny, lora
 from polgrad.tasks.synthetic import add
@@ -317,7 +318,7 @@ def test_lora_off_builds_the_full_model_run():
     _, m = _built([], spec=os.path.join(REPO, "registry", "ppo.gin"))
     assert not lora.is_peft(m.engine.module)
     assert isinstance(m.reference, torch.nn.Module) and not isinstance(m.reference, lora.AdapterDisabled)
-    assert m.critic_engine is m.critic and m.critic is not None
+    assert isinstance(m.critic, OwnEngineCritic) and m.critic.engine is m.critic.model is not None
     assert len(m.engine.optimizer.param_groups) == 1
     assert all(p.requires_grad for p in m.engine.module.parameters())
 
@@ -330,8 +331,9 @@ def test_lora_builds_one_backbone_and_one_engine(value_init, adapter):
     cfg, m = _built([f"Algorithm.value_init = @value_init.{value_init}", "train.critic_lr = 3e-4"])
     module = m.engine.module
     assert lora.is_peft(module) and isinstance(m.reference, lora.AdapterDisabled)
-    assert m.critic_engine is None and m.critic.adapter == adapter
-    assert list(m.reference.parameters()) == [] and list(m.critic.parameters()) == []
+    assert isinstance(m.critic, PolicyEngineCritic) and m.critic.engine is None
+    assert m.critic.model.adapter == adapter
+    assert list(m.reference.parameters()) == [] and list(m.critic.model.parameters()) == []
     groups = m.engine.optimizer.param_groups
     assert [g["lr"] for g in groups] == [cfg.lr, 3e-4]
     critic_ids = {id(p) for p in groups[1]["params"]}
@@ -423,9 +425,9 @@ def test_the_lora_reward_model_is_an_adapter_and_head_on_the_policy_backbone():
     from polgrad.models import ScalarHeadModel, sequence_scores
 
     cfg, m = _built(["train.task = @task.sort", "train.reward_source = 'reward_model'"])
-    rm, module = m.reward_model, m.engine.module
+    rm, module = m.score.model, m.engine.module  # the RewardModelScorer's model
     assert isinstance(rm, lora.LoraCritic) and rm.adapter == lora.REWARD_ADAPTER and rm.frozen
-    assert list(rm.parameters()) == [] and m.rm_accuracy > 0.6
+    assert list(rm.parameters()) == [] and m.row_fields["rm_heldout_accuracy"] > 0.6
     reward_params = [
         p for n, p in module.named_parameters() if ".reward." in n or n.startswith("reward_head.")
     ]

@@ -69,3 +69,40 @@ def test_the_clock_counts_what_the_phases_report():
             sum(range(1000))
     assert set(clock.seconds) == {"values"} and clock.seconds["values"] >= 0.0
     assert clock.step_times()["time_values"] == clock.seconds["values"]
+
+
+def test_the_clock_knows_the_blocks_wall_time():
+    """tokens_per_s divides by the whole step (phases and the work between them), as it always has."""
+    import time
+
+    with hooks.clock() as clock:
+        time.sleep(0.01)  # work outside any phase
+    assert clock.seconds == {} and clock.wall >= 0.01
+
+
+PHASE_FILES = ("trainer.py", "offline.py", "critic.py", "sampling.py")
+LOOP_PHASES = {"eval", "checkpoint"}  # the loop's own, outside the step's clock
+
+
+def test_every_phase_the_step_opens_is_in_a_time_metric():
+    """A phase renamed or added in the step without a STEP_TIMES group would read 0.0 in every row
+    (and every run comparison leaves the timing columns out): each `hooks.phase("name")` of the step's
+    modules names a grouped phase, and each grouped phase is opened somewhere."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "polgrad"
+    opened = set()
+    for name in PHASE_FILES:
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "phase"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                opened.add(node.args[0].value)
+    grouped = {p for phases in hooks.STEP_TIMES.values() for p in phases}
+    assert opened - LOOP_PHASES <= grouped, opened - LOOP_PHASES - grouped
+    assert grouped <= opened, grouped - opened

@@ -485,3 +485,38 @@ def test_two_trainers_on_one_folder_one_refused_each_step_once(tmp_path):
     assert "Algorithm.kl_coef = 0.5" in (run / "operative_config.gin").read_text()
     (record,) = [json.loads(r) for r in open(run / "resume_overrides.jsonl")]
     assert record["step"] == 3 and record["overridden"] == ["Algorithm.kl_coef"]
+
+
+# ----------------------------------------------------------------------------- one async setting
+def test_a_config_gin_from_before_one_async_setting_reads_in_todays_terms():
+    """A run folder's config.gin written when train.async_rollouts existed: async on with the staleness
+    unbound trained at k = 1 (the default then), async off trained synchronously whatever k said."""
+    diff = resume_config.diff
+    assert diff("train.async_rollouts = True\n", "train.max_staleness = 1\n") == {}
+    assert diff("train.async_rollouts = True\ntrain.max_staleness = 3\n", "train.max_staleness = 3\n") == {}
+    assert diff("train.async_rollouts = False\ntrain.max_staleness = 3\n", "") == {}
+    # and a real change still shows: the old async run at k = 1 resumed synchronously
+    assert diff("train.async_rollouts = True\n", "") == {"train.max_staleness": (1, 0)}
+
+
+def _rows(run: Path, rows: list[dict]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_resume_that_would_switch_async_on_or_off_is_refused_by_the_runs_own_rows(tmp_path):
+    """An old config.gin could bind train.max_staleness = k with async off (k did nothing then): read
+    today it looks asynchronous. The rows say what the run did (an async step logs staleness_max)."""
+    check = resume_config._check_async_matches_rows
+    sync_run, async_run = tmp_path / "sync", tmp_path / "async"
+    _rows(sync_run, [{"step": 1, "reward_mean": 0.5}])
+    _rows(async_run, [{"step": 1, "staleness_max": 1.0}])
+    check(sync_run, 0)
+    check(async_run, 2)
+    with pytest.raises(
+        ConfigError, match=r"the run sampled synchronously, and train.max_staleness = 2 would"
+    ):
+        check(sync_run, 2)
+    with pytest.raises(ConfigError, match=r"the run sampled asynchronously .* train.max_staleness = 0 would"):
+        check(async_run, 0)
+    check(tmp_path / "empty", 3)  # no rows yet: nothing to go by
