@@ -181,17 +181,17 @@ class Algorithm:
         """
         kl_coef = float(kl_coef)
         batch = Batch.of(batch)
-        mask = batch["mask"]
+        mask = batch.mask
         # Means over the batch of every data-parallel rank (polgrad.collective; as is on one process).
-        n_rows, score_sum = _global_sums(float(mask.shape[0]), batch["scores"].double().sum())
+        n_rows, score_sum = _global_sums(float(mask.shape[0]), batch.scores.double().sum())
         metrics: dict[str, float] = {"score_mean": score_sum / max(n_rows, 1.0)}
         scores, keep = self._shaped_and_kept(batch)
-        baseline = batch.get("baseline_scores")
+        baseline = batch.baseline_scores
         baseline = baseline.to(mask.dtype) if baseline is not None else None
         (kept,) = _global_sums(keep.double().sum())
         metrics["filtered_frac"] = 1.0 - kept / max(n_rows, 1.0)
         out = batch.select(keep)
-        mask, scores = out["mask"], scores[keep]
+        mask, scores = out.mask, scores[keep]
         baseline = baseline[keep] if baseline is not None else None
         if mask.shape[0] == 0:
             return out, metrics
@@ -200,7 +200,7 @@ class Algorithm:
         token_rewards = last_token(scores, mask)
         rewards = scores
         if self.kl_in_reward():
-            kl_tok = self.kl(out["old_logp"], out["ref_logp"], mask) * mask
+            kl_tok = self.kl(out.old_logp, out.ref_logp, mask) * mask
             token_rewards = token_rewards - kl_coef * kl_tok
             # Sequence-level estimators see the same penalty folded into the scalar reward.
             rewards = scores - kl_coef * kl_tok.sum(-1)
@@ -210,8 +210,8 @@ class Algorithm:
         adv, returns = self.advantage(
             rewards,
             mask,
-            group_ids=out["group_ids"],
-            values=out.get("values"),
+            group_ids=out.group_ids,
+            values=out.values,
             token_rewards=token_rewards,
             baseline_rewards=baseline,
         )
@@ -228,13 +228,13 @@ class Algorithm:
         return self._shaped_and_kept(Batch.of(batch))[1]
 
     def _shaped_and_kept(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        mask = batch["mask"]
-        scores = batch["scores"].to(mask.dtype)
+        mask = batch.mask
+        scores = batch.scores.to(mask.dtype)
         for fn in self.reward_shaping:
-            scores = fn(scores, mask, truncated=batch["truncated"])
+            scores = fn(scores, mask, truncated=batch.truncated)
         keep = torch.ones(mask.shape[0], dtype=torch.bool)
         for fn in self.filters:
-            keep &= fn(scores, batch["group_ids"])
+            keep &= fn(scores, batch.group_ids)
         return scores, keep
 
     def loss(
@@ -251,30 +251,27 @@ class Algorithm:
         Summing the returned losses over the step's micro-batches gives the step loss; metrics
         are likewise shares (token-weighted sums over counts.num_tokens) that add up to step means.
         """
-        mask = mb["mask"]
-        per_token, clip_metrics = self.clip(
-            mb["logp"], mb["old_logp"], mb["adv"], mask, rollout_logp=mb.get("rollout_logp")
-        )
+        mb = Batch.of(mb)
+        mask = mb.mask
+        per_token, clip_metrics = self.clip(mb.logp, mb.old_logp, mb.adv, mask, rollout_logp=mb.rollout_logp)
         metrics: dict[str, Tensor] = {
             f"clip/{k}": (v.detach() * mask).sum() / counts.num_tokens for k, v in clip_metrics.items()
         }
         del clip_metrics  # the [B,T] metric tensors are reduced: free them before the KL term is built
         metrics["pg_loss"] = self.aggregate(per_token.detach(), mask, counts)
         if self.kl_in_loss():
-            kl_tok = self.kl(
-                mb["logp"], mb["ref_logp"], mask, logits=mb.get("logits"), ref_logits=mb.get("ref_logits")
-            )
+            kl_tok = self.kl(mb.logp, mb.ref_logp, mask, logits=mb.logits, ref_logits=mb.ref_logits)
             per_token = per_token + float(kl_coef) * kl_tok
             metrics["kl_loss"] = (kl_tok.detach() * mask).sum() / counts.num_tokens
         if self.entropy_coef > 0:
-            per_token = per_token - self.entropy_coef * mb["entropy"]
-        if "entropy" in mb:
-            metrics["entropy"] = (mb["entropy"].detach() * mask).sum() / counts.num_tokens
+            per_token = per_token - self.entropy_coef * mb.entropy
+        if mb.entropy is not None:
+            metrics["entropy"] = (mb.entropy.detach() * mask).sum() / counts.num_tokens
         policy_loss = self.aggregate(per_token, mask, counts)
 
         value_loss = None
         if self.needs_critic:
-            v_tok = self.value_loss(mb["values"], mb["old_values"], mb["returns"], mask)
+            v_tok = self.value_loss(mb.values, mb.old_values, mb.returns, mask)
             value_loss = self.vf_coef * self.aggregate(v_tok, mask, counts)
             metrics["value_loss"] = value_loss.detach()
         return policy_loss, value_loss, metrics

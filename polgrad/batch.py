@@ -3,8 +3,10 @@
 One `Batch` holds B sampled sequences, row-aligned: every tensor's first dimension is B, and
 `rollout` (the sampled ids, texts and examples) has the same rows. `select(rows)` takes rows of
 all of them at once, so a filter or a micro-batch never loses track of which sequence is which
-(no bookkeeping column). It is also a read-only mapping over the tensors that are set, so a part
-or a test can read `batch["adv"]` and `batch.get("values")`.
+(no bookkeeping column). polgrad's own code reads it by attribute (`batch.adv`, None when not
+computed); it is also a read-only mapping over the tensors that are set, so a user's part or a test
+can read `batch["adv"]` and `batch.get("values")`, and `Algorithm.prepare` / `loss` accept a plain
+mapping of field names (made a Batch first, `Batch.of`).
 
 Shapes: [B] for scores, truncated, group_ids, baseline_scores, rewards; [B,T] for the others
 except logits/ref_logits [B,T,V].
@@ -29,8 +31,8 @@ class Batch(Mapping):
     """B sequences and what the loop has computed about them so far (None: not computed)."""
 
     mask: Tensor  # [B,T] float 0/1 over response tokens
-    group_ids: Tensor  # [B] which prompt each row answers
-    old_logp: Tensor  # [B,T] log-probs under the policy that sampled (pi_old)
+    group_ids: Tensor | None = None  # [B] which prompt each row answers (every sampled batch has it)
+    old_logp: Tensor | None = None  # [B,T] log-probs under the policy that sampled (pi_old)
     scores: Tensor | None = None  # [B] the task's or reward model's score
     truncated: Tensor | None = None  # [B] bool: hit max_new_tokens without EOS
     rollout_logp: Tensor | None = None  # [B,T] the sampler's own log-probs (off-policy corrections)

@@ -142,8 +142,8 @@ def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch
     models.check_inputs(
         task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
     )
-    if cfg.lora_r:
-        policy = models.lora.add_policy_adapter(policy, models.lora.lora_config(**cfg.lora_settings()))
+    if cfg.lora is not None:
+        policy = models.lora.add_policy_adapter(policy, models.lora.lora_config(**cfg.lora.settings()))
     return policy, tokenizer
 
 
@@ -156,10 +156,10 @@ def _reward_model(
     (value_init.reward_model) reads the reward model's own checkpoint: then it is the full model."""
     if not (cfg.reward_source == "reward_model" or algo.needs_reward_model):
         return None, None, None
-    lora_rm = bool(cfg.lora_r) and not algo.needs_reward_model
+    lora_rm = cfg.lora is not None and not algo.needs_reward_model
     rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
     if lora_rm:
-        rm["lora"] = cfg.lora_settings()
+        rm["lora"] = cfg.lora.settings()
     rm_path, rm_accuracy = pretrain.train_reward_model(
         policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, **rm
     )
@@ -178,7 +178,7 @@ def _reference(
     it is the policy's own module with its adapter disabled: no second copy."""
     if not (algo.needs_reference or cfg.measure_kl):
         return None
-    if cfg.lora_r:
+    if cfg.lora is not None:
         return models.lora.AdapterDisabled(policy)
     reference = models.load_reference(policy_path)
     if cfg.bf16:

@@ -71,7 +71,7 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
             "(Algorithm.preference); leave it at 0"
         )
     value_init = algo.parts.get("Algorithm.value_init")
-    if value_init is not None and value_init.meta.get("lora") and cfg.lora_r == 0:
+    if value_init is not None and value_init.meta.get("lora") and cfg.lora is None:
         raise ConfigError(
             f"Algorithm.value_init = @{value_init.full_name} needs a LoRA policy: bind train.lora_r > 0 "
             "(or use @value_init.policy)"

@@ -26,6 +26,25 @@ SANE_STALENESS = 8  # train.max_staleness above this warns (see TrainConfig's do
 ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
+# ---------------------------------------------------------------------------------- LoRA
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """The policy's LoRA adapter, one object for every role built on the LoRA backbone: the actor's
+    adapter, a LoRA reward model's, and the critic a `lora` value_init part puts on it
+    (polgrad/models/lora.py). `TrainConfig.lora` makes it from train.lora_*; None is LoRA off."""
+
+    r: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    dropout: float
+
+    def settings(self) -> dict[str, Any]:
+        """The keywords of `polgrad.models.lora.lora_config` (also the reward model's cache key)."""
+        return dict(
+            r=self.r, alpha=self.alpha, target_modules=list(self.target_modules), dropout=self.dropout
+        )
+
+
 # ---------------------------------------------------------------------------------- train.*
 @gin.configurable("train")
 @dataclasses.dataclass(frozen=True)
@@ -198,15 +217,12 @@ class TrainConfig:
         keys the SFT and RM caches."""
         return dict(self._task_kwargs)
 
-    def lora_settings(self) -> dict[str, Any]:
-        """The LoRA adapter's settings (train.lora_*) as `polgrad.models.lora.lora_config` takes them:
-        the policy's adapter and a LoRA reward model's are built from this one dict."""
-        return dict(
-            r=self.lora_r,
-            alpha=self.lora_alpha,
-            target_modules=list(self.lora_target_modules),
-            dropout=self.lora_dropout,
-        )
+    @property
+    def lora(self) -> LoraSpec | None:
+        """The run's LoRA adapter (train.lora_*), or None when LoRA is off (train.lora_r = 0)."""
+        if not self.lora_r:
+            return None
+        return LoraSpec(self.lora_r, self.lora_alpha, tuple(self.lora_target_modules), self.lora_dropout)
 
 
 def _check_async(cfg: TrainConfig) -> None:

@@ -525,3 +525,24 @@ def test_no_polgrad_docs_point_outside_the_project():
     for path in [REPO / "README.md", REPO / "CONTRIBUTING.md", *PKG.rglob("*.py")]:
         assert "../shared" not in path.read_text(), path
     assert os.path.isfile(REPO / "CONTRIBUTING.md")
+
+
+# --------------------------------------------------------------------------- one access style for Batch
+BATCH_MODULES = ("trainer.py", "algorithm.py", "offline.py", "producer.py", "critic.py", "sampling.py")
+BATCH_BY_KEY = re.compile(r"\b(batch|mb|out|sampled|raw|part|kept)(\[\s*[\"']|\.get\(\s*[\"'])")
+
+
+def batch_reads_by_key(text: str) -> list[str]:
+    """Lines that read a Batch like a dict (`batch["adv"]`, `mb.get("values")`) instead of by attribute."""
+    return [line.strip() for line in text.splitlines() if BATCH_BY_KEY.search(line)]
+
+
+def test_polgrad_reads_a_batch_by_attribute_only():
+    """Batch stays a read-only mapping for users' parts and tests, but polgrad's own step and spec read
+    it one way: `batch.adv`, None when not computed."""
+    bad = {name: found for name in BATCH_MODULES if (found := batch_reads_by_key((PKG / name).read_text()))}
+    assert not bad, bad
+    assert batch_reads_by_key('    adv = batch["adv"]\n    v = mb.get("values")\n') == [
+        'adv = batch["adv"]',
+        'v = mb.get("values")',
+    ]
