@@ -26,7 +26,7 @@ Determinism: a rollout depends only on the weights of its version (loaded by val
 and the generator seed (hf.generate draws from its private generator). The producer's thread never
 calls torch.set_num_threads (process-wide, `own_threads=False`): it decodes with the thread count
 it inherits from the trainer (`train.threads`), which is what the synchronous loop decodes with
-unless OMP_WAIT_POLICY=passive makes `hf.decode_threads` pick one thread. The vLLM path calls
+unless OMP_WAIT_POLICY=passive makes `decode_threads` (polgrad/models/threads.py) pick one. The vLLM path calls
 `VLLMRollout.generate(own_threads=False)` for the same reason, with a consequence: vLLM decodes with
 the trainer's thread count, not the engine's `num_threads` (1), so on a machine with few cores the
 producer's and the trainer's OpenMP teams compete for them (`train.threads = 1` avoids that).

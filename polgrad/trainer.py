@@ -72,7 +72,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, offline, stopping, tracking
+from polgrad import collective, config, export, hooks, models, offline, stopping, tracking
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -104,8 +104,7 @@ def _train(
     cfg: config.TrainConfig, algo: Algorithm, task: Any, out_dir: str, record: config.ConfigRecord, rank: int
 ) -> dict[str, Any]:
     t_start = time.time()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    models.threads.apply_run_threads(cfg.threads)  # every thread decision lives in polgrad/models/threads.py
     os.makedirs(out_dir, exist_ok=True)
     config.check_world_size(cfg, collective.world_size())  # the sweep's dry run checks it too
 

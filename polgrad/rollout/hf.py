@@ -33,7 +33,6 @@ log-probs at temperature 1.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -44,6 +43,7 @@ from torch import Tensor
 from polgrad import collective, hooks
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask, sequence_scores, torch_threads
+from polgrad.models.threads import decode_threads
 from polgrad.rollout.rollout import Rollout
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
@@ -161,25 +161,6 @@ def _all_done(done: Tensor, synced: bool) -> bool:
         return bool(done.all())
     pending = collective.all_sum(torch.tensor([float((~done).sum())]))
     return float(pending[0]) == 0.0
-
-
-# Decode steps below this many GFLOP per token (2 x rows x parameters) run on one CPU thread when
-# OpenMP threads sleep between parallel regions (OMP_WAIT_POLICY=passive): waking the second thread
-# for each of the ~20 small matmuls of a token costs more than it saves. Measured on this 2-core VM,
-# 64 rows x 32 tokens, 2 threads vs 1 (ms per rollout): 0.08 GFLOP/token 150 vs 82, 0.3: 231 vs 181,
-# 1.2: 502 vs 514. With spinning threads (the default policy) 2 threads win at every size (68 vs 82).
-_SINGLE_THREAD_DECODE_GFLOP = 1.0
-
-
-def decode_threads(model, rows: int) -> int:
-    """Intra-op CPU threads for the decode loop: torch's setting, or 1 where that is faster (above)."""
-    n = torch.get_num_threads()
-    if n == 1 or next(model.parameters()).device.type != "cpu":
-        return n
-    if os.environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE":
-        return n
-    gflop = 2.0 * rows * sum(p.numel() for p in model.parameters()) / 1e9
-    return 1 if gflop < _SINGLE_THREAD_DECODE_GFLOP else n
 
 
 def decode_texts(tokenizer, response_ids: Tensor, mask: Tensor, eos_id: int) -> list[str]:
