@@ -26,10 +26,11 @@ Determinism: a rollout depends only on the weights of its version (loaded by val
 and the generator seed (hf.generate draws from its private generator). The producer's thread never
 calls torch.set_num_threads (process-wide, `own_threads=False`): it decodes with the thread count
 it inherits from the trainer (`train.threads`), which is what the synchronous loop decodes with
-unless OMP_WAIT_POLICY=passive makes `decode_threads` (polgrad/models/threads.py) pick one. The vLLM path calls
-`VLLMRollout.generate(own_threads=False)` for the same reason, with a consequence: vLLM decodes with
-the trainer's thread count, not the engine's `num_threads` (1), so on a machine with few cores the
-producer's and the trainer's OpenMP teams compete for them (`train.threads = 1` avoids that).
+unless OMP_WAIT_POLICY=passive makes `decode_threads` (polgrad/models/threads.py) pick one. The
+vLLM path calls `VLLMRollout.generate(own_threads=False)` for the same reason, with a consequence:
+vLLM decodes with the trainer's thread count, not the engine's `num_threads` (1), so on a machine
+with few cores the producer's and the trainer's OpenMP teams compete for them (`train.threads = 1`
+avoids that).
 A vLLM rollout depends on the weights, the examples and the per-row seeds drawn from the generator
 seed (polgrad/rollout/vllm.py): loaded at start-up or from a snapshot, the same weights sample the
 same rollout bit for bit. vLLM's CPU sampler also draws from torch's global RNG at every decode step;
