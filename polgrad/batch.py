@@ -8,7 +8,7 @@ computed); it is also a read-only mapping over the tensors that are set, so a us
 can read `batch["adv"]` and `batch.get("values")`, and `Algorithm.prepare` / `loss` accept a plain
 mapping of field names (made a Batch first, `Batch.of`).
 
-Shapes: [B] for scores, truncated, group_ids, baseline_scores, rewards; [B,T] for the others
+Shapes: [B] for scores, gold_scores, truncated, group_ids, baseline_scores, rewards; [B,T] for the others
 except logits/ref_logits [B,T,V].
 """
 
@@ -33,7 +33,8 @@ class Batch(Mapping):
     mask: Tensor  # [B,T] float 0/1 over response tokens
     group_ids: Tensor | None = None  # [B] which prompt each row answers (every sampled batch has it)
     old_logp: Tensor | None = None  # [B,T] log-probs under the policy that sampled (pi_old)
-    scores: Tensor | None = None  # [B] the task's or reward model's score
+    scores: Tensor | None = None  # [B] the task's or reward model's score (the reward trained on)
+    gold_scores: Tensor | None = None  # [B] the task verifier's score when a reward model gives `scores`
     truncated: Tensor | None = None  # [B] bool: hit max_new_tokens without EOS
     rollout_logp: Tensor | None = None  # [B,T] the sampler's own log-probs (off-policy corrections)
     baseline_scores: Tensor | None = None  # [B] score of the prompt's greedy response (ReMax)

@@ -30,7 +30,12 @@ from polgrad.tasks.rewards import RewardGuard
 
 # --------------------------------------------------------------------------- the bundle
 class TaskScorer:
-    """Scores with the task's own verifier, each reward checked by `rewards` (train.reward_errors)."""
+    """Scores with the task's own verifier, each reward checked by `rewards` (train.reward_errors).
+
+    The reward trained on is the gold one: `gold` has nothing more to measure (None), and no proxy
+    scores the held-out responses (`proxy` None)."""
+
+    proxy = None
 
     def __init__(self, rewards: RewardGuard):
         self.rewards = rewards
@@ -38,16 +43,34 @@ class TaskScorer:
     def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor:
         return self.rewards.task_scores(task, rollout.examples, rollout.texts)
 
+    def gold(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor | None:
+        return None
+
 
 class RewardModelScorer:
-    """Scores with a learned reward model (train.reward_source = 'reward_model'), checked by `rewards`."""
+    """Scores with a learned reward model (train.reward_source = 'reward_model'), checked by `rewards`.
 
-    def __init__(self, model: torch.nn.Module, rewards: RewardGuard):
+    The reward model is a proxy of the task's gold reward (its verifier): `gold` scores the same
+    samples with the verifier (checked by `gold_rewards`; a measurement, never trained on), and
+    `proxy` scores any rollout with the reward model (the evaluator's held-out responses), so a run
+    logs the proxy beside the gold as the policy moves (Gao et al. 2023, "Scaling Laws for Reward
+    Model Overoptimization")."""
+
+    def __init__(self, model: torch.nn.Module, rewards: RewardGuard, gold_rewards: RewardGuard | None = None):
         self.model, self.rewards = model, rewards
+        self.gold_rewards = gold_rewards or RewardGuard("zero")
 
     def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor:
         scores = hf_rollout.rollout_scores(self.model, rollout)
         return self.rewards.checked(scores, rollout.examples, rollout.texts)
+
+    def gold(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor | None:
+        """[B] float64: the task verifier's score of the same samples."""
+        return self.gold_rewards.task_scores(task, rollout.examples, rollout.texts)
+
+    def proxy(self, rollout: hf_rollout.Rollout) -> Tensor:
+        """[B] float64: the reward model's score (unchecked: a measurement of held-out responses)."""
+        return hf_rollout.rollout_scores(self.model, rollout).double()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +143,9 @@ def build_models(
     rewards = RewardGuard(
         cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}", timeout_s=cfg.reward_timeout_s
     )
-    score = TaskScorer(rewards) if reward_model is None else RewardModelScorer(reward_model, rewards)
+    # The gold reward of a reward-model run is measured, never trained on: a faulty one counts 0 (warned).
+    gold = RewardGuard("zero", cfg.task_name, timeout_s=cfg.reward_timeout_s)
+    score = TaskScorer(rewards) if reward_model is None else RewardModelScorer(reward_model, rewards, gold)
     return Models(
         engine=engine,
         tokenizer=tokenizer,

@@ -7,7 +7,9 @@ every run of the task, and appends one record per evaluation to `eval.jsonl`:
 
     {"step": 20, "accuracy": 0.41, "n": 1008, "prompts": [...], "correct": [0, 1, ...]}
 
-so that two runs can be compared prompt by prompt as well as by seed. Step 0 is the starting
+so that two runs can be compared prompt by prompt as well as by seed. A run trained on a reward model
+also records that model's score of the same greedy responses (`rm_score`, `rm_scores`): the proxy
+beside the gold accuracy. Step 0 is the starting
 policy (the warm start), evaluated before the first update.
 
 `exact_kl` is KL(π‖π_ref) summed over the whole vocabulary at each sampled position, computed in
@@ -19,9 +21,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,6 +50,21 @@ def greedy_correct(
 
     `rewards` checks each reward (train.reward_errors; default 'raise'): a faulty one stops the
     run in one line, or counts as wrong."""
+    return greedy_results(model, tokenizer, task, examples, max_new_tokens, rewards)[0]
+
+
+@torch.no_grad()
+def greedy_results(
+    model,
+    tokenizer,
+    task,
+    examples: Sequence[Example],
+    max_new_tokens: int,
+    rewards: RewardGuard | None = None,
+    proxy: Callable[[Any], Tensor] | None = None,
+) -> tuple[list[int], list[float] | None]:
+    """(`greedy_correct`'s per-example 0/1, and with `proxy` its score of the same greedy responses:
+    a reward model's, the proxy of the gold reward a reward-model run trains on; else None)."""
     model.eval()
     rollout = hf_rollout.generate(
         model,
@@ -58,12 +76,18 @@ def greedy_correct(
         generator_seed=0,
     )
     scores = (rewards or RewardGuard()).task_scores(task, rollout.examples, rollout.texts)
-    return [int(s >= 1.0) for s in scores.tolist()]  # NaN (a skipped faulty reward) is wrong
+    correct = [int(s >= 1.0) for s in scores.tolist()]  # NaN (a skipped faulty reward) is wrong
+    return correct, (None if proxy is None else [float(x) for x in proxy(rollout).tolist()])
 
 
 @dataclass
 class Evaluator:
-    """Greedy held-out accuracy on `examples`, recorded per prompt in `<out_dir>/eval.jsonl`."""
+    """Greedy held-out accuracy on `examples`, recorded per prompt in `<out_dir>/eval.jsonl`.
+
+    With `proxy` (a reward-model run: the reward model's scorer) each record also holds the reward
+    model's score of the same greedy responses, per prompt (`rm_scores`) and as a mean (`rm_score`),
+    the proxy beside the gold accuracy; `fields` is then {"eval_rm_score": that mean} for the step's
+    row, else {}."""
 
     task: object
     examples: list[Example]
@@ -71,6 +95,8 @@ class Evaluator:
     out_dir: str
     write: bool = True  # only rank 0 writes
     rewards: RewardGuard = field(default_factory=RewardGuard)  # train.reward_errors in evaluation
+    proxy: Callable[[Any], Tensor] | None = None
+    fields: dict[str, float] = field(default_factory=dict)  # what the last evaluation adds to a row
 
     @property
     def path(self) -> str:
@@ -81,8 +107,9 @@ class Evaluator:
         calls it; each decodes its share of the prompts (rank r takes prompts r, r + W, ...) and the
         per-prompt results are gathered, so the record is the same whatever the world size (up to
         greedy ties that rounding may break differently in a differently padded batch)."""
-        correct = self._correct(model, tokenizer)
+        correct, proxy = self._results(model, tokenizer)
         accuracy = sum(correct) / len(correct)
+        self.fields = {} if proxy is None else {"eval_rm_score": sum(proxy) / len(proxy)}
         if self.write:
             record = {
                 "step": step,
@@ -91,29 +118,31 @@ class Evaluator:
                 "prompts": [ex.prompt for ex in self.examples],
                 "correct": correct,
             }
+            if proxy is not None:
+                record.update(rm_score=self.fields["eval_rm_score"], rm_scores=proxy)
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
         return accuracy
 
-    def _correct(self, model, tokenizer) -> list[int]:
+    def _results(self, model, tokenizer) -> tuple[list[int], list[float] | None]:
         import torch.distributed as tdist
 
+        args = (model, tokenizer, self.task)
         ws = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
         if ws == 1 or len(self.examples) < ws:  # too few prompts to share: every rank decodes all
-            return greedy_correct(
-                model, tokenizer, self.task, self.examples, self.max_new_tokens, self.rewards
-            )
+            return greedy_results(*args, self.examples, self.max_new_tokens, self.rewards, self.proxy)
 
         rank = collective.rank()
-        share = greedy_correct(
-            model, tokenizer, self.task, self.examples[rank::ws], self.max_new_tokens, self.rewards
-        )
-        shares: list[list[int] | None] = [None] * ws
+        share = greedy_results(*args, self.examples[rank::ws], self.max_new_tokens, self.rewards, self.proxy)
+        shares: list[tuple | None] = [None] * ws
         tdist.all_gather_object(shares, share)
-        correct = [0] * len(self.examples)
-        for r, got in enumerate(shares):
+        correct: list[int] = [0] * len(self.examples)
+        proxy: list[float] | None = None if self.proxy is None else [0.0] * len(self.examples)
+        for r, (got, got_proxy) in enumerate(shares):
             correct[r::ws] = got
-        return correct
+            if proxy is not None:
+                proxy[r::ws] = got_proxy
+        return correct, proxy
 
     def keep_until(self, step: int) -> None:
         """Drop the records after `step` (a resumed run evaluates those steps again); writer only."""

@@ -9,6 +9,8 @@ from typing import Any
 from polgrad.evaluation import read_evals
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
+# A reward-model run's gold beside its proxy (summarize); the sweep's CSV has a column for each.
+REWARD_MODEL_KEYS = ("final_gold_reward", "eval_rm_score", "eval_rm_score_init", "rm_heldout_accuracy")
 
 
 def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0) -> dict[str, Any]:
@@ -17,10 +19,15 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
     `status` is 'unstable' when more than `unstable_skip_frac` of the run's optimizer steps were
     skipped for a non-finite loss or gradient (`skipped_frac`; `unstable` says so in words), else 'ok'.
     `wall_time_s` is the RL run's (the trainer leaves the warm start out: its `warm_start_s`);
-    `reward_errors` counts the faulty rewards of every step (train.reward_errors)."""
+    `reward_errors` counts the faulty rewards of every step (train.reward_errors). A run trained on a
+    reward model also gets the gold beside the proxy (`REWARD_MODEL_KEYS`): `final_gold_reward` (the
+    task verifier's mean over the last steps' samples, as final_train_reward is the reward model's),
+    `eval_rm_score` and `eval_rm_score_init` (the reward model's mean score of the last and the first
+    evaluation's greedy responses, whose gold is eval_accuracy) and `rm_heldout_accuracy`."""
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
-    init = [e["accuracy"] for e in read_evals(out_dir) if e["step"] == 0]
+    records = read_evals(out_dir)
+    init = [e["accuracy"] for e in records if e["step"] == 0]
     last = rows[-SUMMARY_LAST_K:]
 
     def mean(key: str) -> float | None:
@@ -31,7 +38,17 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
     skipped = rows[-1].get("skipped_steps", 0) if rows else 0
     updates = sum(r.get("optimizer_steps", 1) for r in rows)  # rows of older runs: one per step
     stability = _stability(skipped, updates, unstable_skip_frac)
+    proxy = [e for e in records if "rm_score" in e]
+    gold = {
+        "final_gold_reward": mean("gold_reward_mean"),
+        "eval_rm_score": proxy[-1]["rm_score"] if proxy else None,
+        "eval_rm_score_init": next((e["rm_score"] for e in proxy if e["step"] == 0), None),
+        "rm_heldout_accuracy": next(
+            (r["rm_heldout_accuracy"] for r in rows if "rm_heldout_accuracy" in r), None
+        ),
+    }
     return {
+        **{k: v for k, v in gold.items() if v is not None},  # a reward-model run's only
         **stability,
         "steps": len(rows),
         "final_train_reward": mean("reward_mean"),

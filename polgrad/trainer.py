@@ -114,7 +114,7 @@ def _train(
     t_start += m.warm_start_s  # the run's time_s and wall_time_s leave out the warm start (warm_start_s)
     guard = RewardGuard(cfg.reward_errors, cfg.task_name, timeout_s=cfg.reward_timeout_s)
     examples = task.eval_examples(cfg.eval_size)
-    evaluate = Evaluator(task, examples, cfg.max_new_tokens, out_dir, rank == 0, rewards=guard)
+    evaluate = Evaluator(task, examples, cfg.max_new_tokens, out_dir, rank == 0, guard, m.score.proxy)
     # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
     state = start_or_resume(cfg, algo, m, out_dir, evaluate, record.bindings)
     track = tracking.start(cfg, out_dir, algo.name, state.step, enabled=rank == 0)  # train.loggers
@@ -134,6 +134,7 @@ def _train(
         if (step + 1) % cfg.eval_every == 0 or stopping.done(cfg, state):
             with hooks.phase("eval"):
                 row["eval_accuracy"] = evaluate(m.engine.module, m.tokenizer, step + 1)
+            row.update(evaluate.fields)  # a reward-model run: the proxy's score of the same responses
         row.update(times, **stopping.counts(state))  # cumulative sampled/kept sequences, generated tokens
         peak = float(collective.all_max(torch.tensor(dist_lib.peak_memory_mb())))
         seconds = max(clock.wall, 1e-9)  # the whole step, phases and what runs between them
@@ -211,6 +212,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     # The reward: one scalar per sequence (a greedy baseline gets the same scorer).
     with hooks.phase("reward"):
         scores = m.score(rollout, task)
+        gold_scores = m.score.gold(rollout, task)  # a reward model's run: the task verifier's too
         baseline_scores = m.score(rollout.baseline, task) if algo.needs_baseline_rollout else None
     mask = rollout.mask.double()
     old_logp = rollout.rollout_logp.double()
@@ -235,6 +237,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         group_ids=rollout.group_ids,
         old_logp=old_logp,
         scores=scores,
+        gold_scores=gold_scores,
         truncated=rollout.truncated,
         rollout_logp=rollout.rollout_logp.double(),
         baseline_scores=baseline_scores,
@@ -418,6 +421,10 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
         skipped_steps=state.skipped_steps,
     )
     row.update(update)
+    if sampled.gold_scores is not None:  # a reward model's run: the gold (task verifier) beside its proxy
+        gold = sampled.gold_scores.double()
+        g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), (gold >= 1.0).double().sum()])).tolist()
+        row.update(gold_reward_mean=g_sum / n, gold_accuracy=g_ok / n)
     if batch.ref_logp is not None and update_seqs:
         # kl: per token; kl_seq: per sequence (the sum over its tokens), the unit of a KL target
         kl_tok = (batch.old_logp - batch.ref_logp) * mask

@@ -52,7 +52,7 @@ def test_evaluator_records_per_prompt_results_and_keeps_only_what_a_resume_cover
 
     examples = [Example("1+1=", "2"), Example("2+2=", "4"), Example("3+3=", "6")]
     answers = iter([[1, 0, 1], [1, 1, 1], [0, 0, 1]])
-    monkeypatch.setattr(evaluation, "greedy_correct", lambda *a, **k: next(answers))
+    monkeypatch.setattr(evaluation, "greedy_results", lambda *a, **k: (next(answers), None))
     ev = Evaluator(_Task(), examples, 4, str(tmp_path))
     ev.start()
     assert ev(None, None, 0) == pytest.approx(2 / 3)

@@ -15,6 +15,7 @@ from typing import Any
 
 from polgrad.errors import DataError, is_write_failure, write_error
 from polgrad.io import atomic_write_text
+from polgrad.summary import REWARD_MODEL_KEYS
 
 # The metrics a trainer's summary.json carries, in the order they appear in the CSV and the table.
 METRICS = (
@@ -58,6 +59,9 @@ NOT_READ = "not_read"
 # The policy a run started from (summary.json's warm_start: its SFT cache key, polgrad/build.py): cells of
 # one seed share it when pairing holds. An older CSV without it still loads (the md says so).
 WARM_START = "warm_start"
+# A run trained on a reward model: the gold (task verifier) beside the proxy it trained on
+# (polgrad/summary.py); blank, and absent from a CSV none of whose runs had one, otherwise.
+REWARD_MODEL_COLUMNS = REWARD_MODEL_KEYS
 FRONT_COLUMNS = ("experiment", "cell_id", "spec", "spec_file")
 BACK_COLUMNS = (
     "seed",
@@ -67,6 +71,7 @@ BACK_COLUMNS = (
     "steps",
     *RUN_COLUMNS,
     *BUDGET_COLUMNS,
+    *REWARD_MODEL_COLUMNS,
     *TABLE5_COLUMNS,
     "status",
     "error",
