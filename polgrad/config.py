@@ -71,6 +71,16 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
             "(Algorithm.preference); leave it at 0"
         )
     value_init = algo.parts.get("Algorithm.value_init")
+    if cfg.critic_warmup_steps and (value_init is None or value_init.meta.get("lora")):
+        what = (
+            "has no critic"
+            if value_init is None
+            else f"trains its critic (@{value_init.full_name}) in the policy's engine"
+        )
+        raise ConfigError(
+            f"train.critic_warmup_steps = {cfg.critic_warmup_steps}: {algo.name} {what}; a warm-up needs a "
+            "critic with its own engine (e.g. Algorithm.value_init = @value_init.policy), or bind it to 0"
+        )
     if value_init is not None and value_init.meta.get("lora") and cfg.lora is None:
         raise ConfigError(
             f"Algorithm.value_init = @{value_init.full_name} needs a LoRA policy: bind train.lora_r > 0 "

@@ -4,7 +4,8 @@ The loop calls every critic the same way and never asks which one it has:
 
     old_values(rollout, mask)   V(s_t) of the sampled batch before the update [B,T] float64, or None
     fresh(rollout)              the training forward's {"values": [B,T] float64}, or {} without a critic
-    backward(engine, policy_loss, value_loss, last=...)   the micro-batch's backward(s)
+    backward(engine, policy_loss, value_loss, last=...)   the micro-batch's backward(s); engine None:
+                                the value loss's alone (a critic warm-up: the policy does not move)
     step()                      the critic's own optimizer step, after the policy's
     engines()                   what a checkpoint saves beside the policy: (("critic", engine),) or ()
 
@@ -92,7 +93,8 @@ class OwnEngineCritic(_Values):
         self.model = self.engine = engine
 
     def backward(self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool) -> None:
-        dist_lib.backward(engine, policy_loss, boundary=last)
+        if engine is not None:  # None: a warm-up step trains the critic alone
+            dist_lib.backward(engine, policy_loss, boundary=last)
         dist_lib.backward(self.engine, value_loss, boundary=last)
 
     def step(self) -> None:

@@ -78,6 +78,11 @@ class TrainConfig:
     forwards and of the backward runs in bf16, while the optimizer keeps fp32 master weights and
     fp32 AdamW state; logits are cast to fp32 before the log-softmax and the loss math is float64
     (polgrad/distributed.py, "Mixed precision").
+    critic_warmup_steps: the first N steps train the critic alone (value loss, the critic's optimizer);
+    the policy neither moves nor gathers optimizer state (verl's `critic_warmup`, OpenRLHF's
+    `freezing_actor_steps`), so a critic fresh from its initialiser is fitted to the starting policy's
+    returns before its advantages steer the policy. Needs a critic with its own engine (not a LoRA
+    critic, which the policy's engine trains); 0 (default): none.
     max_staleness: the one setting of asynchronous rollouts. 0 (default) is the synchronous loop;
     k > 0 starts a producer thread that samples the next batches while the trainer updates, step s
     from the weights of step max(s - k, 0) (polgrad/producer.py; the producer at k = 0 would be the
@@ -141,6 +146,7 @@ class TrainConfig:
     progress: bool = True
     max_staleness: int = 0
     unstable_skip_frac: float = 0.5
+    critic_warmup_steps: int = 0
     loggers: list | tuple = ()
     lora_r: int = 0
     lora_alpha: float = 32.0
@@ -156,6 +162,11 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("checkpoint_every", self.checkpoint_every)
+        if not is_int(self.critic_warmup_steps) or self.critic_warmup_steps < 0:
+            raise ConfigError(
+                "train.critic_warmup_steps must be an integer >= 0 (0: none), got "
+                f"{self.critic_warmup_steps!r}"
+            )
         for name in ("threads", "rm_steps", "eval_size", "max_sampled_sequences", "max_generated_tokens"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))

@@ -182,8 +182,9 @@ def rl_step(
     # 4. Advantages for the whole batch (reward shaping, filters and a KL in the reward inside).
     with hooks.phase("advantage"):
         batch, prep_metrics = algo.prepare(got.batch, kl_coef=state.kl_coef)
-    # 5. Update: ppo_epochs x minibatches optimizer steps on this batch.
-    update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed)
+    # 5. Update: ppo_epochs x minibatches optimizer steps on this batch (while the critic warms up, its own).
+    warmup = state.step < cfg.critic_warmup_steps
+    update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed, warmup=warmup)
     if n_updates:  # the sampler gets the new weights (vLLM: loaded into its engine; HF, async: nothing)
         m.sampler.sync(m.engine.module)
     # The row; the KL controller moves the coefficient for the next step.
@@ -250,9 +251,8 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
 
 
 class Collected(NamedTuple):
-    """What step 3 hands on: everything sampled (for the reward metrics), the batch to train on
-    (what the filters kept), the dynamic-sampling metrics and this rank's counts of (sequences,
-    generated tokens) sampled, faulty groups and greedy baselines included (stopping.sampled)."""
+    """Step 3's: all sampled (reward metrics), the kept batch, dynamic-sampling metrics, and this
+    rank's (sequences, generated tokens) sampled, faulty groups and greedy baselines included."""
 
     sampled: Batch
     batch: Batch
@@ -261,17 +261,12 @@ class Collected(NamedTuple):
 
 
 def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> Collected:
-    """One `collect`, or with filters DAPO's dynamic sampling.
-
-    With `Algorithm.filters`, sample rounds of `prompts_per_step` fresh prompts (round r seeded by
-    `round_seed(seed, r)`) until the filters have kept `prompts_per_step` groups on every rank or
-    `Algorithm.max_sampling_rounds` rounds are done, then train on the first `prompts_per_step`
-    kept groups (fewer if the rounds ran out; at world size > 1, the fewest any rank kept, so
-    every rank runs the same optimizer steps). Logs `sampling_rounds`, `kept_frac` (the kept
-    share of the sampled groups over every round and rank) and `filtered_frac` (the dropped share
-    of the sampled rows; `Algorithm.prepare` then gets the kept rows only, so reward shaping's
-    batch statistics are those of the rows trained on). Yu et al. 2025 (DAPO), dynamic sampling.
-    """
+    """One `collect`, or with `Algorithm.filters` DAPO's dynamic sampling (Yu et al. 2025): rounds of
+    `prompts_per_step` fresh prompts (round r seeded by `round_seed(seed, r)`) until the filters kept
+    that many groups on every rank or `max_sampling_rounds` are done; it trains on the first ones
+    kept (at world size > 1 as many as the rank with the fewest: the same optimizer steps). Logs
+    `sampling_rounds`, `kept_frac` (kept share of the sampled groups, every round and rank) and
+    `filtered_frac` (dropped share of the sampled rows: `prepare` sees the kept rows only)."""
     if not algo.filters:
         raw = collect(cfg, algo, m, task, seed)
         batch = raw.without_faulty_groups()
@@ -314,13 +309,19 @@ def same_groups_on_every_rank(batch: Batch) -> Batch:
 
 # --------------------------------------------------------------------------- 5. update
 def update(
-    cfg: config.TrainConfig, algo: Algorithm, m: Models, batch: Batch, kl_coef: float, seed: int
+    cfg: config.TrainConfig,
+    algo: Algorithm,
+    m: Models,
+    batch: Batch,
+    kl_coef: float,
+    seed: int,
+    *,
+    warmup=False,
 ) -> tuple[dict[str, float], int, int]:
     """ppo_epochs x minibatches optimizer steps; returns the mean metrics, the steps taken and skipped.
-
-    Each minibatch is one optimizer step over its micro-batches, whose aggregators share the
-    denominators of the whole step (StepCounts), so micro-batching does not change the gradient.
-    """
+    Each minibatch is one optimizer step over its micro-batches, whose aggregators share the whole
+    step's denominators (StepCounts): micro-batching does not change the gradient. `warmup`: the
+    critic's steps only, the policy untouched (verl's critic_warmup, OpenRLHF's freezing_actor_steps)."""
     rng = torch.Generator().manual_seed(seed)
     n = batch.size
     totals: dict[str, float] = {}
@@ -331,13 +332,14 @@ def update(
             counts = StepCounts.of_step([batch.mask[rows] for rows in micro])
             m.engine.module.train()
             for i, rows in enumerate(micro):
+                last = i == len(micro) - 1
                 metrics = micro_step(
-                    cfg, algo, m, batch.select(rows), counts, kl_coef, last=i == len(micro) - 1
+                    cfg, algo, m, batch.select(rows), counts, kl_coef, last=last, warmup=warmup
                 )
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + float(v)
             with hooks.phase("optim"):
-                applied = dist_lib.step(m.engine)
+                applied = None if warmup else dist_lib.step(m.engine)
                 m.critic.step()  # its own engine's step (a LoRA critic's is the policy's)
             skipped += applied is False
             n_updates += 1
@@ -357,8 +359,10 @@ def micro_step(
     counts: StepCounts,
     kl_coef: float,
     last: bool,
+    warmup: bool = False,
 ) -> dict[str, Tensor]:
-    """Forward, loss and backward of one micro-batch (the optimizer steps after the last one)."""
+    """Forward, loss and backward of one micro-batch (the optimizer steps after the `last` one);
+    `warmup`: the critic's backward alone (train.critic_warmup_steps)."""
     # One forward gives log-probs, entropy (and logits for an exact-KL part). The training forwards
     # go through the engines, not their modules: ZeRO-3 counts micro-batches in the engine's forward
     # and would otherwise overwrite, not add, each micro-batch's gradient (DeepSpeed 0.19).
@@ -383,11 +387,8 @@ def micro_step(
         policy_loss, value_loss, metrics = algo.loss(mb.replace(**fresh), counts, kl_coef=kl_coef)
     # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the whole step,
     # which DeepSpeed then skips on every rank (see distributed.py).
-    with hooks.phase("backward"):
-        # A LoRA critic is trained by the policy's engine: one backward of the sum, so a shared
-        # adapter gets both losses' gradient in one step (polgrad/critic.py); a critic's own engine
-        # gets its own backward; without a critic, the policy loss's only.
-        m.critic.backward(m.engine, policy_loss, value_loss, last=last)
+    with hooks.phase("backward"):  # policy and value losses as the critic is trained (polgrad/critic.py)
+        m.critic.backward(None if warmup else m.engine, policy_loss, value_loss, last=last)
     return metrics
 
 
