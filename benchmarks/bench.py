@@ -117,6 +117,7 @@ from benchmarks.trl_run import run_trl, trl_available
 from benchmarks.workers import env_omp_wait_policy, interleaved, loadavg, run_worker
 from benchmarks.workload import OMP_WAIT_POLICIES, PRECISIONS, PRESETS, TRL_PIN, Workload, make_model
 from polgrad.io import atomic_write_text
+from polgrad.machine import BF16_SLOW, bf16_slowdown, cpu_label
 
 
 def _worker_main(spec_path: str) -> int:
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or default_out(args.preset, w.omp_wait_policy)
     os.makedirs(out, exist_ok=True)
     omp = env_omp_wait_policy() if w.omp_wait_policy == "default" else w.omp_wait_policy.upper()
+    bf16_ratio = bf16_slowdown()  # polgrad/machine.py: above BF16_SLOW the CPU emulates bf16
     report: list[str] = [
         "# polgrad bench" + ("" if w.omp_wait_policy == "default" else f" (variant: OMP_WAIT_POLICY={omp})"),
         "",
@@ -245,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         + (" (the environment's, as `python -m polgrad.train` gets it)" if w.omp_wait_policy == "default" else
            " (set by the bench: a variant, not what `python -m polgrad.train` gets by default)")
         + f"; load average at start {loadavg():.2f}",
+        "",
+        f"CPU: {cpu_label()}; a 256x256 bf16 matmul takes {bf16_ratio:.2f}x the fp32 time here: "
+        + ("bf16 is EMULATED on this CPU, every bf16 number below is of an emulated bf16 (not native)"
+           if bf16_ratio > BF16_SLOW else "bf16 is native here"),
     ]  # fmt: skip
 
     def say(line: str = "") -> None:

@@ -72,7 +72,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, models, offline, stopping, tracking
+from polgrad import collective, config, export, hooks, machine, models, offline, stopping, tracking
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
@@ -105,6 +105,7 @@ def _train(
 ) -> dict[str, Any]:
     t_start = time.time()
     models.threads.apply_run_threads(cfg.threads)  # every thread decision lives in polgrad/models/threads.py
+    bf16_slowdown = machine.warn_if_bf16_slow(cfg.bf16)  # one line where bf16 is emulated (AVX2)
     os.makedirs(out_dir, exist_ok=True)
     config.check_world_size(cfg, collective.world_size())  # the sweep's dry run checks it too
 
@@ -158,6 +159,9 @@ def _train(
     summary = summarize(out_dir, time.time() - t_start, unstable_skip_frac=cfg.unstable_skip_frac)
     summary.update(stopping.counts(state), table5=algo.table_row())  # the totals the budget counts
     summary.update(world_size=collective.world_size(), zero_stage=cfg.zero_stage, **m.summary_fields())
+    summary.update(
+        cpu=machine.cpu_info(), **({} if bf16_slowdown is None else {"bf16_slowdown": bf16_slowdown})
+    )
     if rank == 0:
         atomic_write_text(
             os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)

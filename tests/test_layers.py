@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
         "polgrad.runlock",
         "polgrad.collective",
         "polgrad.stopping",
+        "polgrad.machine",
     ],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks", "polgrad.checks"],

@@ -141,6 +141,7 @@ def test_environment_reports_versions_without_importing_them():
         "deepspeed",
         "hostname",
         "cpu_count",
+        "cpu",  # model · torch's CPU capability · bf16 ISA flags (polgrad/machine.py)
     }
     assert env["cpu_count"] >= 1 and env["python"].count(".") == 2
     assert results.git_commit("/") == "unknown"  # not a repository

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad.io import atomic_path
+from polgrad.machine import cpu_label
 
 DIRTY = "-dirty"
 # The stages of an experiment whose outputs sit beside its own: results/<experiment><stage>.csv, ...
@@ -170,7 +171,8 @@ def cpu_count() -> int:
 
 @functools.lru_cache(maxsize=1)
 def machine() -> dict[str, Any]:
-    """python/torch/transformers/deepspeed versions, hostname, cpu count: fixed for a process."""
+    """python/torch/transformers/deepspeed versions, hostname, cpu count and the CPU (model, torch's
+    CPU capability, bf16-relevant ISA flags: polgrad/machine.py): fixed for a process."""
     return {
         "python": platform.python_version(),
         "torch": _version("torch"),
@@ -178,6 +180,7 @@ def machine() -> dict[str, Any]:
         "deepspeed": _version("deepspeed"),
         "hostname": socket.gethostname(),
         "cpu_count": cpu_count(),
+        "cpu": cpu_label(),
     }
 
 

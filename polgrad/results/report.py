@@ -198,7 +198,16 @@ def _header(
     """Title, question, the machine and versions the rows ran on, the warm-start design, the budget."""
     envs = {
         k: sorted({str(r.get(k, "")) for r in rows if r.get(k)})
-        for k in ("hostname", "cpu_count", "python", "torch", "transformers", "deepspeed", "git_commit")
+        for k in (
+            "hostname",
+            "cpu_count",
+            "cpu",
+            "python",
+            "torch",
+            "transformers",
+            "deepspeed",
+            "git_commit",
+        )
     }
 
     def one(k):
@@ -209,7 +218,9 @@ def _header(
     if question:
         lines += [f"**Question.** {question}", ""]
     lines += [
-        f"Machine: {one('hostname')} ({one('cpu_count')} CPUs) · python {one('python')} · torch "
+        f"Machine: {one('hostname')} ({one('cpu_count')} CPUs"
+        + (f": {'; '.join(envs['cpu'])}" if envs["cpu"] else "")  # rows that record the CPU (model · ISA)
+        + f") · python {one('python')} · torch "
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
         f"commit {one('git_commit')} · {date} · command: `{command}`",
         "",

@@ -84,6 +84,7 @@ BACK_COLUMNS = (
     "deepspeed",
     "hostname",
     "cpu_count",
+    "cpu",
     "finished_at",
 )
 
