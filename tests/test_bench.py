@@ -283,6 +283,28 @@ def test_polgrad_loss_equals_trl_grpo_loss(tmp_path):
     gin.clear_config()
 
 
+@pytest.mark.skipif(not HAS_TRL, reason="needs the `bench` extra (trl)")
+def test_polgrad_rloo_step_equals_trl_rlootrainer_step(tmp_path):
+    """One step of registry/rloo.gin (+ TRL's default KL: k1 summed in the reward, beta 0.05) and one of
+    trl.RLOOTrainer (1.16) on the same weights, prompts and forced completions: TRL's own scoring, KL
+    penalty and leave-one-out advantages equal polgrad's, and so does the gradient (on-policy; each
+    framework's own fp32 forward). Tolerances: fp32 log-probs differ by ~5e-7 per token, so the summed
+    old log-probs by < 1e-5 over 8 tokens, the advantages by beta x that (< 1e-6)."""
+    from benchmarks.rloo_numerics import rloo_numerics
+
+    w = Workload(prompts=2, group_size=4, max_new_tokens=8, hidden=64, heads=2, kv_heads=1, layers=1,
+                 intermediate=64, threads=1)  # fmt: skip
+    info = make_model(str(tmp_path / "m"), w)
+    num = rloo_numerics(w, info["model_dir"], str(tmp_path))
+    assert num["adv_max_abs"] > 0.01 and num["kl_seq_mean"] != 0  # a non-trivial batch
+    assert num["old_logps_max_abs_diff"] <= 1e-5
+    assert num["adv_max_abs_diff"] <= 1e-6
+    assert num["adv_without_kl_max_abs_diff"] > 1e-4  # the KL penalty is part of what agrees
+    assert num["grad_rel_diff"] <= 1e-5 and num["grad_cosine"] >= 1 - 1e-9
+    assert num["loss_trl_formula_diff"] <= 1e-6 and num["loss_polgrad_formula_diff"] <= 1e-12
+    gin.clear_config()
+
+
 def _polgrad_callables() -> dict[tuple[str, ...], object]:
     """Every function and class of every loaded polgrad module, and every attribute of those classes:
     a patch of any of them (module function, method, class) shows as a different object."""
