@@ -630,6 +630,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
         "deepspeed",
         "hostname",
         "cpu_count",
+        "cpu",  # model · torch's CPU capability · bf16 ISA flags (polgrad/machine.py)
         "finished_at",
     ]
     assert list(rows[0]) == expected_cols
