@@ -155,6 +155,34 @@ def test_curves_are_smoothed_as_stated_and_eval_starts_at_step_0(tmp_path):
     assert all(_is_png(p) for p in figs.paths)
 
 
+def test_a_reward_model_run_draws_its_gold_beside_its_train_reward(tmp_path):
+    """Runs trained on a reward model log gold_reward_mean (the task verifier on the same samples): the
+    curves get a 'gold reward' band (EMA as the train reward's) drawn dashed over the train reward; runs
+    without it get none."""
+    from polgrad.results.curves import GOLD
+
+    rows = _rows()
+    _write_runs(tmp_path, rows)
+    for r in rows:
+        if r["spec"] != "up":
+            continue
+        path = tmp_path / r["run_dir"] / "metrics.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in lines:  # the proxy rises as the gold falls: 0.5 - step/10
+            row["gold_reward_mean"] = 0.5 - row["step"] / 10
+        path.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    figs = _plot(tmp_path, rows)
+    steps, mean, _ = figs.curves["up"][GOLD]
+    # the same for every seed: EMA (a = 2/11) of 0.4, 0.3, 0.2, 0.1
+    ema = [0.4, 0.4 + (2 / 11) * (0.3 - 0.4)]
+    ema += [ema[-1] + (2 / 11) * (0.2 - ema[-1])]
+    ema += [ema[-1] + (2 / 11) * (0.1 - ema[-1])]
+    assert steps == [1, 2, 3, 4] and mean == pytest.approx(ema, abs=1e-12)
+    assert GOLD not in figs.curves["base"] and GOLD not in figs.curves["down"]
+    assert any(line.get_linestyle() == "--" for ax in figs.curves_figure.axes for line in ax.get_lines())
+    assert _is_png(figs.paths[1])
+
+
 def test_a_figure_without_run_folders_says_so(tmp_path):
     figs = _plot(tmp_path, _rows(run_dirs=False))
     assert "no learning curves" in figs.note

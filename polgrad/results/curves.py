@@ -21,6 +21,7 @@ from polgrad.results.stats import t_ppf
 from polgrad.results.store import read_metrics
 
 EMA_SPAN = 10  # steps; a = 2 / 11
+GOLD = "gold reward"  # a reward-model run's gold (its task verifier), drawn dashed over its train reward
 SEQUENCES = "sampled sequences (cumulative)"
 STEPS = "optimizer step"
 
@@ -44,7 +45,9 @@ def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
 
 
 def seed_curves(run_dirs: Sequence[Path]) -> tuple[dict[str, list[dict[int, float]]], list[dict[int, float]]]:
-    """Per seed: smoothed train reward {step: EMA} and eval accuracy {step: accuracy} (eval.jsonl), and
+    """Per seed: smoothed train reward {step: EMA} and eval accuracy {step: accuracy} (eval.jsonl), for a
+    run trained on a reward model also its smoothed gold reward (`GOLD`: metrics.jsonl's
+    `gold_reward_mean`, the task verifier's reward of the same samples), and
     the cumulative sampled sequences {step: count} (0 at step 0) of the seeds whose every metrics row
     has `sampled_sequences` ([] when a seed's rows lack it: the curves are then against steps)."""
     from polgrad.evaluation import read_evals
@@ -57,6 +60,11 @@ def seed_curves(run_dirs: Sequence[Path]) -> tuple[dict[str, list[dict[int, floa
         if m:
             out["train reward"].append(
                 dict(zip((r["step"] for r in m), ema([r["reward_mean"] for r in m]), strict=True))
+            )
+        g = [r for r in rows if isinstance(r.get("gold_reward_mean"), (int, float))]
+        if g:  # a run trained on a reward model: the task verifier's reward of the same samples
+            out.setdefault(GOLD, []).append(
+                dict(zip((r["step"] for r in g), ema([r["gold_reward_mean"] for r in g]), strict=True))
             )
         if rows and sequences is not None and all("sampled_sequences" in r for r in rows):
             sequences.append({0: 0.0} | {int(r["step"]): float(r["sampled_sequences"]) for r in rows})
@@ -154,6 +162,9 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
                 lo = [m - h for m, h in zip(mean, half, strict=True)]
                 hi = [m + h for m, h in zip(mean, half, strict=True)]
                 ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
+                if kind == "train reward" and GOLD in figs.curves[who]:  # the gold beside the proxy
+                    steps, mean, _ = figs.curves[who][GOLD]
+                    ax.plot(steps, mean, color=color, ls="--", lw=1.5)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=8.5)
             if kind not in figs.curves.get(lab, {}):
@@ -182,6 +193,20 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     handles = [
         *([Line2D([], [], color="tab:blue", lw=2, label="this configuration")] if panels != [ref] else []),
         *([Line2D([], [], color="0.45", lw=2, label=f"{figs.reference_kind}: {ref}")] if ref else []),
+        *(
+            [
+                Line2D(
+                    [],
+                    [],
+                    color="0.2",
+                    lw=1.5,
+                    ls="--",
+                    label="gold reward (the task's verifier; solid: the reward model's)",
+                )
+            ]
+            if any(GOLD in c for c in figs.curves.values())
+            else []
+        ),
     ]
     width = 3.7 * ncols + 0.7
     title = textwrap.fill(
@@ -195,7 +220,7 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     fig.legend(
         handles=handles,
         loc="upper center",
-        ncol=2,
+        ncol=3 if len(handles) == 3 else 2,
         fontsize=9,
         frameon=False,
         bbox_to_anchor=(0.5, 1 - (head + 0.1) / height),
