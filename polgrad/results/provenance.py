@@ -124,15 +124,37 @@ def git_state(
         rel = repo_relative(Path(cwd or os.getcwd()) / p, root)
         if not Path(rel).is_absolute():
             specs.append(f":(top,exclude,literal){rel}")
+            # ... and its atomic writes in flight (polgrad.io: `.<name>.<random><suffix>` beside a
+            # file, `<name>.tmp-*` / `<name>.old-*` beside a folder): another cell recording its row
+            # while this one starts must not make it dirty (nor 'unknown' when the temp file goes
+            # between the listing and the diff)
+            parent, name = _glob_escape(str(Path(rel).parent)), _glob_escape(Path(rel).name)
+            prefix = "" if parent == "." else f"{parent}/"
+            specs.append(f":(top,exclude,glob){prefix}.{name}.*")
+            specs += [f":(top,exclude,glob){prefix}{name}.{kind}-*/**" for kind in ("tmp", "old")]
+    for _attempt in range(3):  # an untracked file that vanishes before `git add` sees it: list again
+        state = _diff_state(root, cwd, specs)
+        if state is not None:
+            return os.fsdecode(sha.stdout.strip()) + (DIRTY if state else ""), state
+    return "unknown", b""
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally inside a glob pathspec."""
+    return "".join(f"[{c}]" if c in "*?[]\\" else c for c in text)
+
+
+def _diff_state(root: Path, cwd: str | os.PathLike | None, specs: list[str]) -> bytes | None:
+    """`git diff HEAD` over `specs`, untracked files included as new ones; None when git fails."""
     untracked = _untracked(root, specs)
     if untracked is None:
-        return "unknown", b""
+        return None
     with tempfile.TemporaryDirectory(prefix="polgrad-index-") as tmp:
         env = None
         if untracked:  # in a copy of the index, marked intent-to-add: `git diff HEAD` shows them as new
             index = _git(["rev-parse", "--git-path", "index"], root)
             if index is None or index.returncode != 0:
-                return "unknown", b""
+                return None
             real = root / os.fsdecode(index.stdout.strip())
             env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             if real.exists():
@@ -144,11 +166,11 @@ def git_state(
                 b"\0".join(untracked),
             )
             if added is None or added.returncode != 0:
-                return "unknown", b""
+                return None
         diff = _git([*DIFF, "--", *specs], cwd, env)
     if diff is None or diff.returncode != 0:
-        return "unknown", b""
-    return os.fsdecode(sha.stdout.strip()) + (DIRTY if diff.stdout else ""), diff.stdout
+        return None
+    return diff.stdout
 
 
 def git_commit(cwd: str | os.PathLike | None = None, ignore: Iterable[str | os.PathLike] = ()) -> str:
