@@ -110,6 +110,27 @@ def loss_inputs(b: int, t: int, seed: int = 0, dtype=None) -> dict[str, Any]:
     return {"logp": logp, "old_logp": old, "ref_logp": ref, "adv": adv, "mask": mask, "entropy": entropy}
 
 
+def unpadded_rollout(w: Workload, model, tok):
+    """(the bench task, its first `w.prompts` prompts of one length ("dd+dd="), a rollout of `model`
+    on them): prompts of equal length have no left padding, so TRL's training forward (positions
+    0..S-1) and polgrad's (positions counted over attended tokens) see the same positions."""
+    from polgrad.rollout import hf as hf_rollout
+
+    task = bench_task()
+    pool = task.examples("train", 50 * w.prompts, seed=w.seed)
+    examples = [e for e in pool if len(e.prompt) == 6][: w.prompts]
+    rollout = hf_rollout.generate(
+        model,
+        tok,
+        examples,
+        group_size=w.group_size,
+        temperature=1.0,
+        max_new_tokens=w.max_new_tokens,
+        generator_seed=w.seed,
+    )
+    return task, examples, rollout
+
+
 def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     """polgrad's Algorithm.loss vs TRL's GRPOTrainer._compute_loss on one batch, at two levels.
 
@@ -159,18 +180,7 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     policy_pg.train()
     policy_trl = copy.deepcopy(policy_pg)
 
-    task = bench_task()
-    pool = task.examples("train", 50 * w.prompts, seed=w.seed)
-    examples = [e for e in pool if len(e.prompt) == 6][: w.prompts]  # "dd+dd=": no left padding
-    rollout = hf_rollout.generate(
-        old,
-        tok,
-        examples,
-        group_size=w.group_size,
-        temperature=1.0,
-        max_new_tokens=w.max_new_tokens,
-        generator_seed=w.seed,
-    )
+    task, examples, rollout = unpadded_rollout(w, old, tok)
     b = len(rollout)
     rewards = torch.rand(b, generator=torch.Generator().manual_seed(w.seed), dtype=torch.float64)
     mask = rollout.mask.double()

@@ -19,9 +19,10 @@ import copy
 import os
 from typing import Any
 
+from benchmarks.numerics import unpadded_rollout
 from benchmarks.timing import patched
 from benchmarks.trl_run import _trl_reward_fn
-from benchmarks.workload import REPO_ROOT, Workload, bench_task
+from benchmarks.workload import REPO_ROOT, Workload
 
 BETA = 0.05  # TRL RLOOConfig's default beta; polgrad: kl.k1 in the reward at this coefficient
 
@@ -68,18 +69,7 @@ def rloo_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
         p.requires_grad_(True)
     policy_trl = copy.deepcopy(policy)
 
-    task = bench_task()
-    pool = task.examples("train", 50 * w.prompts, seed=w.seed)
-    examples = [e for e in pool if len(e.prompt) == 6][: w.prompts]  # "dd+dd=": no left padding
-    rollout = hf_rollout.generate(
-        policy,
-        tok,
-        examples,
-        group_size=w.group_size,
-        temperature=1.0,
-        max_new_tokens=w.max_new_tokens,
-        generator_seed=w.seed,
-    )
+    task, examples, rollout = unpadded_rollout(w, policy, tok)  # as the GRPO numerics
     b = len(rollout)
     assert rollout.group_ids.tolist() == [i // w.group_size for i in range(b)]  # TRL's layout too
 
