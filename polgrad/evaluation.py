@@ -38,22 +38,6 @@ from polgrad.tasks.rewards import RewardGuard
 
 
 @torch.no_grad()
-def greedy_correct(
-    model,
-    tokenizer,
-    task,
-    examples: Sequence[Example],
-    max_new_tokens: int,
-    rewards: RewardGuard | None = None,
-) -> list[int]:
-    """1 where the greedy response to an example earns the full reward (== 1), else 0.
-
-    `rewards` checks each reward (train.reward_errors; default 'raise'): a faulty one stops the
-    run in one line, or counts as wrong."""
-    return greedy_results(model, tokenizer, task, examples, max_new_tokens, rewards)[0]
-
-
-@torch.no_grad()
 def greedy_results(
     model,
     tokenizer,
@@ -63,8 +47,12 @@ def greedy_results(
     rewards: RewardGuard | None = None,
     proxy: Callable[[Any], Tensor] | None = None,
 ) -> tuple[list[int], list[float] | None]:
-    """(`greedy_correct`'s per-example 0/1, and with `proxy` its score of the same greedy responses:
-    a reward model's, the proxy of the gold reward a reward-model run trains on; else None)."""
+    """(per example 1 where its greedy response earns the full reward (== 1), else 0; with `proxy`
+    its score of the same greedy responses: a reward model's, the proxy of the gold reward a
+    reward-model run trains on; else None).
+
+    `rewards` checks each reward (train.reward_errors; default 'raise'): a faulty one stops the
+    run in one line, or counts as wrong."""
     model.eval()
     rollout = hf_rollout.generate(
         model,
