@@ -54,15 +54,34 @@ class RewardModelScorer:
     samples with the verifier (checked by `gold_rewards`; a measurement, never trained on), and
     `proxy` scores any rollout with the reward model (the evaluator's held-out responses), so a run
     logs the proxy beside the gold as the policy moves (Gao et al. 2023, "Scaling Laws for Reward
-    Model Overoptimization")."""
+    Model Overoptimization").
 
-    def __init__(self, model: torch.nn.Module, rewards: RewardGuard, gold_rewards: RewardGuard | None = None):
-        self.model, self.rewards = model, rewards
+    `model` is one reward model, or a list of K (an ensemble, train.rm_ensemble): each scores every
+    response, member_scores [K,B], and `combine` (a reward_ensemble part, train.rm_combine) makes the
+    one score [B] trained on and logged as the proxy. One model is scored as before, without `combine`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | list[torch.nn.Module],
+        rewards: RewardGuard,
+        gold_rewards: RewardGuard | None = None,
+        combine: Callable[[Tensor], Tensor] | None = None,
+    ):
+        self.members = list(model) if isinstance(model, (list, tuple)) else [model]
+        self.model = self.members[0]
+        self.rewards, self.combine = rewards, combine
         self.gold_rewards = gold_rewards or RewardGuard("zero")
+        if len(self.members) > 1 and combine is None:
+            raise ValueError("RewardModelScorer: an ensemble of reward models needs `combine`")
+
+    def _scores(self, rollout: hf_rollout.Rollout) -> Tensor:
+        if len(self.members) == 1:
+            return hf_rollout.rollout_scores(self.model, rollout)
+        member_scores = torch.stack([hf_rollout.rollout_scores(m, rollout).double() for m in self.members])
+        return self.combine(member_scores)
 
     def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor:
-        scores = hf_rollout.rollout_scores(self.model, rollout)
-        return self.rewards.checked(scores, rollout.examples, rollout.texts)
+        return self.rewards.checked(self._scores(rollout), rollout.examples, rollout.texts)
 
     def gold(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor | None:
         """[B] float64: the task verifier's score of the same samples."""
@@ -70,7 +89,7 @@ class RewardModelScorer:
 
     def proxy(self, rollout: hf_rollout.Rollout) -> Tensor:
         """[B] float64: the reward model's score (unchecked: a measurement of held-out responses)."""
-        return hf_rollout.rollout_scores(self.model, rollout).double()
+        return self._scores(rollout).double()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +164,11 @@ def build_models(
     )
     # The gold reward of a reward-model run is measured, never trained on: a faulty one counts 0 (warned).
     gold = RewardGuard("zero", cfg.task_name, timeout_s=cfg.reward_timeout_s)
-    score = TaskScorer(rewards) if reward_model is None else RewardModelScorer(reward_model, rewards, gold)
+    score = (
+        TaskScorer(rewards)
+        if reward_model is None
+        else RewardModelScorer(reward_model, rewards, gold, combine=cfg.ensemble_combine)
+    )
     return Models(
         engine=engine,
         tokenizer=tokenizer,
@@ -174,26 +197,36 @@ def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch
 
 def _reward_model(
     cfg: config.TrainConfig, algo: Algorithm, task: Any, policy: torch.nn.Module, policy_path: str
-) -> tuple[str | None, float | None, torch.nn.Module | None]:
-    """(checkpoint, held-out pairwise accuracy, scoring model). A reward model is trained (cached) when
+) -> tuple[str | None, float | None, list[torch.nn.Module] | None]:
+    """(checkpoint, held-out pairwise accuracy, scoring models). A reward model is trained (cached) when
     it scores the responses or initialises the critic; it scores them with train.reward_source =
     'reward_model'. With LoRA it is an adapter + head on the policy's backbone, unless a part
-    (value_init.reward_model) reads the reward model's own checkpoint: then it is the full model."""
+    (value_init.reward_model) reads the reward model's own checkpoint: then it is the full model.
+    With train.rm_ensemble = K the K members (member 0 first: the single reward model, whose checkpoint
+    a value_init part reads) all score; the accuracy is then the members' mean."""
     if not (cfg.reward_source == "reward_model" or algo.needs_reward_model):
         return None, None, None
     lora_rm = cfg.lora is not None and not algo.needs_reward_model
     rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
     if lora_rm:
         rm["lora"] = cfg.lora.settings()
-    rm_path, rm_accuracy = pretrain.train_reward_model(
-        policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, **rm
-    )
-    reward_model = None
-    if cfg.reward_source == "reward_model":
-        reward_model = (
-            models.lora.add_reward_model(policy, rm_path) if lora_rm else models.load_reward_model(rm_path)
+    trained = [
+        pretrain.train_reward_model(
+            policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, member=k, **rm
         )
-    return rm_path, rm_accuracy, reward_model
+        for k in range(cfg.rm_ensemble if cfg.reward_source == "reward_model" else 1)
+    ]
+    rm_path = trained[0][0]
+    rm_accuracy = sum(acc for _, acc in trained) / len(trained)
+    reward_models = None
+    if cfg.reward_source == "reward_model":
+        reward_models = [
+            models.lora.add_reward_model(policy, path, member=k)
+            if lora_rm
+            else models.load_reward_model(path)
+            for k, (path, _) in enumerate(trained)
+        ]
+    return rm_path, rm_accuracy, reward_models
 
 
 def _reference(

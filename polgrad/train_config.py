@@ -61,6 +61,11 @@ class TrainConfig:
     for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the default of
     polgrad.pretrain.sft). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
+    rm_ensemble: K reward models (1, default: one) trained on the same pairs from K initialisation
+    seeds (member 0 is the single reward model; polgrad.pretrain.reward_model), every response scored
+    by each and the K scores combined by the reward_ensemble part `rm_combine` (None: @reward_ensemble.mean;
+    @reward_ensemble.worst, @reward_ensemble.uncertainty), Coste et al. 2024. With LoRA the members are
+    K adapters + heads on the policy's one backbone.
     measure_kl: also load the reference when the algorithm has no KL term, to report KL(pi||ref).
     rollout_backend: 'hf' (generate with the trained module itself) or 'vllm' (an in-process vLLM
     engine, weights synced from the trainer after every optimizer step, or with asynchronous
@@ -137,6 +142,8 @@ class TrainConfig:
     policy_path: str | None = None
     reward_source: str = "task"
     rm_steps: int | None = None
+    rm_ensemble: int = 1
+    rm_combine: Callable[..., Any] | None = None
     measure_kl: bool = True
     rollout_backend: str = "hf"
     reward_errors: str = "raise"
@@ -191,6 +198,7 @@ class TrainConfig:
             raise ConfigError(f"train.unstable_skip_frac must be in [0, 1], got {self.unstable_skip_frac!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        _check_ensemble(self)
         _check_async(self)
         _check_lora(self)
         check_loggers(self.loggers)  # registered names whose library is installed
@@ -229,11 +237,37 @@ class TrainConfig:
         return dict(self._task_kwargs)
 
     @property
+    def ensemble_combine(self) -> Callable[..., Any]:
+        """The reward_ensemble part that reduces the members' scores [K,B] to [B] (train.rm_combine)."""
+        return self.rm_combine or registry.get("reward_ensemble", "mean")
+
+    @property
     def lora(self) -> LoraSpec | None:
         """The run's LoRA adapter (train.lora_*), or None when LoRA is off (train.lora_r = 0)."""
         if not self.lora_r:
             return None
         return LoraSpec(self.lora_r, self.lora_alpha, tuple(self.lora_target_modules), self.lora_dropout)
+
+
+def _check_ensemble(cfg: TrainConfig) -> None:
+    """train.rm_ensemble / train.rm_combine: one-line errors naming the fix."""
+    if not is_int(cfg.rm_ensemble) or cfg.rm_ensemble < 1:
+        raise ConfigError(
+            "train.rm_ensemble must be an integer >= 1 (the number of reward models), "
+            f"got {cfg.rm_ensemble!r}"
+        )
+    if cfg.rm_combine is not None:
+        entry = registry.entry_of(cfg.rm_combine)
+        if entry is None or entry.kind != "reward_ensemble":
+            raise ConfigError(
+                f"train.rm_combine must be a registered reward_ensemble part such as @reward_ensemble.mean, "
+                f"got {cfg.rm_combine!r}; valid names: {', '.join(registry.names('reward_ensemble'))}"
+            )
+    if (cfg.rm_ensemble > 1 or cfg.rm_combine is not None) and cfg.reward_source != "reward_model":
+        raise ConfigError(
+            "train.rm_ensemble and train.rm_combine combine reward models: they need "
+            f"train.reward_source = 'reward_model' (got {cfg.reward_source!r})"
+        )
 
 
 def _check_async(cfg: TrainConfig) -> None:

@@ -212,12 +212,13 @@ def adapter_state(decoder: nn.Module, adapter: str) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone().contiguous() for n, p in decoder.named_parameters() if f".{adapter}." in n}
 
 
-def add_reward_model(peft_model: nn.Module, path) -> LoraCritic:
+def add_reward_model(peft_model: nn.Module, path, member: int = 0) -> LoraCritic:
     """The reward model at `path` (trained as LoRA: REWARD_FILE + the head's value_head.safetensors)
     on the policy's backbone: adapter 'reward' (the policy's LoraConfig, the trained A and B) and head
     `reward_head`, both frozen (requires_grad False: no engine trains them). Its forward maps
     (input_ids [B,S], attention_mask [B,S]) -> scores [B,S] under no_grad; read at the EOS by
-    `heads.sequence_scores`."""
+    `heads.sequence_scores`. Member k > 0 of an ensemble (train.rm_ensemble) gets adapter 'reward_k'
+    and head `reward_head_k`, so K reward models share the one backbone."""
     from pathlib import Path
 
     from safetensors.torch import load_file
@@ -225,12 +226,15 @@ def add_reward_model(peft_model: nn.Module, path) -> LoraCritic:
     from polgrad.models.heads import HEAD_FILE
 
     p = Path(path)
+    adapter = REWARD_ADAPTER if not member else f"{REWARD_ADAPTER}_{member}"
+    head_name = REWARD_HEAD if not member else f"{REWARD_HEAD}_{member}"
     weights, head_state = load_file(str(p / REWARD_FILE)), load_file(str(p / HEAD_FILE))
+    weights = {k.replace(f".{REWARD_ADAPTER}.", f".{adapter}."): v for k, v in weights.items()}
     with _same_requires_grad(peft_model):
-        peft_model.add_adapter(REWARD_ADAPTER, peft_model.peft_config[POLICY_ADAPTER])
+        peft_model.add_adapter(adapter, peft_model.peft_config[POLICY_ADAPTER])
     decoder = peft_model.get_base_model().base_model
     own = dict(decoder.named_parameters())
-    if set(weights) != {n for n in own if f".{REWARD_ADAPTER}." in n}:
+    if set(weights) != {n for n in own if f".{adapter}." in n}:
         raise ValueError(f"{p / REWARD_FILE}: its adapter does not match train.lora_* of this run")
     with torch.no_grad():
         for name, value in weights.items():
@@ -241,8 +245,8 @@ def add_reward_model(peft_model: nn.Module, path) -> LoraCritic:
         head.weight.copy_(head_state["weight"])
         head.bias.copy_(head_state["bias"])
     head.requires_grad_(False)
-    peft_model.add_module(REWARD_HEAD, head)
-    return LoraCritic(peft_model, REWARD_ADAPTER, head_name=REWARD_HEAD, frozen=True)
+    peft_model.add_module(head_name, head)
+    return LoraCritic(peft_model, adapter, head_name=head_name, frozen=True)
 
 
 def critic_parameters(peft_model: nn.Module) -> list[nn.Parameter]:
@@ -281,7 +285,7 @@ def merged_causal_lm(config, state: dict[str, torch.Tensor], configs: dict[str, 
             model = get_peft_model(base, lcfg, adapter_name=name)
         else:
             model.add_adapter(name, lcfg)
-    heads = (f"{VALUE_HEAD}.", f"{REWARD_HEAD}.")
+    heads = (f"{VALUE_HEAD}.", f"{REWARD_HEAD}.", f"{REWARD_HEAD}_")  # reward_head_k: ensemble members
     weights = {k: v.float() for k, v in state.items() if not k.startswith(heads)}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"base_model.model.lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

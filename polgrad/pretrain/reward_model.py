@@ -88,6 +88,7 @@ def train_reward_model(
     progress: bool = True,
     threads: int | None = None,
     lora: dict | None = None,
+    member: int = 0,
 ) -> tuple[str, float]:
     """Bradley-Terry reward model on `task.preference_pairs`; returns (checkpoint dir, held-out accuracy).
 
@@ -107,9 +108,16 @@ def train_reward_model(
     the reward model as a LoRA adapter 'reward' on the frozen backbone + the head instead: the
     directory then holds the adapter (`lora.REWARD_FILE`), the head and the config, no backbone
     weights, and loads onto a LoRA policy with `lora.add_reward_model` (one backbone in the run).
+
+    `member` k > 0 is member k of an ensemble (train.rm_ensemble; Coste et al. 2024): the same
+    training and held-out pairs, another initialisation seed: its head starts from N(0, 1/H) (H the
+    hidden size; member 0, the single reward model, keeps the zero head), its LoRA adapter (if any)
+    from that seed too, and the pairs are visited in that seed's order. Cached under its own key.
     """
     if isinstance(task, str):
         task = make_task(task, None)
+    if not isinstance(member, int) or isinstance(member, bool) or member < 0:
+        raise ConfigError(f"train_reward_model: member must be an integer >= 0, got {member!r}")
     if pairs < 1 or steps < 0 or batch_size < 1 or not lr > 0:
         raise ConfigError(
             f"train_reward_model: need pairs >= 1, steps >= 0, batch_size >= 1, lr > 0; got "
@@ -135,6 +143,7 @@ def train_reward_model(
             "batch_size": batch_size,
             "heldout_pairs": heldout_pairs,
             **({"lora": lora} if lora else {}),  # absent without LoRA: the keys of before
+            **({"member": member} if member else {}),  # absent for the single reward model, likewise
         },
         "seed": seed,
         "data": digest([train, heldout]),
@@ -159,12 +168,31 @@ def train_reward_model(
                 key,
                 tmp,
                 lora,
+                member,
             )
     return str(final), acc
 
 
+def _member_seed(seed: int, member: int) -> int:
+    """The initialisation seed of ensemble member `member` (> 0) of the reward model of seed `seed`."""
+    return (seed * 1_000_003 + member) % 2**31
+
+
 def _train_rm(
-    task, policy, train, heldout, steps, batch_size, lr, seed, progress, key_fields, key, tmp, lora=None
+    task,
+    policy,
+    train,
+    heldout,
+    steps,
+    batch_size,
+    lr,
+    seed,
+    progress,
+    key_fields,
+    key,
+    tmp,
+    lora=None,
+    member=0,
 ) -> float:
     """The Bradley-Terry run behind `train_reward_model`: train, evaluate, write into `tmp`."""
     from tqdm.auto import tqdm
@@ -172,20 +200,25 @@ def _train_rm(
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(policy)
     model = ScalarHeadModel.from_backbone(policy)
-    if lora:  # the backbone frozen, adapter 'reward' + the head trained
-        from peft import get_peft_model
+    with torch.random.fork_rng(devices=[], enabled=member > 0):
+        if member:  # an ensemble member: its own random head (and adapter) from its own seed
+            torch.manual_seed(_member_seed(seed, member))
+            with torch.no_grad():
+                model.head.weight.normal_(0.0, model.head.weight.shape[-1] ** -0.5)
+        if lora:  # the backbone frozen, adapter 'reward' + the head trained
+            from peft import get_peft_model
 
-        from polgrad.models import lora as lora_lib
+            from polgrad.models import lora as lora_lib
 
-        cfg = lora_lib.lora_config(**lora)
-        cfg.task_type = None  # an AutoModel backbone (no LM head)
-        model.backbone = get_peft_model(model.backbone, cfg, adapter_name=lora_lib.REWARD_ADAPTER)
+            cfg = lora_lib.lora_config(**lora)
+            cfg.task_type = None  # an AutoModel backbone (no LM head)
+            model.backbone = get_peft_model(model.backbone, cfg, adapter_name=lora_lib.REWARD_ADAPTER)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then(steps, max(1, steps // 20), decay=True))
     order = list(range(len(train)))
-    rng = random.Random(seed)
+    rng = random.Random(_member_seed(seed, member) if member else seed)
     rng.shuffle(order)
     losses: list[float] = []
     cursor = 0

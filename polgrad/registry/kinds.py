@@ -196,6 +196,16 @@ class RewardShapingFn(Protocol):
         ...
 
 
+class RewardEnsembleFn(Protocol):
+    def __call__(self, member_scores: Tensor) -> Tensor:
+        """scores[B]
+
+        member_scores [K,B]: the score of each of the K reward models of an ensemble (train.rm_ensemble)
+        for each of the B sequences; the part combines them into the one score the loop trains on.
+        """
+        ...
+
+
 class FilterFn(Protocol):
     def __call__(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         """keep[B] bool: which sequences enter the update"""
@@ -321,6 +331,7 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
         "formula": _FORMULA_LISTED,
     },
     "reward_shaping": {"formula": _FORMULA_LISTED},
+    "reward_ensemble": {"formula": _FORMULA_LISTED},
     "filter": {"needs_groups": _NEEDS_GROUPS, "formula": _FORMULA_LISTED},
     "preference": {
         "formula": _FORMULA,
@@ -347,6 +358,7 @@ PROTOCOLS: dict[str, type] = {
     "value_init": ValueInitFn,
     "kl_controller": KLControllerFn,
     "reward_shaping": RewardShapingFn,
+    "reward_ensemble": RewardEnsembleFn,
     "filter": FilterFn,
     "preference": PreferenceFn,
     "task": TaskFn,
@@ -357,6 +369,7 @@ PROTOCOLS: dict[str, type] = {
 SHAPES = {
     "rewards": "[B]",
     "scores": "[B]",
+    "member_scores": "[K,B]",
     "group_ids": "[B]",
     "baseline_rewards": "[B]",
     "truncated": "[B]",
