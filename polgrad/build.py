@@ -140,7 +140,7 @@ def build_models(
     warm_start_s = time.perf_counter() - t_pretrain
     policy, tokenizer = _policy(cfg, task, policy_path)
     t_pretrain = time.perf_counter()
-    rm_path, rm_accuracy, reward_model = _reward_model(cfg, algo, task, policy, policy_path)
+    rm_path, rm_accuracy, reward_model = reward_models(cfg, algo, task, policy, policy_path)
     warm_start_s += time.perf_counter() - t_pretrain if rm_path is not None else 0.0
     reference = _reference(cfg, algo, policy, policy_path)
     critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path)
@@ -195,7 +195,7 @@ def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch
     return policy, tokenizer
 
 
-def _reward_model(
+def reward_models(
     cfg: config.TrainConfig, algo: Algorithm, task: Any, policy: torch.nn.Module, policy_path: str
 ) -> tuple[str | None, float | None, list[torch.nn.Module] | None]:
     """(checkpoint, held-out pairwise accuracy, scoring models). A reward model is trained (cached) when

@@ -431,13 +431,14 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
         g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), (gold >= 1.0).double().sum()])).tolist()
         row.update(gold_reward_mean=g_sum / n, gold_accuracy=g_ok / n)
     if batch.ref_logp is not None and update_seqs:
-        # kl: per token; kl_seq: per sequence (the sum over its tokens), the unit of a KL target
+        # per token (kl, kl_exact) and per sequence (the sum over its tokens: kl_seq, the unit of a KL
+        # target; kl_exact_seq, the exact KL along each response, by the chain rule an unbiased estimate
+        # of the sequence-level KL(pi || ref) in nats: the x-axis of over-optimisation curves)
         kl_tok = (batch.old_logp - batch.ref_logp) * mask
         sums = torch.stack([kl_tok.sum(), (batch.kl_exact * mask).sum(), mask.sum()])
         kl_sum, kl_exact_sum, tokens = collective.all_sum(sums).tolist()
-        row["kl"] = kl_sum / max(tokens, 1.0)
-        row["kl_exact"] = kl_exact_sum / max(tokens, 1.0)
-        row["kl_seq"] = kl_sum / update_seqs
+        row.update(kl=kl_sum / max(tokens, 1.0), kl_exact=kl_exact_sum / max(tokens, 1.0))
+        row.update(kl_seq=kl_sum / update_seqs, kl_exact_seq=kl_exact_sum / update_seqs)
     if batch.values is not None and update_seqs and batch.returns is not None:  # a critic's batch
         row["explained_variance"] = explained_variance(batch.values, batch.returns, mask)
     return row

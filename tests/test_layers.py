@@ -55,6 +55,7 @@ LAYERS: list[list[str]] = [
         "polgrad.resume_config",
         "polgrad.loop_state",
         "polgrad.offline",
+        "polgrad.best_of_n",
     ],
     ["polgrad.trainer", "polgrad.train"],
     ["polgrad.results"],

@@ -758,3 +758,35 @@ def test_two_sweeps_on_one_experiment_folder_do_not_run_at_once(tmp_path, capsys
         err = one_line_error(capsys)
         assert "is in use by another sweep" in err and f"pid {os.getpid()}" in err
     assert sweep.main([str(path), "--results", str(out)]) == 0  # released
+
+
+def test_an_experiment_that_includes_another_inherits_it_and_overrides(tmp_path):
+    """A pilot is its experiment on other seeds under another name: including the experiment file
+    inherits its includes, bindings and Sweep parameters (the included file is not passed to gin, whose
+    parser knows no Sweep), so the pilot's cells are the experiment's cells but for the seed."""
+    body = (
+        specs("spec_a.gin")
+        + "fake_train.steps = 3\nSweep.grid = {'fake_train.lr': [0.1, 0.2]}\nSweep.seeds = [10, 11]\n"
+        + "Sweep.question = 'q?'\n"
+    )
+    full = write_exp(tmp_path, body, "full")
+    pilot = tmp_path / "sub" / "pilot.gin"
+    pilot.parent.mkdir()
+    pilot.write_text(
+        "include '../full.gin'\nSweep.name = 'full_pilot'\nSweep.seeds = [0]\nfake_train.sleep_s = 0.0\n"
+    )
+    exp_full, exp_pilot = sweep.load_experiment(str(full)), sweep.load_experiment(str(pilot))
+    assert (exp_pilot.name, exp_pilot.seeds, exp_pilot.question) == ("full_pilot", [0], "q?")
+    assert exp_pilot.axes == exp_full.axes and exp_pilot.seed_binding == "fake_train.seed"
+    assert exp_pilot.include_paths == exp_full.include_paths  # base_fake.gin, not full.gin
+    cells_full, cells_pilot = sweep.expand(exp_full), sweep.expand(exp_pilot)
+    assert [c.config_files for c in cells_pilot] == [c.config_files for c in cells_full[::2]]
+    # the parent's bindings first, then the pilot's own
+    assert "fake_train.steps = 3" in cells_pilot[0].bindings
+    assert cells_pilot[0].bindings.index("fake_train.steps = 3") < cells_pilot[0].bindings.index(
+        "fake_train.sleep_s = 0.0"
+    )
+    loop = tmp_path / "loop.gin"
+    loop.write_text("include 'loop.gin'\n" + body)
+    with pytest.raises(ConfigError, match="include each other in a cycle"):
+        sweep.load_experiment(str(loop))

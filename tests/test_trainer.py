@@ -205,6 +205,8 @@ def test_the_controller_is_fed_the_per_sequence_kl(tmp_path):
     for r in rows:
         assert r["update_seqs"] == 4 * 1  # prompts_per_step x group size 1
         assert r["kl_seq"] == pytest.approx(r["kl"] * r["response_len"], rel=1e-9, abs=1e-15)
+        # the exact KL in the same two units (the x-axis of over-optimisation curves)
+        assert r["kl_exact_seq"] == pytest.approx(r["kl_exact"] * r["response_len"], rel=1e-9, abs=1e-15)
     assert any(abs(r["kl_seq"]) > 2 * abs(r["kl"]) > 0 for r in rows)  # the two units differ here
 
 

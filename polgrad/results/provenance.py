@@ -37,6 +37,8 @@ DIRTY = "-dirty"
 STAGES = ("", "_tuning")
 # The files a sweep writes per stage, beside the folder results/<experiment><stage>/.
 OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
+# ... and the over-optimisation analysis's (python -m polgrad.sweep.overoptimization)
+OUTPUT_SUFFIXES += ("_best_of_n.csv", "_points.csv", "_gao.md", "_gao.png")
 # `git diff HEAD` in one format whatever the user's git configuration says
 DIFF = (
     *("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),

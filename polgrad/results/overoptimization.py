@@ -1,0 +1,262 @@
+"""Reward-model over-optimisation: gold and proxy against sqrt(KL(pi || pi_init)), as Gao et al. plot them.
+
+Gao, Schulman & Hilton 2023, "Scaling Laws for Reward Model Overoptimization" (ICML): as a policy
+optimises a learned reward model (the proxy), the proxy keeps rising while the gold reward first
+rises, then falls; both are plotted against d = sqrt(KL(pi || pi_init)), and the gold fits
+d (alpha - beta d) for best-of-n (their eq. 1; RL fits d (alpha - beta log d)). Here:
+
+    points      one per run and window of WINDOW consecutive steps: the means over the window's
+                metrics rows of kl_exact_seq (the exact KL summed along each sampled response, nats;
+                the reference is the warm start, pi_init), reward_mean (the proxy the run trains on)
+                and gold_reward_mean (the task verifier's score of the same samples)
+    deltas      proxy and gold minus the seed's starting values (`init`: best-of-1 of the warm start on
+                held-out prompts, polgrad.best_of_n; else the run's first row, the warm start's samples)
+    fit_curve   least squares of delta = d (alpha - beta d) over a family's pooled points (no intercept:
+                delta = 0 at d = 0 by definition)
+    peak        d* = alpha / (2 beta), the fitted curve's maximum (beta > 0, alpha > 0); +inf when the
+                curve never turns down (beta <= 0), 0 when it falls from the start (alpha <= 0)
+    bootstrap   seeds resampled with replacement (the seed is the unit: a warm start, a reward model,
+                a prompt stream), the fit redone on their pooled points, d*'s 2.5 and 97.5 percentiles
+
+A family is a configuration but its KL control (e.g. PPO with one reward model): its runs at every KL
+coefficient and controller are pooled, as Gao et al. pool the runs of one reward model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+WINDOW = 5  # steps per point: 60-step runs give 12 points each
+BOOTSTRAP = 2000  # resamples of the seeds
+LEVEL = 0.95
+
+
+def run_points(rows: Sequence[Mapping[str, Any]], window: int = WINDOW) -> list[dict[str, float]]:
+    """One point per `window` consecutive metrics rows that carry the KL, proxy and gold: their means
+    (kl = kl_exact_seq, d = sqrt(max(kl, 0)), proxy = reward_mean, gold = gold_reward_mean) and the
+    window's last step. A trailing partial window is dropped."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    keys = ("kl_exact_seq", "reward_mean", "gold_reward_mean")
+    usable = [
+        r for r in rows if all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for k in keys)
+    ]
+    out = []
+    for i in range(0, len(usable) - window + 1, window):
+        chunk = usable[i : i + window]
+        kl = sum(r["kl_exact_seq"] for r in chunk) / window
+        out.append(
+            {
+                "step": chunk[-1]["step"],
+                "kl": kl,
+                "d": math.sqrt(max(kl, 0.0)),
+                "proxy": sum(r["reward_mean"] for r in chunk) / window,
+                "gold": sum(r["gold_reward_mean"] for r in chunk) / window,
+            }
+        )
+    return out
+
+
+def fit_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(alpha, beta) of y = d (alpha - beta d) = alpha d - beta d^2 by least squares; (nan, nan) when the
+    points cannot determine both (fewer than 2 distinct d > 0)."""
+    d_arr, y_arr = np.asarray(d, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if d_arr.shape != y_arr.shape or d_arr.ndim != 1:
+        raise ValueError(f"fit_curve: d and y must be 1-d of one length, got {d_arr.shape} and {y_arr.shape}")
+    if len(np.unique(d_arr[d_arr > 0])) < 2:
+        return math.nan, math.nan
+    design = np.stack([d_arr, -(d_arr**2)], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
+    return float(alpha), float(beta)
+
+
+def peak(alpha: float, beta: float) -> float:
+    """The maximiser over d >= 0 of d (alpha - beta d): alpha / (2 beta) if both > 0; +inf if the curve
+    never turns down (alpha > 0, beta <= 0); 0 if it never rises (alpha <= 0); nan if unfitted."""
+    if math.isnan(alpha) or math.isnan(beta):
+        return math.nan
+    if alpha <= 0:
+        return 0.0
+    if beta <= 0:
+        return math.inf
+    return alpha / (2.0 * beta)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A family's fitted curve of one quantity (gold or proxy minus its start) against d."""
+
+    alpha: float
+    beta: float
+    d_peak: float
+    d_max: float  # the largest d among the points
+    ci: tuple[float, float]  # bootstrap percentiles of d_peak
+    seeds: int
+    points: int
+
+    @property
+    def interior(self) -> bool:
+        """The fitted peak lies strictly inside the measured range (0, d_max)."""
+        return 0 < self.d_peak < self.d_max
+
+
+def _deltas(points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str, float]], what: str):
+    d = [p["d"] for p in points]
+    y = [p[what] - init[p["seed"]][what] for p in points]
+    return d, y
+
+
+def fit_family(
+    points: Sequence[Mapping[str, Any]],
+    init: Mapping[int, Mapping[str, float]],
+    what: str,
+    *,
+    bootstrap: int = BOOTSTRAP,
+    rng_seed: int = 0,
+) -> Fit:
+    """Fit `what` ('gold' or 'proxy', minus the seed's start) of a family's pooled points; d*'s CI by
+    resampling its seeds (`bootstrap` times, numpy Generator seeded `rng_seed`)."""
+    seeds = sorted({p["seed"] for p in points})
+    alpha, beta = fit_curve(*_deltas(points, init, what))
+    by_seed = {s: [p for p in points if p["seed"] == s] for s in seeds}
+    rng = np.random.default_rng(rng_seed)
+    peaks = []
+    for _ in range(bootstrap):
+        pts = [p for s in rng.choice(seeds, size=len(seeds), replace=True) for p in by_seed[int(s)]]
+        peaks.append(peak(*fit_curve(*_deltas(pts, init, what))))
+    arr = np.asarray([x for x in peaks if not math.isnan(x)], dtype=np.float64)
+    tail = (1 - LEVEL) / 2
+    ci = (
+        (
+            float(np.quantile(arr, tail, method="inverted_cdf")),
+            float(np.quantile(arr, 1 - tail, method="inverted_cdf")),
+        )
+        if len(arr)
+        else (math.nan, math.nan)
+    )
+    return Fit(
+        alpha,
+        beta,
+        peak(alpha, beta),
+        max((p["d"] for p in points), default=math.nan),
+        ci,
+        len(seeds),
+        len(points),
+    )
+
+
+def peak_difference(
+    points_a: Sequence[Mapping[str, Any]],
+    points_b: Sequence[Mapping[str, Any]],
+    init: Mapping[int, Mapping[str, float]],
+    *,
+    bootstrap: int = BOOTSTRAP,
+    rng_seed: int = 0,
+) -> tuple[float, tuple[float, float]]:
+    """d*(a) - d*(b) of the gold fits and its bootstrap CI, the seeds resampled together (paired: the
+    same resampled seeds for both families). Infinite peaks make the difference +-inf (kept, so the CI
+    says when a family's curve did not turn down)."""
+    seeds = sorted({p["seed"] for p in points_a} & {p["seed"] for p in points_b})
+
+    def d_star(points, chosen):
+        pts = [p for s in chosen for p in points if p["seed"] == s]
+        return peak(*fit_curve(*_deltas(pts, init, "gold")))
+
+    def diff(chosen):
+        a, b = d_star(points_a, chosen), d_star(points_b, chosen)
+        return math.nan if math.isinf(a) and math.isinf(b) and a == b else a - b
+
+    rng = np.random.default_rng(rng_seed)
+    boot = [
+        diff([int(s) for s in rng.choice(seeds, size=len(seeds), replace=True)]) for _ in range(bootstrap)
+    ]
+    arr = np.asarray([x for x in boot if not math.isnan(x)], dtype=np.float64)
+    tail = (1 - LEVEL) / 2
+    ci = (
+        (
+            float(np.quantile(arr, tail, method="inverted_cdf")),
+            float(np.quantile(arr, 1 - tail, method="inverted_cdf")),
+        )
+        if len(arr)
+        else (math.nan, math.nan)
+    )
+    return diff(seeds), ci
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties), nan for fewer than 3 points."""
+    if len(x) < 3:
+        return math.nan
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic)
+
+
+# --------------------------------------------------------------------------- the figure
+def draw(
+    path,
+    title: str,
+    curves: Mapping[str, Sequence[Mapping[str, Any]]],
+    family_of: Mapping[str, str],
+    fits: Mapping[str, Fit],
+    best_of_n: Sequence[Mapping[str, Any]],
+) -> None:
+    """Gold (left) and proxy (right) minus their start against d = sqrt(KL): one line per configuration
+    (`curves`: label -> points averaged over seeds, in step order), coloured by family, the family's
+    fitted gold curve dashed, best-of-n in black."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from polgrad.results.curves import save_png
+
+    families = sorted(set(family_of.values()))
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
+    colours = {fam: palette[i % len(palette)] for i, fam in enumerate(families)}
+    markers = "osD^v<>ph*"
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    for ax, what in zip(axes, ("gold", "proxy"), strict=True):
+        per_family: dict[str, int] = {}
+        for label, pts in curves.items():
+            fam = family_of[label]
+            i = per_family.get(fam, 0)
+            per_family[fam] = i + 1
+            ax.plot(
+                [p["d"] for p in pts],
+                [p[what] for p in pts],
+                marker=markers[i % len(markers)],
+                ms=3.5,
+                lw=1,
+                color=colours.get(fam, "0.3"),
+                label=label,
+            )
+        if what == "gold":
+            for fam, fit in fits.items():
+                if math.isnan(fit.alpha):
+                    continue
+                xs = np.linspace(0, fit.d_max, 100)
+                ax.plot(xs, xs * (fit.alpha - fit.beta * xs), "--", color=colours.get(fam, "0.3"), lw=1.6)
+        if best_of_n:
+            ax.plot(
+                [r["sqrt_kl"] for r in best_of_n],
+                [r[what] for r in best_of_n],
+                "k-o",
+                ms=3,
+                lw=1.8,
+                label="best-of-n (warm start)",
+            )
+        ax.axhline(0, color="0.6", lw=0.8)
+        ax.set_xlabel("d = sqrt(KL(pi || pi_init)), nats^0.5 per response")
+        ax.set_ylabel(
+            f"{what} minus its start" + (" (task verifier)" if what == "gold" else " (reward model)")
+        )
+        ax.set_title(f"{what}" + (": fitted d(alpha - beta d) dashed" if what == "gold" else ""))
+    axes[1].legend(fontsize=6.5, loc="upper left", ncol=1)
+    fig.suptitle(title, fontsize=10)
+    save_png(fig, path)

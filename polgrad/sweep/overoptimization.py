@@ -1,0 +1,371 @@
+"""`python -m polgrad.sweep.overoptimization experiments/overoptimization.gin`: the over-optimisation
+analysis of a finished (or resumed) sweep of that experiment (polgrad.results.overoptimization).
+
+    1. best-of-n: for each seed, the warm start of its cells sampled `--samples` times on each of the
+       first `--prompts` held-out prompts and ranked by the seed's single reward model
+       (polgrad/best_of_n.py) -> results/<name>_best_of_n.csv (a seed already there is not redone)
+    2. points: every ok cell's metrics.jsonl cut into windows of WINDOW steps
+       -> results/<name>_points.csv (needs the run folders results/<name>/runs/)
+    3. the report from those two CSVs and the sweep's CSV alone: Gao-style fits of the gold (and proxy)
+       minus its start against d = sqrt(KL) per family, their peaks with seed-bootstrap CIs, the
+       declared predictions' verdicts -> results/<name>_gao.md and results/<name>_gao.png
+
+`--report-only` redoes step 3 from the committed CSVs (no run folders, no model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from polgrad.errors import PolgradError
+from polgrad.io import atomic_path
+from polgrad.results import overoptimization as oo
+from polgrad.results.provenance import environment, outputs
+from polgrad.results.store import read_metrics, read_rows
+from polgrad.sweep.experiment import Experiment, load_experiment
+from polgrad.sweep.grid import expand
+
+KL_COLUMNS = ("Algorithm.kl_coef", "Algorithm.kl_controller")  # the KL control: varies within a family
+ENSEMBLE = "train.rm_ensemble"
+NS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _single_rm_cell(exp: Experiment, seed: int):
+    """A cell of `seed` scored by one reward model (its best-of-n is the reference curve)."""
+    for cell in expand(exp):
+        swept = dict(cell.swept)
+        if cell.seed == seed and swept.get(ENSEMBLE, "1") == "1":
+            return cell
+    raise PolgradError(f"{exp.file}: no cell of seed {seed} with {ENSEMBLE} = 1 to take best-of-n from")
+
+
+def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) -> list[dict[str, Any]]:
+    """Best-of-n rows of every seed (kept from `path` for the seeds it already holds)."""
+    import gin
+
+    from polgrad.best_of_n import best_of_n
+    from polgrad.config import build, parse_config
+
+    rows = [dict(r) for r in read_rows(path)] if path.exists() else []
+    done = {int(r["seed"]) for r in rows}
+    for seed in exp.seeds:
+        if seed in done:
+            continue
+        cell = _single_rm_cell(exp, seed)
+        env = environment(ignore=outputs(exp.name, path.parent))
+        print(f"best-of-n: seed {seed} ({prompts} prompts x {samples} samples)", file=sys.stderr, flush=True)
+        gin.clear_config()
+        parse_config(list(cell.config_files), [*cell.bindings, "train.progress = False"])
+        try:
+            cfg, algo, task = build()
+            found = best_of_n(
+                cfg,
+                algo,
+                task,
+                ns=[n for n in NS if n <= samples],
+                prompts=prompts,
+                samples=samples,
+                seed=seed,
+            )
+        finally:
+            gin.clear_config()
+        for r in found:
+            rows.append({"seed": seed, **r, "git_commit": env["git_commit"], "cpu": env["cpu"]})
+        _write_csv(path, rows)  # after every seed: a stop loses at most the seed in progress
+    return rows
+
+
+def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[str, Any]]:
+    """The points of every ok cell of the sweep's CSV, from its run folder's metrics.jsonl."""
+    cells = [r for r in read_rows(results_dir / f"{exp.name}.csv") if r.get("status") == "ok"]
+    swept = exp.swept_columns
+    rows = []
+    for r in cells:
+        metrics = read_metrics(results_dir / r["run_dir"] / "metrics.jsonl")
+        if not metrics:
+            raise PolgradError(
+                f"{results_dir / r['run_dir']}: no metrics.jsonl; the points need the sweep's run folders "
+                "(or use --report-only with the committed results/<name>_points.csv)"
+            )
+        base = {"cell_id": r["cell_id"], "spec": r["spec"], "seed": int(r["seed"])}
+        base.update({c: r.get(c, "") for c in swept})
+        rows += [{**base, **p} for p in oo.run_points(metrics)]
+    _write_csv(path, rows)
+    return rows
+
+
+def _num(row: dict[str, Any], *keys: str) -> dict[str, Any]:
+    out = dict(row)
+    for k in keys:
+        out[k] = float(out[k])
+    return out
+
+
+def _short(value: str) -> str:
+    return value.replace("@kl_controller.", "").replace("@reward_ensemble.", "")
+
+
+def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP) -> Path:
+    """results/<name>_gao.md and .png from the three CSVs alone."""
+    name = exp.name
+    points = [
+        _num(r, "d", "kl", "proxy", "gold", "seed") for r in read_rows(results_dir / f"{name}_points.csv")
+    ]
+    for p in points:
+        p["seed"] = int(p["seed"])
+    bon = [
+        _num(r, "n", "kl", "sqrt_kl", "proxy", "gold", "seed")
+        for r in read_rows(results_dir / f"{name}_best_of_n.csv")
+    ]
+    sweep_rows = read_rows(results_dir / f"{name}.csv")
+    if not points:
+        raise PolgradError(
+            f"{results_dir / f'{name}_points.csv'}: no points; run without --report-only first"
+        )
+    fam_cols = [c for c in exp.swept_columns if c not in KL_COLUMNS]
+    kl_cols = [c for c in exp.swept_columns if c in KL_COLUMNS]
+
+    def family(p) -> str:
+        return " · ".join([p["spec"], *(f"{c.split('.')[-1]} {_short(p[c])}" for c in fam_cols)])
+
+    def control(p) -> str:
+        return ", ".join(f"{c.split('.')[-1]} {_short(p[c])}" for c in kl_cols)
+
+    seeds = sorted({p["seed"] for p in points})
+    init = {}
+    for s in seeds:
+        one = [b for b in bon if b["seed"] == s and b["n"] == 1]
+        if one:  # best-of-1: the warm start's samples on held-out prompts
+            init[s] = {"proxy": one[0]["proxy"], "gold": one[0]["gold"]}
+        else:  # the first window of the seed's runs (their first steps sample the warm start)
+            first = [p for p in points if p["seed"] == s and p["step"] == min(q["step"] for q in points)]
+            init[s] = {k: sum(p[k] for p in first) / len(first) for k in ("proxy", "gold")}
+    families = sorted({family(p) for p in points})
+    by_family = {f: [p for p in points if family(p) == f] for f in families}
+    gold_fits = {f: oo.fit_family(by_family[f], init, "gold", bootstrap=bootstrap) for f in families}
+    proxy_fits = {f: oo.fit_family(by_family[f], init, "proxy", bootstrap=bootstrap) for f in families}
+
+    # per configuration, the mean over seeds of each window (the figure's lines and the final values)
+    curves: dict[str, list[dict[str, float]]] = {}
+    family_of: dict[str, str] = {}
+    for f in families:
+        for c in sorted({control(p) for p in by_family[f]}):
+            pts = [p for p in by_family[f] if control(p) == c]
+            label = f"{f} · {c}"
+            family_of[label] = f
+            steps = sorted({p["step"] for p in pts})
+            curves[label] = [
+                {
+                    "step": st,
+                    **{
+                        k: sum(p[k] - (init[p["seed"]][k] if k in ("gold", "proxy") else 0) for p in at)
+                        / len(at)
+                        for k in ("d", "kl", "gold", "proxy")
+                    },
+                    "seeds": len(at),
+                }
+                for st in steps
+                for at in [[p for p in pts if p["step"] == st]]
+            ]
+    bon_mean = []
+    for n in sorted({b["n"] for b in bon}):
+        at = [b for b in bon if b["n"] == n]
+        bon_mean.append(
+            {
+                "n": n,
+                "sqrt_kl": at[0]["sqrt_kl"],
+                "kl": at[0]["kl"],
+                "gold": sum(b["gold"] - init[int(b["seed"])]["gold"] for b in at) / len(at),
+                "proxy": sum(b["proxy"] - init[int(b["seed"])]["proxy"] for b in at) / len(at),
+            }
+        )
+    png = results_dir / f"{name}_gao.png"
+    oo.draw(
+        png,
+        f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds",
+        curves,
+        family_of,
+        gold_fits,
+        bon_mean,
+    )
+    md = _markdown(
+        exp, sweep_rows, bon, bon_mean, curves, family_of, gold_fits, proxy_fits, by_family, init, bootstrap
+    )
+    path = results_dir / f"{name}_gao.md"
+    with atomic_path(path, suffix=".md") as tmp:
+        tmp.write_text(md)
+    return path
+
+
+def _f(x: float, digits: int = 3) -> str:
+    if isinstance(x, float) and math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    if isinstance(x, float) and math.isnan(x):
+        return "–"
+    return f"{x:.{digits}g}"
+
+
+def _markdown(
+    exp, sweep_rows, bon, bon_mean, curves, family_of, gold_fits, proxy_fits, by_family, init, bootstrap
+):
+    seeds = sorted(init)
+    commits = sorted({r.get("git_commit", "?") for r in sweep_rows} | {b.get("git_commit", "?") for b in bon})
+    cpus = sorted({r.get("cpu", "") for r in sweep_rows if r.get("cpu")})
+    rm_acc: dict[int, list[float]] = {}
+    for r in sweep_rows:
+        if r.get("rm_heldout_accuracy") not in (None, ""):
+            rm_acc.setdefault(int(r["seed"]), []).append(float(r["rm_heldout_accuracy"]))
+    lines = [
+        f"# {exp.name}: gold and proxy against sqrt(KL) (Gao et al. 2023)",
+        "",
+        f"**Question.** {exp.question}",
+        "",
+        f"Seeds {', '.join(map(str, seeds))} ({len(seeds)}) · commits {', '.join(commits)} · "
+        f"CPU {'; '.join(cpus) or '?'} · "
+        f"bootstrap {bootstrap} resamples of the seeds · points: windows of {oo.WINDOW} steps.",
+        "",
+        "Reward models: held-out pairwise accuracy per seed (mean over the seed's cells; an ensemble's "
+        "is its "
+        "members' mean): " + ", ".join(f"seed {s} {sum(v) / len(v):.3f}" for s, v in sorted(rm_acc.items())),
+        "",
+        "Every gold and proxy value is minus the seed's start (best-of-1 of the warm start on the held-out "
+        "prompts): 0 is where each run began. d = sqrt(KL(pi || pi_init)) in nats^0.5 per response.",
+        "",
+        "## Best-of-n (the warm start, no training)",
+        "",
+        "| n | KL (nats) | d | proxy − start | gold − start |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {b['n']:g} | {_f(b['kl'])} | {_f(b['sqrt_kl'])} | {_f(b['proxy'])} | {_f(b['gold'])} |"
+        for b in bon_mean
+    ]
+    lines += [
+        "",
+        "## Fitted gold curves d (alpha − beta d), per family (all its KL controls pooled)",
+        "",
+        "| family | seeds | points | alpha | beta | peak d* | KL at peak | 95% CI of d* | d max "
+        "| peak inside the data |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f, fit in gold_fits.items():
+        kl_peak = fit.d_peak**2 if math.isfinite(fit.d_peak) else fit.d_peak
+        lines.append(
+            f"| {f} | {fit.seeds} | {fit.points} | {_f(fit.alpha)} | {_f(fit.beta)} | {_f(fit.d_peak)} "
+            f"| {_f(kl_peak)} | "
+            f"[{_f(fit.ci[0])}, {_f(fit.ci[1])}] | {_f(fit.d_max)} | {'yes' if fit.interior else 'no'} |"
+        )
+    lines += ["", "## Per configuration: the last window, mean over seeds", ""]
+    lines += [
+        "| configuration | final KL (nats) | final d | proxy − start | gold − start | failure |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, pts in curves.items():
+        last = pts[-1]
+        fail = (
+            "gold fell below its start while the proxy rose (over-optimised)"
+            if last["gold"] < 0 < last["proxy"]
+            else ""
+        )
+        lines.append(
+            f"| {label} | {_f(last['kl'])} | {_f(last['d'])} | {_f(last['proxy'])} | {_f(last['gold'])} "
+            f"| {fail} |"
+        )
+    lines += ["", "## Declared predictions (experiment file), checked by the declared method", ""]
+    for f in gold_fits:
+        pf, gf = proxy_fits[f], gold_fits[f]
+        rho = oo.spearman(
+            [p["d"] for p in by_family[f]], [p["proxy"] - init[p["seed"]]["proxy"] for p in by_family[f]]
+        )
+        proxy_ok = pf.alpha > 0 and not pf.interior
+        lines.append(
+            f"- **{f}**: proxy rises monotonically with KL — "
+            + ("holds" if proxy_ok and rho > 0 else "does not hold")
+            + f" (proxy fit peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; "
+            f"Spearman rho(d, proxy) {_f(rho)})."
+            + " Gold peaks at an intermediate KL — "
+            + (
+                "supported: the fitted peak and its 95% CI lie inside (0, d max)"
+                if gf.interior and 0 < gf.ci[0] and gf.ci[1] < gf.d_max
+                else (
+                    "the fitted peak lies inside the data but its CI does not: not established"
+                    if gf.interior
+                    else "not seen: no peak inside the measured range"
+                )
+            )
+            + f" (d* {_f(gf.d_peak)}, CI [{_f(gf.ci[0])}, {_f(gf.ci[1])}])."
+        )
+    singles = [f for f in gold_fits if f"{ENSEMBLE.split('.')[-1]} 1" in f]
+    for f in gold_fits:
+        if f in singles:
+            continue
+        base = next((s for s in singles if s.split(" · ")[0] == f.split(" · ")[0]), None)
+        if base is None:
+            continue
+        diff, ci = oo.peak_difference(by_family[f], by_family[base], init, bootstrap=bootstrap)
+        verdict = "supported" if ci[0] > 0 else ("refuted" if ci[1] < 0 else "not established")
+        lines.append(
+            f"- **{f}** vs **{base}**: the ensemble's gold peaks at a larger KL — {verdict} "
+            f"(d* difference {_f(diff)}, paired seed-bootstrap 95% CI [{_f(ci[0])}, {_f(ci[1])}])."
+        )
+    lines += [
+        "",
+        f"With {len(seeds)} seeds a bootstrap over seeds has at most {len(seeds) ** len(seeds)} distinct "
+        "resamples: its intervals describe these seeds, not the population of warm starts."
+        if len(seeds) < 10
+        else "",
+        "",
+        f"![gold and proxy against sqrt(KL)]({exp.name}_gao.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m polgrad.sweep.overoptimization", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("experiment")
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--prompts", type=int, default=64, help="held-out prompts of best-of-n (default 64)")
+    parser.add_argument(
+        "--samples", type=int, default=64, help="samples per prompt of best-of-n (default 64)"
+    )
+    parser.add_argument("--bootstrap", type=int, default=oo.BOOTSTRAP)
+    parser.add_argument("--report-only", action="store_true", help="only step 3, from the committed CSVs")
+    args = parser.parse_args(argv)
+    try:
+        exp = load_experiment(args.experiment)
+        results_dir = Path(args.results)
+        if not args.report_only:
+            best_of_n_stage(
+                exp, results_dir / f"{exp.name}_best_of_n.csv", prompts=args.prompts, samples=args.samples
+            )
+            points_stage(exp, results_dir, results_dir / f"{exp.name}_points.csv")
+        path = report(exp, results_dir, bootstrap=args.bootstrap)
+    except PolgradError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(os.fspath(path))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

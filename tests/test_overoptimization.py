@@ -1,0 +1,78 @@
+"""The over-optimisation analysis (Gao et al. 2023): points from metrics rows, the fit d (alpha - beta d),
+its peak, and the seed bootstrap, on data whose answer is known by construction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from polgrad.results import overoptimization as oo
+
+
+def test_run_points_averages_windows_of_steps():
+    rows = [
+        {"step": s, "kl_exact_seq": float(s), "reward_mean": 10.0 * s, "gold_reward_mean": 0.5}
+        for s in range(1, 12)
+    ]
+    rows.insert(3, {"step": 99, "reward_mean": 1.0})  # no KL (e.g. a skipped update): not a point
+    pts = oo.run_points(rows, window=5)
+    # windows: steps 1..5 (kl mean 3), 6..10 (mean 8); step 11 alone is a partial window, dropped
+    assert [p["step"] for p in pts] == [5, 10]
+    assert [p["kl"] for p in pts] == [3.0, 8.0] and [p["proxy"] for p in pts] == [30.0, 80.0]
+    assert pts[0]["d"] == pytest.approx(math.sqrt(3.0), abs=1e-15) and pts[1]["gold"] == 0.5
+    # a negative estimate of the KL (noise near 0) has d = 0
+    assert (
+        oo.run_points([{"step": 1, "kl_exact_seq": -0.1, "reward_mean": 0, "gold_reward_mean": 0}], 1)[0]["d"]
+        == 0
+    )
+
+
+def test_the_fit_recovers_a_noiseless_curve_and_its_peak():
+    # y = d (0.3 - 0.1 d): alpha 0.3, beta 0.1, peak d* = 0.3 / 0.2 = 1.5
+    d = [0.2, 0.5, 1.0, 1.7, 2.5, 3.0]
+    y = [x * (0.3 - 0.1 * x) for x in d]
+    alpha, beta = oo.fit_curve(d, y)
+    # a 2-parameter least squares of exact data: float64 round-off only (~1e-15 relative)
+    assert (alpha, beta) == pytest.approx((0.3, 0.1), abs=1e-12)
+    assert oo.peak(alpha, beta) == pytest.approx(1.5, abs=1e-10)
+    assert oo.peak(0.3, -0.1) == math.inf and oo.peak(-0.2, 0.1) == 0.0 and math.isnan(oo.peak(math.nan, 1.0))
+    assert all(math.isnan(x) for x in oo.fit_curve([0.0, 1.0, 1.0], [0.0, 1.0, 2.0]))  # one distinct d > 0
+
+
+def _family(alphas, beta=0.1, ds=(0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)):
+    return [
+        {"seed": s, "d": d, "gold": d * (a - beta * d), "proxy": d} for s, a in enumerate(alphas) for d in ds
+    ]
+
+
+def test_the_seed_bootstrap_brackets_the_peak():
+    init = {s: {"gold": 0.0, "proxy": 0.0} for s in range(4)}
+    same = oo.fit_family(_family([0.4] * 4), init, "gold", bootstrap=200)
+    # every seed the same curve: every resample gives d* = 0.4 / 0.2 = 2 exactly
+    assert same.d_peak == pytest.approx(2.0, abs=1e-9) and same.ci == pytest.approx((2.0, 2.0), abs=1e-9)
+    assert same.interior and same.seeds == 4 and same.points == 28 and same.d_max == 4.0
+    spread = oo.fit_family(_family([0.3, 0.4, 0.5, 0.6]), init, "gold", bootstrap=400)
+    # pooled: alpha = mean 0.45 (equal designs per seed), d* = 2.25; a resample's d* lies in [1.5, 3]
+    assert spread.d_peak == pytest.approx(2.25, abs=1e-9)
+    assert 1.5 - 1e-9 <= spread.ci[0] < 2.25 < spread.ci[1] <= 3.0 + 1e-9
+    # the start is subtracted per seed
+    shifted = [{**p, "gold": p["gold"] + p["seed"]} for p in _family([0.4] * 4)]
+    moved = oo.fit_family(
+        shifted, {s: {"gold": float(s), "proxy": 0.0} for s in range(4)}, "gold", bootstrap=50
+    )
+    assert moved.d_peak == pytest.approx(2.0, abs=1e-9)
+    rising = oo.fit_family(_family([0.4] * 4), init, "proxy", bootstrap=50)  # proxy = d: no peak
+    assert rising.d_peak == math.inf and not rising.interior
+
+
+def test_the_paired_peak_difference():
+    init = {s: {"gold": 0.0, "proxy": 0.0} for s in range(3)}
+    late, early = _family([0.6] * 3), _family([0.2] * 3)  # peaks at 3 and 1
+    diff, ci = oo.peak_difference(late, early, init, bootstrap=100)
+    assert diff == pytest.approx(2.0, abs=1e-9) and ci == pytest.approx((2.0, 2.0), abs=1e-9)
+
+
+def test_spearman():
+    assert oo.spearman([1, 2, 3, 4], [10, 20, 25, 40]) == pytest.approx(1.0)
+    assert math.isnan(oo.spearman([1, 2], [1, 2]))
