@@ -312,7 +312,7 @@ def _markdown(
             )
             + f" (d* {_f(gf.d_peak)}, CI [{_f(gf.ci[0])}, {_f(gf.ci[1])}])."
         )
-    singles = [f for f in gold_fits if f"{ENSEMBLE.split('.')[-1]} 1" in f]
+    singles = [f for f in gold_fits if f"{ENSEMBLE.split('.')[-1]} 1" in f.split(" · ")]
     for f in gold_fits:
         if f in singles:
             continue
