@@ -111,6 +111,17 @@ def _deltas(points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str,
     return d, y
 
 
+def _interval(values: Sequence[float]) -> tuple[float, float]:
+    """The central LEVEL interval of bootstrap values (order statistics, no interpolation, so an infinite
+    value stays infinite); NaNs (unfitted resamples) left out; (nan, nan) if none is left."""
+    arr = np.asarray([x for x in values if not math.isnan(x)], dtype=np.float64)
+    if not len(arr):
+        return math.nan, math.nan
+    tail = (1 - LEVEL) / 2
+    lo, hi = np.quantile(arr, tail, method="inverted_cdf"), np.quantile(arr, 1 - tail, method="inverted_cdf")
+    return float(lo), float(hi)
+
+
 def fit_family(
     points: Sequence[Mapping[str, Any]],
     init: Mapping[int, Mapping[str, float]],
@@ -129,16 +140,7 @@ def fit_family(
     for _ in range(bootstrap):
         pts = [p for s in rng.choice(seeds, size=len(seeds), replace=True) for p in by_seed[int(s)]]
         peaks.append(peak(*fit_curve(*_deltas(pts, init, what))))
-    arr = np.asarray([x for x in peaks if not math.isnan(x)], dtype=np.float64)
-    tail = (1 - LEVEL) / 2
-    ci = (
-        (
-            float(np.quantile(arr, tail, method="inverted_cdf")),
-            float(np.quantile(arr, 1 - tail, method="inverted_cdf")),
-        )
-        if len(arr)
-        else (math.nan, math.nan)
-    )
+    ci = _interval(peaks)
     return Fit(
         alpha,
         beta,
@@ -175,16 +177,7 @@ def peak_difference(
     boot = [
         diff([int(s) for s in rng.choice(seeds, size=len(seeds), replace=True)]) for _ in range(bootstrap)
     ]
-    arr = np.asarray([x for x in boot if not math.isnan(x)], dtype=np.float64)
-    tail = (1 - LEVEL) / 2
-    ci = (
-        (
-            float(np.quantile(arr, tail, method="inverted_cdf")),
-            float(np.quantile(arr, 1 - tail, method="inverted_cdf")),
-        )
-        if len(arr)
-        else (math.nan, math.nan)
-    )
+    ci = _interval(boot)
     return diff(seeds), ci
 
 
