@@ -197,11 +197,12 @@ def draw(
     curves: Mapping[str, Sequence[Mapping[str, Any]]],
     family_of: Mapping[str, str],
     fits: Mapping[str, Fit],
-    best_of_n: Sequence[Mapping[str, Any]],
+    best_of_n: Mapping[str, Sequence[Mapping[str, Any]]],
 ) -> None:
     """Gold (left) and proxy (right) minus their start against d = sqrt(KL): one line per configuration
     (`curves`: label -> points averaged over seeds, in step order), coloured by family, the family's
-    fitted gold curve dashed, best-of-n in black."""
+    fitted gold curve dashed, best-of-n (label -> rows, one per reward-model configuration) in black
+    and greys."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,15 +236,10 @@ def draw(
                     continue
                 xs = np.linspace(0, fit.d_max, 100)
                 ax.plot(xs, xs * (fit.alpha - fit.beta * xs), "--", color=colours.get(fam, "0.3"), lw=1.6)
-        if best_of_n:
-            ax.plot(
-                [r["sqrt_kl"] for r in best_of_n],
-                [r[what] for r in best_of_n],
-                "k-o",
-                ms=3,
-                lw=1.8,
-                label="best-of-n (warm start)",
-            )
+        for j, (label, rows) in enumerate(best_of_n.items()):
+            grey = ("k", "0.45", "0.7")[j % 3]
+            xs, ys = [r["sqrt_kl"] for r in rows], [r[what] for r in rows]
+            ax.plot(xs, ys, "-o", color=grey, ms=3, lw=1.8, label=label)
         ax.axhline(0, color="0.6", lw=0.8)
         ax.set_xlabel("d = sqrt(KL(pi || pi_init)), nats^0.5 per response")
         ax.set_ylabel(

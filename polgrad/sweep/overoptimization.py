@@ -47,48 +47,54 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
-def _single_rm_cell(exp: Experiment, seed: int):
-    """A cell of `seed` scored by one reward model (its best-of-n is the reference curve)."""
+def _rm_columns(exp: Experiment) -> list[str]:
+    """The swept columns that are neither the KL control nor the seed: what makes a reward-model
+    configuration (e.g. train.rm_ensemble, train.rm_combine); with the spec, a family."""
+    return [c for c in exp.swept_columns if c not in KL_COLUMNS]
+
+
+def _rm_cells(exp: Experiment, seed: int) -> dict[tuple[str, ...], Any]:
+    """One cell of `seed` per reward-model configuration (the first in grid order)."""
+    columns, out = _rm_columns(exp), {}
     for cell in expand(exp):
         swept = dict(cell.swept)
-        if cell.seed == seed and swept.get(ENSEMBLE, "1") == "1":
-            return cell
-    raise PolgradError(f"{exp.file}: no cell of seed {seed} with {ENSEMBLE} = 1 to take best-of-n from")
+        key = tuple(swept.get(c, "") for c in columns)
+        if cell.seed == seed and key not in out:
+            out[key] = cell
+    return out
 
 
 def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) -> list[dict[str, Any]]:
-    """Best-of-n rows of every seed (kept from `path` for the seeds it already holds)."""
+    """Best-of-n rows of every seed and reward-model configuration (the proxy the runs of that
+    configuration train on; the same samples, seeded by the seed, for every configuration). Rows already
+    in `path` are kept and not redone."""
     import gin
 
     from polgrad.best_of_n import best_of_n
     from polgrad.config import build, parse_config
 
+    columns = _rm_columns(exp)
     rows = [dict(r) for r in read_rows(path)] if path.exists() else []
-    done = {int(r["seed"]) for r in rows}
+    done = {(int(r["seed"]), *(r.get(c, "") for c in columns)) for r in rows}
     for seed in exp.seeds:
-        if seed in done:
-            continue
-        cell = _single_rm_cell(exp, seed)
-        env = environment(ignore=outputs(exp.name, path.parent))
-        print(f"best-of-n: seed {seed} ({prompts} prompts x {samples} samples)", file=sys.stderr, flush=True)
-        gin.clear_config()
-        parse_config(list(cell.config_files), [*cell.bindings, "train.progress = False"])
-        try:
-            cfg, algo, task = build()
-            found = best_of_n(
-                cfg,
-                algo,
-                task,
-                ns=[n for n in NS if n <= samples],
-                prompts=prompts,
-                samples=samples,
-                seed=seed,
-            )
-        finally:
+        for key, cell in _rm_cells(exp, seed).items():
+            if (seed, *key) in done:
+                continue
+            env = environment(ignore=outputs(exp.name, path.parent))
+            what = ", ".join(f"{c} = {v}" for c, v in zip(columns, key, strict=True))
+            print(f"best-of-n: seed {seed}, {what} ({prompts} prompts x {samples} samples)", file=sys.stderr)
             gin.clear_config()
-        for r in found:
-            rows.append({"seed": seed, **r, "git_commit": env["git_commit"], "cpu": env["cpu"]})
-        _write_csv(path, rows)  # after every seed: a stop loses at most the seed in progress
+            parse_config(list(cell.config_files), [*cell.bindings, "train.progress = False"])
+            try:
+                cfg, algo, task = build()
+                ns = [n for n in NS if n <= samples]
+                found = best_of_n(cfg, algo, task, ns=ns, prompts=prompts, samples=samples, seed=seed)
+            finally:
+                gin.clear_config()
+            for r in found:
+                rm = dict(zip(columns, key, strict=True))
+                rows.append({"seed": seed, **rm, **r, "git_commit": env["git_commit"], "cpu": env["cpu"]})
+            _write_csv(path, rows)  # after every one: a stop loses at most the one in progress
     return rows
 
 
@@ -126,7 +132,8 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     """results/<name>_gao.md and .png from the three CSVs alone."""
     name = exp.name
     points = [
-        _num(r, "d", "kl", "proxy", "gold", "seed") for r in read_rows(results_dir / f"{name}_points.csv")
+        _num(r, "d", "kl", "proxy", "gold", "seed", "step")
+        for r in read_rows(results_dir / f"{name}_points.csv")
     ]
     for p in points:
         p["seed"] = int(p["seed"])
@@ -139,28 +146,42 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
         raise PolgradError(
             f"{results_dir / f'{name}_points.csv'}: no points; run without --report-only first"
         )
-    fam_cols = [c for c in exp.swept_columns if c not in KL_COLUMNS]
+    fam_cols = _rm_columns(exp)
     kl_cols = [c for c in exp.swept_columns if c in KL_COLUMNS]
 
+    def rm_key(row) -> tuple[str, ...]:
+        return tuple(str(row.get(c, "")) for c in fam_cols)
+
+    def rm_label(key) -> str:
+        return " · ".join(f"{c.split('.')[-1]} {_short(v)}" for c, v in zip(fam_cols, key, strict=True))
+
     def family(p) -> str:
-        return " · ".join([p["spec"], *(f"{c.split('.')[-1]} {_short(p[c])}" for c in fam_cols)])
+        return " · ".join([p["spec"], rm_label(rm_key(p))])
 
     def control(p) -> str:
         return ", ".join(f"{c.split('.')[-1]} {_short(p[c])}" for c in kl_cols)
 
-    seeds = sorted({p["seed"] for p in points})
-    init = {}
-    for s in seeds:
-        one = [b for b in bon if b["seed"] == s and b["n"] == 1]
-        if one:  # best-of-1: the warm start's samples on held-out prompts
-            init[s] = {"proxy": one[0]["proxy"], "gold": one[0]["gold"]}
-        else:  # the first window of the seed's runs (their first steps sample the warm start)
-            first = [p for p in points if p["seed"] == s and p["step"] == min(q["step"] for q in points)]
-            init[s] = {k: sum(p[k] for p in first) / len(first) for k in ("proxy", "gold")}
+    # each seed's start under each reward-model configuration: best-of-1 of the warm start (its proxy is
+    # that configuration's: an ensemble's worst case is not the single model's score)
+    init: dict[tuple, dict[str, float]] = {}
+    for key in sorted({rm_key(p) for p in points}):
+        for s in sorted({p["seed"] for p in points}):
+            one = [b for b in bon if int(b["seed"]) == s and b["n"] == 1 and rm_key(b) == key]
+            if one:
+                init[(s, key)] = {"proxy": one[0]["proxy"], "gold": one[0]["gold"]}
+            else:  # no best-of-n: the first window of its runs (their first steps sample the warm start)
+                mine = [p for p in points if p["seed"] == s and rm_key(p) == key]
+                first = [p for p in mine if p["step"] == min(q["step"] for q in mine)]
+                init[(s, key)] = {k: sum(p[k] for p in first) / len(first) for k in ("proxy", "gold")}
+    seeds = sorted({s for s, _ in init})
     families = sorted({family(p) for p in points})
     by_family = {f: [p for p in points if family(p) == f] for f in families}
-    gold_fits = {f: oo.fit_family(by_family[f], init, "gold", bootstrap=bootstrap) for f in families}
-    proxy_fits = {f: oo.fit_family(by_family[f], init, "proxy", bootstrap=bootstrap) for f in families}
+    starts = {f: {s: init[(s, rm_key(by_family[f][0]))] for s in seeds} for f in families}
+    gold_fits = {f: oo.fit_family(by_family[f], starts[f], "gold", bootstrap=bootstrap) for f in families}
+    proxy_fits = {f: oo.fit_family(by_family[f], starts[f], "proxy", bootstrap=bootstrap) for f in families}
+
+    def delta(p, k: str) -> float:
+        return p[k] - init[(p["seed"], rm_key(p))][k] if k in ("gold", "proxy") else p[k]
 
     # per configuration, the mean over seeds of each window (the figure's lines and the final values)
     curves: dict[str, list[dict[str, float]]] = {}
@@ -170,43 +191,46 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
             pts = [p for p in by_family[f] if control(p) == c]
             label = f"{f} · {c}"
             family_of[label] = f
-            steps = sorted({p["step"] for p in pts})
-            curves[label] = [
-                {
-                    "step": st,
-                    **{
-                        k: sum(p[k] - (init[p["seed"]][k] if k in ("gold", "proxy") else 0) for p in at)
-                        / len(at)
-                        for k in ("d", "kl", "gold", "proxy")
-                    },
-                    "seeds": len(at),
-                }
-                for st in steps
-                for at in [[p for p in pts if p["step"] == st]]
-            ]
-    bon_mean = []
-    for n in sorted({b["n"] for b in bon}):
-        at = [b for b in bon if b["n"] == n]
-        bon_mean.append(
-            {
-                "n": n,
-                "sqrt_kl": at[0]["sqrt_kl"],
-                "kl": at[0]["kl"],
-                "gold": sum(b["gold"] - init[int(b["seed"])]["gold"] for b in at) / len(at),
-                "proxy": sum(b["proxy"] - init[int(b["seed"])]["proxy"] for b in at) / len(at),
+            curves[label] = []
+            for st in sorted({p["step"] for p in pts}):
+                at = [p for p in pts if p["step"] == st]
+                mean = {k: sum(delta(p, k) for p in at) / len(at) for k in ("d", "kl", "gold", "proxy")}
+                curves[label].append({"step": st, **mean, "seeds": len(at)})
+    # runs that over-optimised: the gold of their last window below its start while the proxy rose
+    failures = []
+    for cell in sorted({p["cell_id"] for p in points}):
+        pts = sorted((p for p in points if p["cell_id"] == cell), key=lambda p: p["step"])
+        last = pts[-1]
+        if delta(last, "gold") < 0 < delta(last, "proxy"):
+            failures.append((cell, last, init[(last["seed"], rm_key(last))]))
+    bon_curves: dict[str, list[dict[str, float]]] = {}
+    for key in sorted({rm_key(b) for b in bon}):
+        label = "best-of-n · " + rm_label(key)
+        for n in sorted({b["n"] for b in bon if rm_key(b) == key}):
+            at = [b for b in bon if b["n"] == n and rm_key(b) == key and (int(b["seed"]), key) in init]
+            if not at:
+                continue
+            mean = {
+                k: sum(b[k] - init[(int(b["seed"]), key)][k] for b in at) / len(at) for k in ("gold", "proxy")
             }
-        )
+            bon_curves.setdefault(label, []).append(
+                {"n": n, "sqrt_kl": at[0]["sqrt_kl"], "kl": at[0]["kl"], **mean, "seeds": len(at)}
+            )
     png = results_dir / f"{name}_gao.png"
-    oo.draw(
-        png,
-        f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds",
-        curves,
-        family_of,
-        gold_fits,
-        bon_mean,
-    )
+    title = f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds"
+    oo.draw(png, title, curves, family_of, gold_fits, bon_curves)
     md = _markdown(
-        exp, sweep_rows, bon, bon_mean, curves, family_of, gold_fits, proxy_fits, by_family, init, bootstrap
+        exp,
+        sweep_rows,
+        bon,
+        bon_curves,
+        curves,
+        gold_fits,
+        proxy_fits,
+        by_family,
+        starts,
+        failures,
+        bootstrap,
     )
     path = results_dir / f"{name}_gao.md"
     with atomic_path(path, suffix=".md") as tmp:
@@ -223,9 +247,9 @@ def _f(x: float, digits: int = 3) -> str:
 
 
 def _markdown(
-    exp, sweep_rows, bon, bon_mean, curves, family_of, gold_fits, proxy_fits, by_family, init, bootstrap
+    exp, sweep_rows, bon, bon_curves, curves, gold_fits, proxy_fits, by_family, starts, failures, bootstrap
 ):
-    seeds = sorted(init)
+    seeds = sorted({s for st in starts.values() for s in st})
     commits = sorted({r.get("git_commit", "?") for r in sweep_rows} | {b.get("git_commit", "?") for b in bon})
     cpus = sorted({r.get("cpu", "") for r in sweep_rows if r.get("cpu")})
     rm_acc: dict[int, list[float]] = {}
@@ -245,17 +269,20 @@ def _markdown(
         "is its "
         "members' mean): " + ", ".join(f"seed {s} {sum(v) / len(v):.3f}" for s, v in sorted(rm_acc.items())),
         "",
-        "Every gold and proxy value is minus the seed's start (best-of-1 of the warm start on the held-out "
-        "prompts): 0 is where each run began. d = sqrt(KL(pi || pi_init)) in nats^0.5 per response.",
+        "Every gold and proxy value is minus the seed's start under its reward-model configuration "
+        "(best-of-1 of the warm start on the held-out prompts, scored by that configuration's proxy): 0 is "
+        "where each run began. d = sqrt(KL(pi || pi_init)) in nats^0.5 per response.",
         "",
-        "## Best-of-n (the warm start, no training)",
+        "## Best-of-n (the warm start, no training), mean over seeds",
         "",
-        "| n | KL (nats) | d | proxy − start | gold − start |",
-        "|---|---|---|---|---|",
+        "| ranked by | n | KL (nats) | d | proxy − start | gold − start |",
+        "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {b['n']:g} | {_f(b['kl'])} | {_f(b['sqrt_kl'])} | {_f(b['proxy'])} | {_f(b['gold'])} |"
-        for b in bon_mean
+        f"| {label.removeprefix('best-of-n · ')} | {b['n']:g} | {_f(b['kl'])} | {_f(b['sqrt_kl'])} "
+        f"| {_f(b['proxy'])} | {_f(b['gold'])} |"
+        for label, rows in bon_curves.items()
+        for b in rows
     ]
     lines += [
         "",
@@ -288,11 +315,18 @@ def _markdown(
             f"| {label} | {_f(last['kl'])} | {_f(last['d'])} | {_f(last['proxy'])} | {_f(last['gold'])} "
             f"| {fail} |"
         )
+    lines += ["", "## Runs that over-optimised (named, not averaged away)", ""]
+    lines += [
+        f"- {cell} (seed {last['seed']}): gold {_f(start['gold'])} → {_f(last['gold'])} while its proxy "
+        f"rose {_f(start['proxy'])} → {_f(last['proxy'])}, at KL {_f(last['kl'])} nats (last window, "
+        f"step {last['step']:g})"
+        for cell, last, start in failures
+    ] or ["None: no run ended with its gold below its start while its proxy rose."]
     lines += ["", "## Declared predictions (experiment file), checked by the declared method", ""]
     for f in gold_fits:
         pf, gf = proxy_fits[f], gold_fits[f]
         rho = oo.spearman(
-            [p["d"] for p in by_family[f]], [p["proxy"] - init[p["seed"]]["proxy"] for p in by_family[f]]
+            [p["d"] for p in by_family[f]], [p["proxy"] - starts[f][p["seed"]]["proxy"] for p in by_family[f]]
         )
         proxy_ok = pf.alpha > 0 and not pf.interior
         lines.append(
@@ -319,7 +353,8 @@ def _markdown(
         base = next((s for s in singles if s.split(" · ")[0] == f.split(" · ")[0]), None)
         if base is None:
             continue
-        diff, ci = oo.peak_difference(by_family[f], by_family[base], init, bootstrap=bootstrap)
+        # the gold start is the same under every reward model (the same warm start and samples)
+        diff, ci = oo.peak_difference(by_family[f], by_family[base], starts[base], bootstrap=bootstrap)
         verdict = "supported" if ci[0] > 0 else ("refuted" if ci[1] < 0 else "not established")
         lines.append(
             f"- **{f}** vs **{base}**: the ensemble's gold peaks at a larger KL — {verdict} "
