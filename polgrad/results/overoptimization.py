@@ -246,6 +246,9 @@ def draw(
             f"{what} minus its start" + (" (task verifier)" if what == "gold" else " (reward model)")
         )
         ax.set_title(f"{what}" + (": fitted d(alpha - beta d) dashed" if what == "gold" else ""))
-    axes[1].legend(fontsize=6.5, loc="upper left", ncol=1)
+    handles, labels = axes[1].get_legend_handles_labels()  # below the panels: they stay readable
+    fig.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7, frameon=False
+    )
     fig.suptitle(title, fontsize=10)
     save_png(fig, path)
