@@ -158,6 +158,7 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
     assert "the ensemble's gold peaks at a larger KL — supported (d* difference 2," in md
     assert "| 4 | 0.636 | 0.798 | 0.3 | 0.05 |" in md  # best-of-4: KL log 4 - 3/4 = 0.636, d 0.798
     assert "seed 0 0.900, seed 1 0.900" in md and "commits abc1234" in md
+    assert "**Answer.** These 2 seeds cannot answer the question" in md  # a 2-seed design says so
     # a run whose gold ends below its start while its proxy rose is named: the single reward model's
     # unpenalised runs end at d = 5, gold = start + 5 (0.2 - 0.5) = start - 1.5; proxy 1.1 -> 6
     assert "- ppo-0.0-1-s0 (seed 0): gold 0.2 → -1.3 while its proxy rose 1.1 → 6, at KL 25 nats" in md

@@ -360,12 +360,17 @@ def _markdown(
             f"- **{f}** vs **{base}**: the ensemble's gold peaks at a larger KL — {verdict} "
             f"(d* difference {_f(diff)}, paired seed-bootstrap 95% CI [{_f(ci[0])}, {_f(ci[1])}])."
         )
+    answer = (
+        f"**Answer.** These {len(seeds)} seeds cannot answer the question: a bootstrap over "
+        f"{len(seeds)} seeds has at most {len(seeds) ** len(seeds)} distinct resamples, so its intervals describe these warm "
+        "starts, not warm starts in general; the experiment's declared run on 10 other seeds is what would."
+        if len(seeds) < 10
+        else "**Answer.** The verdicts above, per family, are the answer; a prediction not supported by its "
+        "declared test is not claimed."
+    )
     lines += [
         "",
-        f"With {len(seeds)} seeds a bootstrap over seeds has at most {len(seeds) ** len(seeds)} distinct "
-        "resamples: its intervals describe these seeds, not the population of warm starts."
-        if len(seeds) < 10
-        else "",
+        answer,
         "",
         f"![gold and proxy against sqrt(KL)]({exp.name}_gao.png)",
         "",
