@@ -362,7 +362,8 @@ def _markdown(
         )
     answer = (
         f"**Answer.** These {len(seeds)} seeds cannot answer the question: a bootstrap over "
-        f"{len(seeds)} seeds has at most {len(seeds) ** len(seeds)} distinct resamples, so its intervals describe these warm "
+        f"{len(seeds)} seeds has at most {len(seeds) ** len(seeds)} distinct resamples, so its intervals "
+        "describe these warm "
         "starts, not warm starts in general; the experiment's declared run on 10 other seeds is what would."
         if len(seeds) < 10
         else "**Answer.** The verdicts above, per family, are the answer; a prediction not supported by its "
