@@ -4,13 +4,15 @@ For each of `prompts` held-out prompts the warm-start policy samples N responses
 temperature, top_p and token budget); the run's reward model (or ensemble, combined as the run
 combines it) scores each, the proxy, and the task's verifier scores each, the gold. Best-of-n
 picks, among n responses, the one the proxy ranks highest. Its expected proxy and gold are
-estimated without bias from the N samples of a prompt (`best_of_n_means`), and its KL to the
-policy it samples from is the closed form `kl_best_of_n(n) = log n - (n - 1) / n` nats per
-response (Stiennon et al. 2020, appendix; Gao et al. 2023, "Scaling Laws for Reward Model
-Overoptimization", section 2: the KL of best-of-n, exact for distinct samples, else an upper bound).
+estimated without bias from the N samples of a prompt (`best_of_n_means`). Its KL to the policy it
+samples from is at most `kl_best_of_n(n) = log n - (n - 1) / n` nats per response (Stiennon et al.
+2020, appendix; Gao et al. 2023, "Scaling Laws for Reward Model Overoptimization", section 2), with
+equality only for a policy without atoms; a small model's policy puts much of its mass on a few
+responses, so the rows' `kl` is the plug-in estimate from the samples (`kl_best_of_n_sampled`) and
+the bound is kept beside it (`kl_bound`).
 
     best_of_n(cfg, algo, task, ns=..., prompts=..., samples=..., seed=...) -> rows, one per n:
-        {"n", "kl", "sqrt_kl", "proxy", "gold", "prompts", "samples"}
+        {"n", "kl", "sqrt_kl", "kl_bound", "proxy", "gold", "prompts", "samples"}
 """
 
 from __future__ import annotations
@@ -31,11 +33,35 @@ from polgrad.tasks.rewards import RewardGuard
 
 
 def kl_best_of_n(n: int) -> float:
-    """KL(best-of-n || pi) = log n - (n - 1) / n nats per response (Stiennon et al. 2020; Gao et al.
-    2023, section 2). n = 1: 0. Exact when the n samples' proxy scores are distinct."""
+    """The bound KL(best-of-n || pi) <= log n - (n - 1) / n nats per response (Stiennon et al. 2020;
+    Gao et al. 2023, section 2; Beirami et al. 2024). n = 1: 0. Equality for a policy without atoms
+    (no response has positive probability), e.g. a continuous one."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"best-of-n needs n >= 1 (an integer), got {n!r}")
     return math.log(n) - (n - 1) / n
+
+
+def kl_best_of_n_sampled(proxy: Tensor, n: int) -> float:
+    """Plug-in estimate of KL(best-of-n || pi) from N samples per prompt, in nats per response.
+
+    proxy [P,N]. Within a prompt, samples with the same proxy score are one outcome (identical
+    responses score alike); outcome i of the ascending order has empirical probability p_i = c_i / N
+    and cumulative F_i. Best-of-n of the empirical policy picks it with q_i = F_i^n - F_{i-1}^n, and
+    KL = sum_i q_i log(q_i / p_i), averaged over prompts. A policy that puts real mass on a few
+    responses gets a KL below `kl_best_of_n(n)`, the bound for a policy with no atoms (Beirami et al.
+    2024, "Theoretical guarantees on the best-of-n alignment policy"); with N distinct samples it is
+    the bound's discrete analogue (it tends to it as N grows)."""
+    if proxy.dim() != 2:
+        raise ShapeError(f"kl_best_of_n_sampled: proxy must be [P,N], got {tuple(proxy.shape)}")
+    kl_best_of_n(n)  # checks n
+    total = 0.0
+    for row in proxy.double():
+        _, counts = torch.unique(row, sorted=True, return_counts=True)  # ascending scores
+        p = counts.double() / row.numel()
+        cdf = p.cumsum(0).clamp(max=1.0)
+        q = cdf**n - torch.cat([cdf.new_zeros(1), cdf[:-1]]) ** n
+        total += float(torch.where(q > 0, q * torch.log(q / p), torch.zeros_like(q)).sum())
+    return total / proxy.shape[0]
 
 
 def best_of_n_means(proxy: Tensor, gold: Tensor, n: int) -> tuple[float, float]:
@@ -80,7 +106,8 @@ def best_of_n(
     """The best-of-n rows of the run `cfg` describes (its warm start, reward model(s), combine, sampling).
 
     `samples` responses for each of the first `prompts` held-out prompts, sampled `chunk` prompts at a
-    time with generator seed `seed` (+ chunk index); one row per n in `ns` (each <= samples)."""
+    time (chunk j with generator seed seed * 1000003 + j); one row per n in `ns` (each <= samples):
+    `kl` the plug-in estimate from the samples (`kl_best_of_n_sampled`), `kl_bound` log n - (n-1)/n."""
     if cfg.reward_source != "reward_model":
         raise ConfigError(
             "best-of-n ranks samples by a reward model: needs train.reward_source = 'reward_model'"
@@ -108,7 +135,7 @@ def best_of_n(
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
                 max_new_tokens=cfg.max_new_tokens,
-                generator_seed=seed + i,
+                generator_seed=seed * 1_000_003 + i // chunk,  # distinct across seeds and chunks
             )
             proxy.append(scorer.proxy(rollout).view(-1, samples))
             gold.append(scorer.gold(rollout, task).view(-1, samples))
@@ -116,12 +143,13 @@ def best_of_n(
     rows = []
     for n in ns:
         p, g = best_of_n_means(proxy_t, gold_t, n)
-        kl = kl_best_of_n(n)
+        kl = kl_best_of_n_sampled(proxy_t, n)
         rows.append(
             {
                 "n": n,
                 "kl": kl,
-                "sqrt_kl": math.sqrt(kl),
+                "sqrt_kl": math.sqrt(max(kl, 0.0)),
+                "kl_bound": kl_best_of_n(n),
                 "proxy": p,
                 "gold": g,
                 "prompts": len(examples),

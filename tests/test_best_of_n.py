@@ -91,3 +91,31 @@ def test_estimator_errors_are_one_line():
         best_of_n_means(torch.zeros(2, 3), torch.zeros(2, 4), 1)
     with pytest.raises(ConfigError, match=r"n = 4 must be in 1\.\.N = 3"):
         best_of_n_means(torch.zeros(2, 3), torch.zeros(2, 3), 4)
+
+
+def test_the_sampled_kl_of_a_policy_with_atoms():
+    # Two equally likely responses (N = 2 samples, distinct scores), n = 2: best-of-2 picks the better
+    # one with q = (1/2)^2 ... F: 1/2, 1 -> q = (1/4, 3/4); KL = 1/4 log(1/4 / 1/2) + 3/4 log(3/4 / 1/2)
+    # = 1/4 log(1/2) + 3/4 log(3/2) = 0.130812 (the bound log 2 - 1/2 = 0.193 overstates it)
+    from polgrad.best_of_n import kl_best_of_n_sampled
+
+    want = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
+    assert kl_best_of_n_sampled(torch.tensor([[0.3, 0.9]], dtype=F64), 2) == pytest.approx(want, abs=1e-12)
+    # the same two responses sampled 3 and 1 times: p = (3/4, 1/4), F = (3/4, 1)
+    # q = (9/16, 7/16); KL = 9/16 log(3/4) + 7/16 log(7/4)
+    got = kl_best_of_n_sampled(torch.tensor([[0.3, 0.3, 0.9, 0.3]], dtype=F64), 2)
+    assert got == pytest.approx(9 / 16 * math.log(3 / 4) + 7 / 16 * math.log(7 / 4), abs=1e-12)
+    # one response every time: best-of-n is the policy itself
+    assert kl_best_of_n_sampled(torch.full((3, 8), 1.5, dtype=F64), 8) == 0.0
+    # n = 1 is the policy
+    assert kl_best_of_n_sampled(torch.randn(4, 16, dtype=F64), 1) == pytest.approx(0.0, abs=1e-15)
+    # many distinct samples: the discrete value approaches the no-atom bound from below
+    many = torch.arange(20_000, dtype=F64).view(1, -1)
+    for n in (2, 16):
+        k = kl_best_of_n_sampled(many, n)
+        assert k <= kl_best_of_n(n) and k == pytest.approx(kl_best_of_n(n), abs=2e-3)
+    # two prompts: the mean of their KLs
+    two = torch.tensor([[0.3, 0.9], [1.0, 1.0]], dtype=F64)
+    assert kl_best_of_n_sampled(two, 2) == pytest.approx(want / 2, abs=1e-12)
+    with pytest.raises(ShapeError, match=r"proxy must be \[P,N\]"):
+        kl_best_of_n_sampled(torch.zeros(3), 2)

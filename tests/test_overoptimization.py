@@ -37,6 +37,8 @@ def test_the_fit_recovers_a_noiseless_curve_and_its_peak():
     assert (alpha, beta) == pytest.approx((0.3, 0.1), abs=1e-12)
     assert oo.peak(alpha, beta) == pytest.approx(1.5, abs=1e-10)
     assert oo.peak(0.3, -0.1) == math.inf and oo.peak(-0.2, 0.1) == 0.0 and math.isnan(oo.peak(math.nan, 1.0))
+    # convex (beta < 0) grows without limit even when it first dips (alpha < 0); a rising line too
+    assert oo.peak(-0.2, -0.1) == math.inf and oo.peak(0.2, 0.0) == math.inf and oo.peak(0.0, 0.0) == 0.0
     assert all(math.isnan(x) for x in oo.fit_curve([0.0, 1.0, 1.0], [0.0, 1.0, 2.0]))  # one distinct d > 0
 
 
@@ -69,8 +71,15 @@ def test_the_seed_bootstrap_brackets_the_peak():
 def test_the_paired_peak_difference():
     init = {s: {"gold": 0.0, "proxy": 0.0} for s in range(3)}
     late, early = _family([0.6] * 3), _family([0.2] * 3)  # peaks at 3 and 1
-    diff, ci = oo.peak_difference(late, early, init, bootstrap=100)
+    diff, ci = oo.peak_difference(late, early, init, init, bootstrap=100)
     assert diff == pytest.approx(2.0, abs=1e-9) and ci == pytest.approx((2.0, 2.0), abs=1e-9)
+    # each family's gold minus its own start: a family whose start (and curve) is shifted by 0.3 keeps
+    # its peak; subtracting the other family's start would move it (no intercept in the fit)
+    shifted = [{**p, "gold": p["gold"] + 0.3} for p in late]
+    moved = {s: {"gold": 0.3, "proxy": 0.0} for s in range(3)}
+    diff, _ = oo.peak_difference(shifted, early, moved, init, bootstrap=20)
+    assert diff == pytest.approx(2.0, abs=1e-9)
+    assert oo.peak_difference(shifted, early, init, init, bootstrap=20)[0] != pytest.approx(2.0, abs=1e-3)
 
 
 def test_spearman():
@@ -128,20 +137,21 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
                             "step": 5 * (i + 1),
                             "kl": d * d,
                             "d": d,
-                            "proxy": 1.0 + d,
+                            "proxy": (1.0 if ens == "1" else -3.0) + d,  # the ensemble's own scale
                             "gold": start[seed] + d * (alpha - 0.1 * d),
                         }
                     )
         for ens, n in ((e, n) for e in ("1", "4") for n in (1, 4)):  # the same samples under both
-            kl = math.log(n) - (n - 1) / n
+            bound = math.log(n) - (n - 1) / n
             bon.append(
                 {
                     "seed": seed,
                     "train.rm_ensemble": ens,
                     "n": n,
-                    "kl": kl,
-                    "sqrt_kl": math.sqrt(kl),
-                    "proxy": 1.0 + n / 10,
+                    "kl": bound / 2,  # a sampled estimate below the bound
+                    "sqrt_kl": math.sqrt(bound / 2),
+                    "kl_bound": bound,
+                    "proxy": (1.0 if ens == "1" else -3.0) + n / 10,
                     "gold": start[seed] + (0.05 if n == 4 else 0.0),
                     "git_commit": "abc1234",
                 }
@@ -153,13 +163,56 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
     assert (tmp_path / "oo_gao.png").stat().st_size > 10_000
     assert "| ppo · rm_ensemble 1 | 2 | 18 | 0.2 | 0.1 | 1 | 1 | [1, 1] | 5 | yes |" in md
     assert "| ppo · rm_ensemble 4 | 2 | 18 | 0.6 | 0.1 | 3 | 9 | [3, 3] | 5 | yes |" in md
-    assert "proxy rises monotonically with KL — holds" in md
+    # each configuration's proxy minus its own start (1.1 single, -2.9 ensemble): both rise as d - 0.1;
+    # the single model's start under the ensemble would make it d - 4.1, which does not rise
+    assert md.count("proxy rises monotonically with KL — holds") == 2
     assert md.count("the fitted peak and its 95% CI lie inside (0, d max)") == 2
     assert "the ensemble's gold peaks at a larger KL — supported (d* difference 2," in md
-    assert "| 4 | 0.636 | 0.798 | 0.3 | 0.05 |" in md  # best-of-4: KL log 4 - 3/4 = 0.636, d 0.798
+    # best-of-4: the sampled KL 0.318 (half the bound log 4 - 3/4 = 0.636), d = sqrt(0.318) = 0.564
+    assert "| rm_ensemble 1 | 4 | 0.318 | 0.636 | 0.564 | 0.3 | 0.05 |" in md
+    assert "| rm_ensemble 4 | 4 | 0.318 | 0.636 | 0.564 | 0.3 | 0.05 |" in md
+    assert "the start used here: best-of-1 (" in md
     assert "seed 0 0.900, seed 1 0.900" in md and "commits abc1234" in md
     assert "**Answer.** These 2 seeds cannot answer the question" in md  # a 2-seed design says so
     # a run whose gold ends below its start while its proxy rose is named: the single reward model's
     # unpenalised runs end at d = 5, gold = start + 5 (0.2 - 0.5) = start - 1.5; proxy 1.1 -> 6
     assert "- ppo-0.0-1-s0 (seed 0): gold 0.2 → -1.3 while its proxy rose 1.1 → 6, at KL 25 nats" in md
     assert "- ppo-0.0-1-s1 (seed 1): gold 0.4 → -1.1" in md and "ppo-0.0-4-s0 (seed 0)" not in md
+
+
+def test_without_best_of_n_the_start_is_the_runs_first_step(tmp_path):
+    """No best-of-n rows: each seed's start is its runs' step-0 point (their first step samples the warm
+    start), and the md says so; with neither, one line naming the file and what to run."""
+    from types import SimpleNamespace
+
+    from polgrad.errors import PolgradError
+    from polgrad.sweep.overoptimization import report
+
+    exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
+    points = [
+        {
+            "cell_id": f"c{s}",
+            "spec": "ppo",
+            "seed": s,
+            "Algorithm.kl_coef": "0.1",
+            "step": 5 * i,
+            "kl": d * d,
+            "d": d,
+            "proxy": d,
+            "gold": 0.5 + d * (0.4 - 0.1 * d),
+        }
+        for s in (0, 1)
+        for i, d in enumerate((0.0, 0.5, 1.0, 2.0, 3.0, 4.0))
+    ]
+    _write(tmp_path / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}])
+    _write(tmp_path / "oo_points.csv", points)
+    (tmp_path / "oo_best_of_n.csv").write_text("seed,n,kl,sqrt_kl,kl_bound,proxy,gold\n")
+    md = report(exp, tmp_path, bootstrap=20).read_text()
+    # gold start 0.5 (step 0) subtracted: d (0.4 - 0.1 d), peak at 2
+    assert "the start used here: first step (" in md and "| ppo | 2 | 12 | 0.4 | 0.1 | 2 | 4 |" in md
+    _write(tmp_path / "oo_points.csv", [p for p in points if p["step"] != 0])
+    with pytest.raises(
+        PolgradError, match=r"oo_best_of_n\.csv: no best-of-1 row and no step-0 point for seed 0"
+    ) as e:
+        report(exp, tmp_path, bootstrap=20)
+    assert "\n" not in str(e.value)

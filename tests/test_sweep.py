@@ -790,3 +790,35 @@ def test_an_experiment_that_includes_another_inherits_it_and_overrides(tmp_path)
     loop.write_text("include 'loop.gin'\n" + body)
     with pytest.raises(ConfigError, match="include each other in a cycle"):
         sweep.load_experiment(str(loop))
+
+
+def test_an_inherited_experiment_means_the_same_files_from_another_folder(tmp_path, monkeypatch):
+    """The parent's include and specs are rebased (a decoy spec of the same name beside the pilot is not
+    taken), the pilot names its own results, and its cell ids do not depend on where the checkout lives
+    or which folder the sweep is started from."""
+    import shutil
+
+    def tree(root: Path) -> Path:
+        (root / "a").mkdir(parents=True)
+        (root / "b").mkdir()
+        shutil.copy(DATA / "base_fake.gin", root / "a" / "base.gin")
+        shutil.copy(DATA / "spec_a.gin", root / "a" / "myspec.gin")
+        (root / "b" / "myspec.gin").write_text("fake_train.steps = 99\n")  # a decoy: not the parent's spec
+        (root / "a" / "exp.gin").write_text(
+            "include 'base.gin'\nSweep.name = 'exp'\nSweep.specs = ['myspec.gin']\n"
+            "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [10]\n"
+            "Sweep.seed_binding = 'fake_train.seed'\n"
+        )
+        (root / "b" / "pilot.gin").write_text("include '../a/exp.gin'\nSweep.seeds = [0]\n")
+        return root
+
+    one, two = tree(tmp_path / "one"), tree(tmp_path / "elsewhere" / "two")
+    monkeypatch.chdir(tmp_path)
+    pilot = sweep.load_experiment(str(one / "b" / "pilot.gin"))
+    assert pilot.name == "pilot" and pilot.seeds == [0]  # not the parent's name: its own results
+    assert [Path(p).resolve() for p in pilot.spec_paths] == [(one / "a" / "myspec.gin").resolve()]
+    assert [Path(p).resolve() for p in pilot.include_paths] == [(one / "a" / "base.gin").resolve()]
+    ids_one = [c.id for c in sweep.expand(pilot)]
+    monkeypatch.chdir(two)  # (not two/b: a path is looked up in the working directory first, by design)
+    ids_two = [c.id for c in sweep.expand(sweep.load_experiment("b/pilot.gin"))]
+    assert ids_one == ids_two

@@ -9,8 +9,9 @@ d (alpha - beta d) for best-of-n (their eq. 1; RL fits d (alpha - beta log d)). 
                 metrics rows of kl_exact_seq (the exact KL summed along each sampled response, nats;
                 the reference is the warm start, pi_init), reward_mean (the proxy the run trains on)
                 and gold_reward_mean (the task verifier's score of the same samples)
-    deltas      proxy and gold minus the seed's starting values (`init`: best-of-1 of the warm start on
-                held-out prompts, polgrad.best_of_n; else the run's first row, the warm start's samples)
+    deltas      proxy and gold minus the seed's starting values under the family's reward model
+                (best-of-1 of the warm start on held-out prompts, polgrad.best_of_n; without it, the
+                runs' step-0 point: their first metrics row, sampled from the warm start)
     fit_curve   least squares of delta = d (alpha - beta d) over a family's pooled points (no intercept:
                 delta = 0 at d = 0 by definition)
     peak        d* = alpha / (2 beta), the fitted curve's maximum (beta > 0, alpha > 0); +inf when the
@@ -77,13 +78,14 @@ def fit_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 
 def peak(alpha: float, beta: float) -> float:
     """The maximiser over d >= 0 of d (alpha - beta d): alpha / (2 beta) if both > 0; +inf if the curve
-    never turns down (alpha > 0, beta <= 0); 0 if it never rises (alpha <= 0); nan if unfitted."""
+    grows without limit (beta < 0: convex, whatever alpha; beta = 0 < alpha: a rising line); 0 if it
+    never rises (alpha <= 0 <= beta); nan if unfitted."""
     if math.isnan(alpha) or math.isnan(beta):
         return math.nan
-    if alpha <= 0:
-        return 0.0
-    if beta <= 0:
+    if beta < 0 or (beta == 0 and alpha > 0):  # convex, or a rising line: it grows without limit
         return math.inf
+    if alpha <= 0:  # falls from d = 0 on (beta > 0), or is flat
+        return 0.0
     return alpha / (2.0 * beta)
 
 
@@ -155,22 +157,24 @@ def fit_family(
 def peak_difference(
     points_a: Sequence[Mapping[str, Any]],
     points_b: Sequence[Mapping[str, Any]],
-    init: Mapping[int, Mapping[str, float]],
+    init_a: Mapping[int, Mapping[str, float]],
+    init_b: Mapping[int, Mapping[str, float]],
     *,
     bootstrap: int = BOOTSTRAP,
     rng_seed: int = 0,
 ) -> tuple[float, tuple[float, float]]:
-    """d*(a) - d*(b) of the gold fits and its bootstrap CI, the seeds resampled together (paired: the
-    same resampled seeds for both families). Infinite peaks make the difference +-inf (kept, so the CI
-    says when a family's curve did not turn down)."""
+    """d*(a) - d*(b) of the gold fits (each family's gold minus its own start, `init_a`, `init_b`) and its
+    bootstrap CI, the seeds resampled together (paired: the same resampled seeds for both families).
+    Infinite peaks make the difference +-inf (kept, so the CI says when a family's curve did not turn
+    down)."""
     seeds = sorted({p["seed"] for p in points_a} & {p["seed"] for p in points_b})
 
-    def d_star(points, chosen):
+    def d_star(points, init, chosen):
         pts = [p for s in chosen for p in points if p["seed"] == s]
         return peak(*fit_curve(*_deltas(pts, init, "gold")))
 
     def diff(chosen):
-        a, b = d_star(points_a, chosen), d_star(points_b, chosen)
+        a, b = d_star(points_a, init_a, chosen), d_star(points_b, init_b, chosen)
         return math.nan if math.isinf(a) and math.isinf(b) and a == b else a - b
 
     rng = np.random.default_rng(rng_seed)

@@ -18,6 +18,7 @@ from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError, did_you_mean
 from polgrad.sweep import budget as _budget
 from polgrad.sweep.budget import Budget
+from polgrad.sweep.inherit import inherit, resolve_path
 from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
 
 # The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
@@ -85,19 +86,6 @@ class Experiment:
 
 def _fail(file: str, where: str, msg: str) -> ConfigError:
     return ConfigError(f"{file}: {where}: {msg}" if where else f"{file}: {msg}")
-
-
-def resolve_path(path: str, experiment_file: str) -> str | None:
-    """`path` as given, else relative to the experiment file's folder, else to its parents."""
-    p = Path(path).expanduser()
-    if p.is_absolute():
-        return str(p) if p.is_file() else None
-    if p.is_file():
-        return str(p.resolve())
-    for folder in [Path(experiment_file).resolve().parent, *Path(experiment_file).resolve().parents]:
-        if (folder / p).is_file():
-            return str(folder / p)
-    return None
 
 
 def _check_key(file: str, where: str, key: Any) -> str:
@@ -364,43 +352,13 @@ def _firsts(keys, vals):
     return zip(keys, first if len(keys) > 1 else (first,), strict=True)
 
 
-def _inherit(file, includes, imports, fixed, params, lines, depth: int = 0):
-    """An include that is itself an experiment (it sets Sweep parameters) is inherited, not passed to gin:
-    its includes, imports, bindings and Sweep parameters come first and this file's override them
-    (a pilot is its experiment with other seeds and another name: the cells cannot drift apart)."""
-    out_includes, out_imports, out_fixed, out_params = [], [], [], {}
-    for inc, line in includes:
-        found = resolve_path(inc, file)
-        parent = _read_statements(found, Path(found).read_text()) if found is not None else None
-        if parent is None or not parent[3]:  # not found (reported later) or a plain config file
-            out_includes.append((inc, line))
-            continue
-        if depth >= 8:
-            raise _fail(file, f"line {line}: include '{inc}'", "experiments include each other in a cycle")
-        p_includes, p_imports, p_fixed, p_params, _ = _inherit(found, *parent, depth=depth + 1)
-        # the parent's includes as paths from here (they were written relative to the parent)
-        for p_inc, _p_line in p_includes:
-            resolved = resolve_path(p_inc, found)
-            out_includes.append((resolved if resolved is not None else p_inc, line))
-        out_imports += [i for i in p_imports if i not in out_imports]
-        out_fixed += p_fixed
-        out_params.update(p_params)
-    out_params.update(params)
-    return (
-        out_includes,
-        out_imports + [i for i in imports if i not in out_imports],
-        out_fixed + fixed,
-        out_params,
-        lines,
-    )
-
-
 def load_experiment(path: str) -> Experiment:
     """Read and check an experiment file (syntax and Sweep parameters; bindings are checked later)."""
     file = str(path)
     if not Path(file).is_file():
         raise ConfigError(f"{file}: experiment file not found")
-    includes, imports, fixed, params, lines = _inherit(file, *_read_statements(file, Path(file).read_text()))
+    statements = _read_statements(file, Path(file).read_text())
+    includes, imports, fixed, params, lines = inherit(file, statements, _read_statements, _fail)
 
     def param(name):
         return params.get(name, SWEEP_DEFAULTS[name])

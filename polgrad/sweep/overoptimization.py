@@ -112,6 +112,10 @@ def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[st
             )
         base = {"cell_id": r["cell_id"], "spec": r["spec"], "seed": int(r["seed"])}
         base.update({c: r.get(c, "") for c in swept})
+        first = metrics[0]  # step 1 samples the warm start (KL 0): the run's own start, step 0
+        if all(isinstance(first.get(k), (int, float)) for k in ("reward_mean", "gold_reward_mean")):
+            start = {"proxy": first["reward_mean"], "gold": first["gold_reward_mean"]}
+            rows.append({**base, "step": 0, "kl": 0.0, "d": 0.0, **start})
         rows += [{**base, **p} for p in oo.run_points(metrics)]
     _write_csv(path, rows)
     return rows
@@ -138,7 +142,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     for p in points:
         p["seed"] = int(p["seed"])
     bon = [
-        _num(r, "n", "kl", "sqrt_kl", "proxy", "gold", "seed")
+        _num(r, "n", "kl", "sqrt_kl", "kl_bound", "proxy", "gold", "seed")
         for r in read_rows(results_dir / f"{name}_best_of_n.csv")
     ]
     sweep_rows = read_rows(results_dir / f"{name}.csv")
@@ -156,7 +160,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
         return " · ".join(f"{c.split('.')[-1]} {_short(v)}" for c, v in zip(fam_cols, key, strict=True))
 
     def family(p) -> str:
-        return " · ".join([p["spec"], rm_label(rm_key(p))])
+        return " · ".join(x for x in (p["spec"], rm_label(rm_key(p))) if x)
 
     def control(p) -> str:
         return ", ".join(f"{c.split('.')[-1]} {_short(p[c])}" for c in kl_cols)
@@ -164,15 +168,24 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     # each seed's start under each reward-model configuration: best-of-1 of the warm start (its proxy is
     # that configuration's: an ensemble's worst case is not the single model's score)
     init: dict[tuple, dict[str, float]] = {}
+    start_of: dict[tuple, str] = {}
     for key in sorted({rm_key(p) for p in points}):
         for s in sorted({p["seed"] for p in points}):
             one = [b for b in bon if int(b["seed"]) == s and b["n"] == 1 and rm_key(b) == key]
             if one:
                 init[(s, key)] = {"proxy": one[0]["proxy"], "gold": one[0]["gold"]}
-            else:  # no best-of-n: the first window of its runs (their first steps sample the warm start)
-                mine = [p for p in points if p["seed"] == s and rm_key(p) == key]
-                first = [p for p in mine if p["step"] == min(q["step"] for q in mine)]
-                init[(s, key)] = {k: sum(p[k] for p in first) / len(first) for k in ("proxy", "gold")}
+                start_of[(s, key)] = "best-of-1"
+                continue
+            # no best-of-n: the step-0 points of its runs (their first step samples the warm start)
+            first = [p for p in points if p["seed"] == s and rm_key(p) == key and p["step"] == 0]
+            if not first:
+                raise PolgradError(
+                    f"{results_dir / f'{name}_best_of_n.csv'}: no best-of-1 row and no step-0 point for "
+                    f"seed {s}, {rm_label(key)}: run python -m polgrad.sweep.overoptimization without "
+                    "--report-only"
+                )
+            init[(s, key)] = {k: sum(p[k] for p in first) / len(first) for k in ("proxy", "gold")}
+            start_of[(s, key)] = "first step"
     seeds = sorted({s for s, _ in init})
     families = sorted({family(p) for p in points})
     by_family = {f: [p for p in points if family(p) == f] for f in families}
@@ -213,9 +226,9 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
             mean = {
                 k: sum(b[k] - init[(int(b["seed"]), key)][k] for b in at) / len(at) for k in ("gold", "proxy")
             }
-            bon_curves.setdefault(label, []).append(
-                {"n": n, "sqrt_kl": at[0]["sqrt_kl"], "kl": at[0]["kl"], **mean, "seeds": len(at)}
-            )
+            mean.update({k: sum(b[k] for b in at) / len(at) for k in ("kl", "kl_bound")})
+            mean["sqrt_kl"] = math.sqrt(max(mean["kl"], 0.0))  # the d of the mean KL over seeds
+            bon_curves.setdefault(label, []).append({"n": n, **mean, "seeds": len(at)})
     png = results_dir / f"{name}_gao.png"
     title = f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds"
     oo.draw(png, title, curves, family_of, gold_fits, bon_curves)
@@ -231,7 +244,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
         starts,
         failures,
         bootstrap,
-    )
+    ).replace("{START}", " and ".join(sorted(set(start_of.values()))))
     path = results_dir / f"{name}_gao.md"
     with atomic_path(path, suffix=".md") as tmp:
         tmp.write_text(md)
@@ -269,18 +282,21 @@ def _markdown(
         "is its "
         "members' mean): " + ", ".join(f"seed {s} {sum(v) / len(v):.3f}" for s, v in sorted(rm_acc.items())),
         "",
-        "Every gold and proxy value is minus the seed's start under its reward-model configuration "
-        "(best-of-1 of the warm start on the held-out prompts, scored by that configuration's proxy): 0 is "
-        "where each run began. d = sqrt(KL(pi || pi_init)) in nats^0.5 per response.",
+        "Every gold and proxy value is minus the seed's start under its reward-model configuration, "
+        "scored by that configuration's proxy; the start used here: {START} (best-of-1: the warm start's "
+        "samples on the held-out prompts; first step: the runs' first step, sampled from the warm start). "
+        "d = sqrt(KL(pi || pi_init)) in nats^0.5 per response: for RL the exact KL summed along each "
+        "sampled response; for best-of-n the plug-in estimate from its samples (at most log n − (n−1)/n, "
+        "the column 'bound').",
         "",
         "## Best-of-n (the warm start, no training), mean over seeds",
         "",
-        "| ranked by | n | KL (nats) | d | proxy − start | gold − start |",
-        "|---|---|---|---|---|---|",
+        "| ranked by | n | KL (nats) | bound | d | proxy − start | gold − start |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {label.removeprefix('best-of-n · ')} | {b['n']:g} | {_f(b['kl'])} | {_f(b['sqrt_kl'])} "
-        f"| {_f(b['proxy'])} | {_f(b['gold'])} |"
+        f"| {label.removeprefix('best-of-n · ')} | {b['n']:g} | {_f(b['kl'])} | {_f(b['kl_bound'])} "
+        f"| {_f(b['sqrt_kl'])} | {_f(b['proxy'])} | {_f(b['gold'])} |"
         for label, rows in bon_curves.items()
         for b in rows
     ]
@@ -328,10 +344,10 @@ def _markdown(
         rho = oo.spearman(
             [p["d"] for p in by_family[f]], [p["proxy"] - starts[f][p["seed"]]["proxy"] for p in by_family[f]]
         )
-        proxy_ok = pf.alpha > 0 and not pf.interior
+        proxy_ok = pf.alpha > 0 and not pf.interior  # rises at first, and no peak inside the data
         lines.append(
             f"- **{f}**: proxy rises monotonically with KL — "
-            + ("holds" if proxy_ok and rho > 0 else "does not hold")
+            + ("holds" if proxy_ok else "does not hold")
             + f" (proxy fit peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; "
             f"Spearman rho(d, proxy) {_f(rho)})."
             + " Gold peaks at an intermediate KL — "
@@ -353,8 +369,9 @@ def _markdown(
         base = next((s for s in singles if s.split(" · ")[0] == f.split(" · ")[0]), None)
         if base is None:
             continue
-        # the gold start is the same under every reward model (the same warm start and samples)
-        diff, ci = oo.peak_difference(by_family[f], by_family[base], starts[base], bootstrap=bootstrap)
+        diff, ci = oo.peak_difference(
+            by_family[f], by_family[base], starts[f], starts[base], bootstrap=bootstrap
+        )
         verdict = "supported" if ci[0] > 0 else ("refuted" if ci[1] < 0 else "not established")
         lines.append(
             f"- **{f}** vs **{base}**: the ensemble's gold peaks at a larger KL — {verdict} "
