@@ -291,3 +291,30 @@ def test_ties_go_to_the_first_value_and_unfinished_values_rank_last(tmp_path):
     # nothing finished: the first value, said so
     got = chosen({})
     assert got["chosen"] == {"fake_train.lr": "0.1"} and got["note"]
+
+
+def test_with_a_budget_the_choice_reads_the_tuning_cells_that_ran(tmp_path):
+    """Sweep.budget puts its bindings into each validated cell's id; the tuning groups must name those
+    ids, or the choice finds no row of a run that finished ok and binds the first value for every
+    configuration (what happened to experiments/ppo_on_add.gin at 76bb1ac: '0 of 3 runs ok' under
+    all-ok runs)."""
+    path = tmp_path / "exp.gin"
+    path.write_text(
+        f"include '{REPO / 'experiments' / 'base_tiny.gin'}'\n"
+        "Sweep.specs = ['registry/grpo.gin']\nSweep.seeds = [0]\n"
+        "Sweep.budget = ('sampled_sequences', 64)\n"
+        "Sweep.tuning = {'seeds': [100, 101], 'grid': {'train.lr': [3e-5, 1e-4]}}\n"
+    )
+    exp, _ = prepare(str(path))
+    plan = exp.tuning
+    running = {c.id for c in plan.cells}
+    named = [i for g in plan.groups for _, ids in g.values for i in ids]
+    assert sorted(named) == sorted(running) and len(named) == 4
+    rows = {
+        i: {"status": "ok", "eval_accuracy": "0.9" if c.swept[-1] == ("train.lr", "0.0001") else "0.1"}
+        for c in plan.cells
+        for i in [c.id]
+    }
+    record = tuning.choose(exp, rows)
+    assert record["configurations"][0]["chosen"] == {"train.lr": "0.0001"}
+    assert record["configurations"][0]["note"] == ""

@@ -193,6 +193,11 @@ def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_mo
         tuning=None,
     )
     t_cells = validate(t_exp, out, train_module)
+    # Sweep.budget's bindings go into a validated cell's id (grid.with_budget): the groups must name the
+    # cells that run, else the choice finds none of their rows and falls back to the first value
+    renamed = {before.id: after.id for before, after in zip(out, t_cells, strict=True)}
+    for g in groups:
+        g.values[:] = [(tuned, [renamed[i] for i in ids]) for tuned, ids in g.values]
     evaluation = [
         dataclasses.replace(c, not_read=tuple((k, w) for k, w in c.not_read if k not in asked)) for c in cells
     ]
