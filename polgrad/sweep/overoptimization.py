@@ -398,15 +398,20 @@ def _markdown(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m polgrad.sweep.overoptimization", description=__doc__.split("\n")[0]
+        prog="python -m polgrad.sweep.overoptimization",
+        description="After a sweep of an experiment trained on a learned reward model: best-of-n per seed, "
+        "the runs' gold and proxy against sqrt(KL), Gao-style fits with seed-bootstrap CIs, "
+        "results/<name>_gao.md and .png (see the module docstring).",
     )
-    parser.add_argument("experiment")
-    parser.add_argument("--results", default="results")
+    parser.add_argument("experiment", help="experiment gin file, e.g. experiments/overoptimization.gin")
+    parser.add_argument("--results", default="results", help="results folder (default: results)")
     parser.add_argument("--prompts", type=int, default=64, help="held-out prompts of best-of-n (default 64)")
     parser.add_argument(
         "--samples", type=int, default=64, help="samples per prompt of best-of-n (default 64)"
     )
-    parser.add_argument("--bootstrap", type=int, default=oo.BOOTSTRAP)
+    parser.add_argument(
+        "--bootstrap", type=int, default=oo.BOOTSTRAP, help=f"seed resamples (default {oo.BOOTSTRAP})"
+    )
     parser.add_argument("--report-only", action="store_true", help="only step 3, from the committed CSVs")
     args = parser.parse_args(argv)
     try:
