@@ -26,6 +26,7 @@ from torch import Tensor
 
 from polgrad import build, config, models
 from polgrad.algorithm import Algorithm
+from polgrad.checks import is_int
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.models.threads import default_num_threads, torch_threads
 from polgrad.rollout import hf as hf_rollout
@@ -36,7 +37,7 @@ def kl_best_of_n(n: int) -> float:
     """The bound KL(best-of-n || pi) <= log n - (n - 1) / n nats per response (Stiennon et al. 2020;
     Gao et al. 2023, section 2; Beirami et al. 2024). n = 1: 0. Equality for a policy without atoms
     (no response has positive probability), e.g. a continuous one."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if not is_int(n) or n < 1:
         raise ConfigError(f"best-of-n needs n >= 1 (an integer), got {n!r}")
     return math.log(n) - (n - 1) / n
 
@@ -114,7 +115,7 @@ def best_of_n(
         )
     if cfg.lora is not None:
         raise ConfigError("best-of-n loads the full reward model: run it with train.lora_r = 0")
-    if not ns or any(not isinstance(n, int) or not 1 <= n <= samples for n in ns):
+    if not ns or any(not is_int(n) or not 1 <= n <= samples for n in ns):
         raise ConfigError(
             f"best-of-n: every n must be an integer in 1..{samples} (the samples per prompt), got {ns}"
         )

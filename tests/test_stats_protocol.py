@@ -309,7 +309,19 @@ def test_the_md_ends_with_one_answer():
 
 
 # ----------------------------------------------------------------- the committed CSVs
-@pytest.mark.parametrize("csv", sorted((REPO / "results").glob("*.csv")), ids=lambda p: p.stem)
+# The over-optimisation analysis's own CSVs (python -m polgrad.sweep.overoptimization) are no sweep's
+ANALYSIS = ("_best_of_n", "_points")
+SWEEP_CSVS = sorted(p for p in (REPO / "results").glob("*.csv") if not p.stem.endswith(ANALYSIS))
+
+
+def test_the_analysis_csvs_sit_beside_their_sweeps_csv():
+    for p in (REPO / "results").glob("*.csv"):
+        if p.stem.endswith(ANALYSIS):
+            sweep_csv = p.with_name(p.stem.removesuffix("_best_of_n").removesuffix("_points") + ".csv")
+            assert sweep_csv in SWEEP_CSVS, p
+
+
+@pytest.mark.parametrize("csv", SWEEP_CSVS, ids=lambda p: p.stem)
 def test_the_committed_csvs_give_mds_without_tied_and_value_init_names_its_collapse(csv):
     """The md each committed CSV gives with today's code (written nowhere): no 'tied'; value_init's
     names its collapse; every md ends with its answer."""

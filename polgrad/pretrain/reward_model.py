@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from polgrad.checks import is_int
 from polgrad.errors import ConfigError, DataError
 from polgrad.models.cache import (
     MODEL_CODE_VERSION,
@@ -116,7 +117,7 @@ def train_reward_model(
     """
     if isinstance(task, str):
         task = make_task(task, None)
-    if not isinstance(member, int) or isinstance(member, bool) or member < 0:
+    if not is_int(member) or member < 0:
         raise ConfigError(f"train_reward_model: member must be an integer >= 0, got {member!r}")
     if pairs < 1 or steps < 0 or batch_size < 1 or not lr > 0:
         raise ConfigError(
