@@ -216,3 +216,53 @@ def test_without_best_of_n_the_start_is_the_runs_first_step(tmp_path):
     ) as e:
         report(exp, tmp_path, bootstrap=20)
     assert "\n" not in str(e.value)
+
+
+def test_the_points_of_a_run_start_at_its_first_step(tmp_path):
+    """points_stage: each ok cell's metrics.jsonl becomes a step-0 point (its first row: sampled from the
+    warm start, KL 0) and then windows of WINDOW steps; a cell that is not ok is left out."""
+    import json
+    from types import SimpleNamespace
+
+    from polgrad.sweep.overoptimization import points_stage
+
+    exp = SimpleNamespace(name="oo", swept_columns=["Algorithm.kl_coef"])
+    run = tmp_path / "oo" / "runs" / "c0"
+    run.mkdir(parents=True)
+    rows = [
+        {
+            "step": s,
+            "kl_exact_seq": 0.0 if s == 1 else 0.1 * s,
+            "reward_mean": float(s),
+            "gold_reward_mean": 0.5,
+        }
+        for s in range(1, 11)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write(
+        tmp_path / "oo.csv",
+        [
+            {
+                "cell_id": "c0",
+                "spec": "ppo",
+                "seed": 3,
+                "Algorithm.kl_coef": "0.1",
+                "status": "ok",
+                "run_dir": "oo/runs/c0",
+            },
+            {
+                "cell_id": "c1",
+                "spec": "ppo",
+                "seed": 4,
+                "Algorithm.kl_coef": "0.1",
+                "status": "failed",
+                "run_dir": "x",
+            },
+        ],
+    )
+    pts = points_stage(exp, tmp_path, tmp_path / "oo_points.csv")
+    assert [p["step"] for p in pts] == [0, 5, 10] and {p["cell_id"] for p in pts} == {"c0"}
+    assert (pts[0]["d"], pts[0]["kl"], pts[0]["proxy"], pts[0]["gold"]) == (0.0, 0.0, 1.0, 0.5)
+    # steps 1-5: kl (0 + 0.2 + 0.3 + 0.4 + 0.5) / 5 = 0.28, proxy mean 3
+    assert pts[1]["kl"] == pytest.approx(0.28, abs=1e-12) and pts[1]["proxy"] == 3.0
+    assert (tmp_path / "oo_points.csv").read_text().count("\n") == 4  # header + 3 points
