@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks.numerics import unpadded_rollout
 from benchmarks.timing import patched
-from benchmarks.trl_run import _trl_reward_fn
+from benchmarks.trl_run import _trl_reward_fn, quiet_args
 from benchmarks.workload import REPO_ROOT, Workload
 
 BETA = 0.05  # TRL RLOOConfig's default beta; polgrad: kl.k1 in the reward at this coefficient
@@ -90,15 +90,8 @@ def rloo_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
         num_iterations=1,
         normalize_advantages=False,
         learning_rate=w.lr,
-        max_steps=1,
-        logging_strategy="no",
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        log_completions=False,
-        seed=w.seed,
         bf16=False,
-        dataloader_num_workers=0,
+        **quiet_args(w, 1),
     )
     policy_trl.config._name_or_path = model_dir  # where TRL loads its reference model from
     dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in examples])

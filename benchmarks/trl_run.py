@@ -52,6 +52,16 @@ def trl_config(w: Workload, out_dir: str, steps: int):
         adam_beta2=0.999,
         adam_epsilon=1e-8,
         max_grad_norm=w.grad_clip,
+        bf16=w.bf16,
+        fp16=False,
+        **quiet_args(w, steps),
+    )
+
+
+def quiet_args(w: Workload, steps: int) -> dict[str, Any]:
+    """What every TRL trainer of the bench is given alike: `steps` optimizer steps, the workload's seed,
+    and no logging, checkpoints, trackers, progress bars or data-loader workers."""
+    return dict(
         max_steps=steps,
         logging_strategy="no",
         save_strategy="no",
@@ -59,8 +69,6 @@ def trl_config(w: Workload, out_dir: str, steps: int):
         disable_tqdm=True,
         log_completions=False,
         seed=w.seed,
-        bf16=w.bf16,
-        fp16=False,
         dataloader_num_workers=0,
     )
 

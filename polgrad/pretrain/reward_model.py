@@ -155,22 +155,8 @@ def train_reward_model(
         if tmp is None:
             return str(final), float(read_info(final)["stats"]["heldout_pairwise_accuracy"])
         with torch_threads(threads or default_num_threads()):
-            acc = _train_rm(
-                task,
-                policy,
-                train,
-                heldout,
-                steps,
-                batch_size,
-                lr,
-                seed,
-                progress,
-                key_fields,
-                key,
-                tmp,
-                lora,
-                member,
-            )
+            options = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, lora=lora, member=member)
+            acc = _train_rm(task, policy, train, heldout, options, progress, key_fields, key, tmp)
     return str(final), acc
 
 
@@ -179,24 +165,13 @@ def _member_seed(seed: int, member: int) -> int:
     return (seed * 1_000_003 + member) % 2**31
 
 
-def _train_rm(
-    task,
-    policy,
-    train,
-    heldout,
-    steps,
-    batch_size,
-    lr,
-    seed,
-    progress,
-    key_fields,
-    key,
-    tmp,
-    lora=None,
-    member=0,
-) -> float:
-    """The Bradley-Terry run behind `train_reward_model`: train, evaluate, write into `tmp`."""
+def _train_rm(task, policy, train, heldout, options: dict, progress, key_fields, key, tmp) -> float:
+    """The Bradley-Terry run behind `train_reward_model`: train, evaluate, write into `tmp`. `options`:
+    its steps, batch_size, lr, seed, lora and member, as `train_reward_model` was given them."""
     from tqdm.auto import tqdm
+
+    steps, batch_size, lr, seed = options["steps"], options["batch_size"], options["lr"], options["seed"]
+    lora, member = options["lora"], options["member"]
 
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(policy)
