@@ -7,6 +7,8 @@ One command runs, interleaved A B / B A so that machine drift cancels within eac
     numerics     one identical batch through TRL's `_compute_loss` and polgrad's `Algorithm.loss`
     composition  the composed `Algorithm.loss` vs one hand-fused GRPO loss function (same numbers)
     scaling      seconds per step vs group size G and vs completion length L, both frameworks
+    metrics      what each per-step metric (kl_exact, entropy, the row) costs polgrad's step
+                 (benchmarks/metric_cost.py): a table in summary.md and metric_cost.json
     lora         (--only lora, not in the default) PPO with full copies vs PPO with a shared LoRA:
                  peak RSS and s/step side by side (benchmarks/lora_bench.py), --lora-pairs rounds
     --scaling-large  the compare at 16 prompts x G=16 x 128 tokens (every precision), its own CSV
@@ -100,6 +102,7 @@ from typing import Any
 from benchmarks.composition import composition_worker
 from benchmarks.lora_bench import ARMS as LORA_ARMS
 from benchmarks.lora_bench import lora_report, lora_rows, run_ppo, trainable_params
+from benchmarks.metric_cost import metric_cost, metric_report
 from benchmarks.numerics import loss_numerics
 from benchmarks.polgrad_run import run_polgrad
 from benchmarks.report import (
@@ -144,9 +147,11 @@ WORKERS: dict[str, Callable[..., Any]] = {
     "numerics": loss_numerics,
     "composition": composition_worker,
     "peak": matmul_peak,
+    "metrics": metric_cost,
     **{a: (lambda w, model_dir, work, a=a: run_ppo(w, model_dir, work, a)) for a in LORA_ARMS},
 }
 LARGE = dict(prompts=16, group_size=16, max_new_tokens=128)  # --scaling-large
+PARTS = ("compare", "numerics", "composition", "scaling", "metrics", "lora")
 
 
 def _ints(s: str) -> list[int]:
@@ -184,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--only",
-        default="compare,numerics,composition,scaling",
-        help="comma list of parts to run: compare, numerics, composition, scaling, lora (PPO with full "
-        "copies vs shared LoRA: <out>/lora.csv; not in the default)",
+        default="compare,numerics,composition,scaling,metrics",
+        help="comma list of parts to run: compare, numerics, composition, scaling, metrics, lora (PPO with "
+        "full copies vs shared LoRA: <out>/lora.csv; not in the default)",
     )
     ap.add_argument("--frameworks", default="polgrad,trl", help="'polgrad' alone skips TRL")
     ap.add_argument("--lora-pairs", type=int, default=3, help="interleaved rounds of --only lora")
@@ -351,6 +356,18 @@ def main(argv: list[str] | None = None) -> int:
             report += ["", *lines]
             say("\n".join(lines))
 
+        if "metrics" in parts:
+            say("\n[metrics] what each per-step metric costs, and polgrad's step for scale ...")
+            step = run_worker("polgrad", w, model_dir, log_dir)["s_per_step"]
+            cost = run_worker("metrics", w, model_dir, log_dir)
+            cost["s_per_step"] = step
+            atomic_write_text(
+                os.path.join(out, "metric_cost.json"), json.dumps(cost, indent=2, sort_keys=True)
+            )
+            lines = metric_report(cost, step, w)
+            report += ["", *lines]
+            say("\n".join(lines))
+
         if "lora" in parts:
             say(f"\n[lora] {args.lora_pairs} interleaved rounds: PPO full copies vs shared LoRA ...")
             pairs = interleaved(w, model_dir, log_dir, args.lora_pairs, LORA_ARMS, progress=say)
@@ -405,11 +422,9 @@ def _peak_sizes(s: str) -> list[int]:
 
 def _ints_or_names(s: str) -> list[str]:
     names = [x.strip() for x in s.split(",") if x.strip()]
-    bad = [n for n in names if n not in ("compare", "numerics", "composition", "scaling", "lora")]
+    bad = [n for n in names if n not in PARTS]
     if bad:
-        raise SystemExit(
-            f"error: unknown --only parts {bad}; valid: compare, numerics, composition, scaling, lora"
-        )
+        raise SystemExit(f"error: unknown --only parts {bad}; valid: {', '.join(PARTS)}")
     return names
 
 

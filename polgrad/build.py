@@ -158,7 +158,17 @@ def build_models(
         strategy = PolicyEngineCritic(critic)
     else:
         strategy = OwnEngineCritic(dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds))
-    sampler = sampling.make_sampler(cfg, algo, task, out_dir, engine.module, tokenizer, policy_path, seed_of)
+    sampler = sampling.make_sampler(
+        cfg,
+        algo,
+        task,
+        out_dir,
+        engine.module,
+        tokenizer,
+        policy_path,
+        seed_of,
+        keep_distribution=reference is not None,
+    )
     rewards = RewardGuard(
         cfg.reward_errors, cfg.task_name, f"the reward model {rm_path}", timeout_s=cfg.reward_timeout_s
     )

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from polgrad import collective
 from polgrad.components.kl import full as exact_kl_part
+from polgrad.errors import ShapeError
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
 from polgrad.tasks.base import Example
@@ -157,26 +158,48 @@ def read_evals(run_dir: str) -> list[dict]:
 
 @torch.no_grad()
 def exact_kl(
-    policy, reference, rollout, *, temperature: float, max_elements: int = 2**24
+    policy,
+    reference,
+    rollout,
+    *,
+    temperature: float,
+    max_elements: int = 2**24,
 ) -> tuple[Tensor, Tensor]:
     """Per-token KL(π_θ(·|s_t) ‖ π_ref(·|s_t)) over the full vocabulary at each response position [B,T],
     and the reference's log-probs of the sampled tokens [B,T] from the same forward (so the loop
     needs no second reference forward for `ref_logp`).
 
-    Same temperature scaling as the sampler's log-probs. Rows are processed in chunks of at most
-    `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one chunk's logits.
+    Same temperature scaling as the sampler's log-probs. π_θ's side comes from
+    `rollout.policy_logp_all` [B,T,V] when the rollout carries it: the log-softmax the sampler drew
+    each token from (the HF samplers keep it when asked and drop it from a stale rollout, so it is
+    `policy`'s own). Then only the reference runs a forward, and the KL equals the two-forward one up
+    to the float difference between a KV-cached decode and one full forward
+    (tests/test_evaluation.py). Without it, `policy` runs a no-grad forward. Rows are processed in
+    chunks of at most `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one
+    chunk's logits.
     Zero where the rollout's mask is 0.
     """
     b, t = rollout.response_ids.shape
-    vocab = int(getattr(policy.config, "vocab_size", 1) or 1)
+    policy_logp_all = rollout.policy_logp_all
+    vocab = int(getattr(reference.config, "vocab_size", 1) or 1)
+    if policy_logp_all is not None and (policy_logp_all.dim() != 3 or policy_logp_all.shape[:2] != (b, t)):
+        raise ShapeError(
+            f"exact_kl: rollout.policy_logp_all must be [B,T,V] with [B,T]=[{b},{t}] (the rollout's), "
+            f"got {list(policy_logp_all.shape)}"
+        )
     rows_per_chunk = max(1, max_elements // max(1, t * vocab))
     out, ref_logp = [], []
     for rows in torch.arange(b).split(rows_per_chunk):
         ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows])
-        pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, return_logits=True)
         ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, return_logits=True)
-        mask = rollout.mask[rows].to(pol.logp.dtype)
-        out.append(exact_kl_part(pol.logp, ref.logp, mask, logits=pol.logits, ref_logits=ref.logits))
+        if policy_logp_all is None:
+            pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, return_logits=True)
+            pol_logp, pol_logits = pol.logp, pol.logits
+        else:  # log_softmax of a log-softmax is itself: the sampler's distribution serves as logits
+            pol_logits = policy_logp_all[rows].to(ref.logits.dtype)
+            pol_logp = pol_logits.gather(-1, ids[2][..., None]).squeeze(-1)
+        mask = rollout.mask[rows].to(pol_logp.dtype)
+        out.append(exact_kl_part(pol_logp, ref.logp, mask, logits=pol_logits, ref_logits=ref.logits))
         ref_logp.append(ref.logp)
     return torch.cat(out).double(), torch.cat(ref_logp)
 

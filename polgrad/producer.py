@@ -101,12 +101,16 @@ class Producer:
         draw: Callable[[int], tuple[list, dict[str, Any]]],
         saved: dict[int, Weights] | None = None,
         vllm: Any = None,
+        keep_distribution: bool = False,
     ):
         """draw(step) -> (examples, generate() kwargs) of the step's first sampling round, as the
         trainer's collect asks for them; saved: the versions of a resumed run's checkpoint; vllm: the
         run's VLLMRollout, which then samples instead of a copy of `module` and must hold version
-        `start` (the run's starting weights, or those the sampler synced on a resume)."""
-        self.vllm = vllm
+        `start` (the run's starting weights, or those the sampler synced on a resume);
+        keep_distribution: the hf rollouts carry their sampling distributions (`Rollout.policy_logp_all`,
+        within `hf.MAX_KEPT_DISTRIBUTION`), the exact KL's policy side; `sample` drops them from a
+        stale rollout."""
+        self.vllm, self.keep_distribution = vllm, keep_distribution
         self.model = copy.deepcopy(module).eval() if vllm is None else None
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
         self.reloads: list[int] = []  # the versions loaded into the vLLM engine, in order
@@ -157,6 +161,8 @@ class Producer:
             raise req.error
         self.stale = req.version < self.step
         self._staleness += [float(self.step - req.version)] * len(req.rollout)
+        if self.stale:  # its sampling distributions are an older policy's: not the exact KL's π_θ
+            return dataclasses.replace(req.rollout, policy_logp_all=None)
         return req.rollout
 
     def metrics(self, batch) -> dict[str, float]:
@@ -220,8 +226,17 @@ class Producer:
                 req.rollout = self._vllm_sample(req)
                 return
             self.model.load_state_dict(req.weights)
+            rows = len(req.examples) * req.kwargs["group_size"]
+            keep = self.keep_distribution and hf_rollout.distribution_fits(
+                self.model, rows, req.kwargs["max_new_tokens"]
+            )
             req.rollout = hf_rollout.generate(
-                self.model, self.tokenizer, req.examples, own_threads=False, **req.kwargs
+                self.model,
+                self.tokenizer,
+                req.examples,
+                own_threads=False,
+                keep_distribution=keep,
+                **req.kwargs,
             )
         except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
             req.error = e

@@ -70,18 +70,27 @@ def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[s
 
 
 class HFSampler:
-    """Samples with the policy module the trainer updates (Hugging Face generation, polgrad/rollout/hf.py)."""
+    """Samples with the policy module the trainer updates (Hugging Face generation, polgrad/rollout/hf.py).
+
+    `keep_distribution` (the run has a reference, so it measures the exact KL): each rollout carries
+    the distributions its tokens were drawn from (`Rollout.policy_logp_all`), which are the current
+    policy's (this sampler is never stale), so the KL needs only the reference's forward; not when
+    they would exceed `hf_rollout.MAX_KEPT_DISTRIBUTION` elements."""
 
     stale = False
 
-    def __init__(self, module: torch.nn.Module, tokenizer: Any):
-        self.module, self.tokenizer = module, tokenizer
+    def __init__(self, module: torch.nn.Module, tokenizer: Any, keep_distribution: bool = False):
+        self.module, self.tokenizer, self.keep_distribution = module, tokenizer, keep_distribution
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
         pass
 
     def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
-        return hf_rollout.generate(self.module, self.tokenizer, examples, **kwargs)
+        rows = len(examples) * kwargs["group_size"]
+        keep = self.keep_distribution and hf_rollout.distribution_fits(
+            self.module, rows, kwargs["max_new_tokens"]
+        )
+        return hf_rollout.generate(self.module, self.tokenizer, examples, keep_distribution=keep, **kwargs)
 
     def sync(self, module: torch.nn.Module) -> None:
         pass  # it samples with the module itself
@@ -147,8 +156,10 @@ class AsyncSampler:
         tokenizer: Any,
         seed_of: Callable[[int], int],
         vllm: Any = None,
+        keep_distribution: bool = False,
     ):
         self.cfg, self.algo, self.task, self.out_dir = cfg, algo, task, out_dir
+        self.keep_distribution = keep_distribution
         self.module, self.tokenizer, self.seed_of, self.vllm = module, tokenizer, seed_of, vllm
         self.producer: producer.Producer | None = None
 
@@ -175,6 +186,7 @@ class AsyncSampler:
             start=step,
             draw=draw,
             saved=saved,
+            keep_distribution=self.keep_distribution,
         )
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
@@ -215,18 +227,31 @@ def make_sampler(
     tokenizer: Any,
     policy_path: str,
     seed_of: Callable[[int], int],
+    keep_distribution: bool = False,
 ) -> Sampler:
     """The run's sampler (module docstring). A preference spec (DPO) samples nothing: it gets the
     HF sampler, or with train.rollout_backend = 'vllm' the vLLM one (its engine is started, synced on
     a resume and closed, as before, but never sampled from); it is never asynchronous. The vLLM
-    engine loads the starting policy from `policy_path`."""
+    engine loads the starting policy from `policy_path`. `keep_distribution`: the HF sampler keeps
+    the sampling distributions for the exact KL (HFSampler; the async one's hf producer too, and the
+    loop reads them when the rollout is not stale)."""
     vllm = None
     if cfg.rollout_backend == "vllm":
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
         vllm = VLLMRollout(policy_path, seed=cfg.seed)
     if cfg.asynchronous and not algo.offline:
-        return AsyncSampler(cfg, algo, task, out_dir, module, tokenizer, seed_of, vllm=vllm)
+        return AsyncSampler(
+            cfg,
+            algo,
+            task,
+            out_dir,
+            module,
+            tokenizer,
+            seed_of,
+            vllm=vllm,
+            keep_distribution=keep_distribution,
+        )
     if vllm is not None:
         return VLLMSampler(vllm)
-    return HFSampler(module, tokenizer)
+    return HFSampler(module, tokenizer, keep_distribution=keep_distribution)

@@ -231,8 +231,8 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     # Reference log-probs (a frozen model: no_grad keeps autograd from even looking at its forward).
     ref_logp, kl_exact = None, None
     if m.reference is not None:
-        # One reference forward gives ref_logp and, with a policy forward, the exact KL (a metric:
-        # what the estimators approximate).
+        # One reference forward gives ref_logp and the exact KL (a metric: what the estimators
+        # approximate; π_θ's side: the rollout's sampling distributions, or a policy forward).
         with torch.no_grad(), hooks.phase("ref"):
             kl_exact, ref_logp = exact_kl(m.engine.module, m.reference, rollout, temperature=cfg.temperature)
             ref_logp = ref_logp.double()
@@ -250,7 +250,7 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         kl_exact=kl_exact,
         values=values,
         old_values=values,
-        rollout=rollout,
+        rollout=dataclasses.replace(rollout, policy_logp_all=None),  # [B,T,V]: used, not kept
     )
 
 

@@ -381,6 +381,30 @@ def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_the_exact_kl_reads_the_sampling_distributions_of_fresh_rollouts_only(tmp_path, monkeypatch):
+    """A stale rollout's sampling distributions are an older policy's: the exact KL (of the trainer's
+    policy) then runs the policy forward. With k = 2, step 0 is fresh, steps 1-3 stale; the KL equals
+    that of the same run with every distribution dropped (float error on the fresh step only)."""
+    from polgrad import trainer
+    from polgrad.rollout import hf
+
+    used: list[bool] = []
+    real = trainer.exact_kl
+
+    def spy(policy, reference, rollout, **kwargs):
+        used.append(rollout.policy_logp_all is not None)
+        return real(policy, reference, rollout, **kwargs)
+
+    monkeypatch.setattr(trainer, "exact_kl", spy)
+    kept, _ = _train(tmp_path, "kept", ["train.max_staleness = 2"])
+    assert used == [True, False, False, False]
+    monkeypatch.setattr(hf, "MAX_KEPT_DISTRIBUTION", 0)
+    forward, _ = _train(tmp_path, "forward", ["train.max_staleness = 2"])
+    assert [r["kl_exact"] for r in kept[1:]] == [r["kl_exact"] for r in forward[1:]]  # the same forward
+    assert kept[0]["kl_exact"] == pytest.approx(forward[0]["kl_exact"], rel=0, abs=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", ["ppo", "icepop"])
 def test_staleness_two_logs_its_lag_and_keeps_the_behaviour_logprobs(tmp_path, clip):
     bind = ["train.max_staleness = 2", f"Algorithm.clip = @clip.{clip}"]

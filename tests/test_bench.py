@@ -7,6 +7,7 @@ its workload is what it claims (exactly L tokens per completion, the same loss a
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 
@@ -430,3 +431,19 @@ def test_merge_section_replaces_or_appends():
     s = "# t\n\n## A\n\na\n\n## B\n\nb\n"
     assert bench.merge_section(s, ["## A", "", "new"]) == ["# t", "", "## A", "", "new", "", "## B", "", "b"]
     assert bench.merge_section(s, ["## C", "c"])[-2:] == ["## C", "c"]
+
+
+def test_cli_metrics_smoke(tmp_path):
+    """`--only metrics`: each per-step metric's cost beside polgrad's step, in summary.md and a JSON."""
+    out = tmp_path / "out"
+    argv = ["--only", "metrics", "--frameworks", "polgrad", "--steps", "1", "--warmup", "1"]
+    argv += ["-G", "2", "-L", "4", "--prompts", "2", "--threads", "1", *TINY, "--out", str(out)]
+    assert bench.main(argv) == 0
+    res = json.load(open(out / "metric_cost.json"))
+    names = ["kl_exact", "kl_exact, before (policy forward)", "entropy", "the row (step_row)"]
+    assert sorted(res["costs"]) == sorted(names) and res["s_per_step"] > 0
+    for c in res["costs"].values():
+        assert c["min"] <= c["median"] <= c["max"]
+    summary = open(out / "summary.md").read()
+    assert "## What each metric costs (2 prompts x G=2 x 4 tokens, fp32" in summary
+    assert all(f"| {n} |" in summary for n in names)

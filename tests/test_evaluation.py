@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import torch
 
 from polgrad import registry
 from polgrad.components.kl import full
-from polgrad.errors import ConfigError
+from polgrad.errors import ConfigError, ShapeError
 from polgrad.evaluation import Evaluator, exact_kl, read_evals
 from polgrad.results.compare import Comparison
 from polgrad.results.predictions import verdict
@@ -94,6 +95,43 @@ def test_exact_kl_equals_the_full_vocabulary_kl_and_does_not_depend_on_the_chunk
     torch.testing.assert_close(got, by_hand, rtol=0, atol=1e-5)  # fp32 logits: ~1e-6 relative
     assert (got * rollout.mask).sum() > 0 and torch.all(got[rollout.mask == 0] == 0)
     assert full is not None
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_exact_kl_from_the_sampling_distributions_equals_the_policy_forward_one(temperature, top_p):
+    """The loop's exact KL reads π_θ from the distributions the HF sampler drew from (no second policy
+    forward): the same KL as with the policy's own forward, at any temperature / top-p, and keeping
+    them does not change the rollout."""
+    from polgrad.models import build_tiny
+    from polgrad.rollout import hf
+    from polgrad.tasks.base import Example
+
+    task = registry.get("task", "add")()
+    policy, tok = build_tiny(task, seed=0)
+    reference, _ = build_tiny(task, seed=1)
+    examples = [Example("1+2=", "3"), Example("12+3=", "15"), Example("7+70=", "77")]
+    kw = dict(group_size=4, max_new_tokens=6, generator_seed=3, temperature=temperature, top_p=top_p)
+    plain = hf.generate(policy, tok, examples, **kw)
+    kept = hf.generate(policy, tok, examples, keep_distribution=True, **kw)
+    assert plain.policy_logp_all is None
+    assert torch.equal(kept.response_ids, plain.response_ids)
+    assert torch.equal(kept.rollout_logp, plain.rollout_logp)
+    dist = kept.policy_logp_all
+    assert dist.shape == (*kept.response_ids.shape, policy.config.vocab_size)
+    # the sampled tokens' log-probs are read off the kept distributions
+    picked = dist.gather(-1, kept.response_ids[..., None]).squeeze(-1) * kept.mask
+    torch.testing.assert_close(picked, kept.rollout_logp, rtol=0, atol=0)
+    t = kept.temperature or 1.0  # temperature 0: log-probs at temperature 1 (the module docstring)
+    without = dataclasses.replace(kept, policy_logp_all=None)
+    two_forwards, ref_logp = exact_kl(policy, reference, without, temperature=t)
+    one_forward, ref_logp_1 = exact_kl(policy, reference, kept, temperature=t)
+    assert torch.equal(ref_logp_1, ref_logp)  # the same reference forward
+    # fp32: a KV-cached decode and one full forward round differently; the per-token KL (up to ~0.1
+    # nat here) differs by ~2e-7 on this CPU, so 1e-5 absolute leaves 40x room for other CPUs.
+    torch.testing.assert_close(one_forward, two_forwards, rtol=0, atol=1e-5)
+    assert float((two_forwards * kept.mask).sum()) > 0.5  # a real KL, not 0 = 0
+    with pytest.raises(ShapeError, match=r"policy_logp_all must be \[B,T,V\] with \[B,T\]=\[12,"):
+        exact_kl(policy, reference, dataclasses.replace(kept, policy_logp_all=dist[:, :2]), temperature=t)
 
 
 def _cmp(mean: float, p_holm: float, n: int = 5) -> Comparison:

@@ -265,6 +265,15 @@ def test_lora_is_off_by_default():
 FAST = ["train.checkpoint_every = 100", "train.progress = False", "train.eval_size = 16"]
 
 
+def _kl_from_a_policy_forward(monkeypatch) -> None:
+    """The loop's exact KL from a policy forward, not from the sampler's distributions (a KV-cached
+    decode rounds differently, ~1e-9), so that a first-step KL of exactly 0 says: the reference (the
+    adapter disabled) is the policy whose adapter B is still 0, bit for bit."""
+    from polgrad.rollout import hf
+
+    monkeypatch.setattr(hf, "MAX_KEPT_DISTRIBUTION", 0)
+
+
 def _run(tmp_path, bindings, name="run", spec=PPO_LORA):
     from polgrad.config import parse_config
     from polgrad.train import run as train
@@ -280,7 +289,7 @@ def _run(tmp_path, bindings, name="run", spec=PPO_LORA):
 
 
 @pytest.mark.slow
-def test_ppo_with_a_shared_lora_critic_learns(tmp_path):
+def test_ppo_with_a_shared_lora_critic_learns(tmp_path, monkeypatch):
     """registry/ppo_lora.gin on the base task, fixed seed, 40 steps of 16 prompts (PPO samples one
     response per prompt: 16 sequences a step) at lr 5e-4 (LoRA trains at a higher lr than full
     fine-tuning; the paper's GPT-2 runs use 2e-4). The final policy solves more held-out prompts
@@ -290,6 +299,7 @@ def test_ppo_with_a_shared_lora_critic_learns(tmp_path):
     exactly; later it is > 0."""
     binds = ["train.steps = 40", "train.prompts_per_step = 16", "train.lr = 5e-4", "train.eval_every = 100"]
     binds.append("train.eval_size = None")
+    _kl_from_a_policy_forward(monkeypatch)
     summary, rows = _run(tmp_path, binds)
     assert summary["status"] == "ok"
     assert rows[0]["kl_exact"] == 0.0 and rows[-1]["kl_exact"] > 0
@@ -346,7 +356,7 @@ def test_lora_builds_one_backbone_and_one_engine(value_init, adapter):
 @pytest.mark.parametrize(
     "stage, value_init", [(0, "lora"), (2, "shared_lora"), (2, "lora"), (3, "shared_lora"), (3, "lora")]
 )
-def test_lora_trains_through_every_zero_stage(tmp_path, stage, value_init):
+def test_lora_trains_through_every_zero_stage(tmp_path, stage, value_init, monkeypatch):
     """Shared and own-adapter critics train a few steps at ZeRO 0, 2 and 3 (world size 1; ZeRO-3 at
     world size 2 under torchrun was run by hand), the reference exact at step 1, and every stage's
     final/ is a plain causal LM plus the adapter and the critic."""
@@ -355,6 +365,7 @@ def test_lora_trains_through_every_zero_stage(tmp_path, stage, value_init):
         f"Algorithm.value_init = @value_init.{value_init}",
         "train.steps = 2",
     ]
+    _kl_from_a_policy_forward(monkeypatch)
     summary, rows = _run(tmp_path, [*binds, "train.prompts_per_step = 8", "train.eval_every = 100"])
     assert summary["status"] == "ok" and len(rows) == 2
     assert rows[0]["kl_exact"] == 0.0

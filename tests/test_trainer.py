@@ -236,6 +236,48 @@ def test_non_finite_loss_never_reaches_the_optimizer(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.slow
+def test_the_exact_kl_from_the_sampler_equals_the_policy_forwards_and_changes_no_training(
+    tmp_path, monkeypatch
+):
+    """kl_exact reads π_θ from the distributions the HF sampler drew from (on-policy: the same weights)
+    instead of a second, no-grad policy forward. Against the same run with that forward forced (the
+    fallback for vLLM, async and large vocabularies): the weights and every other metric bit-identical
+    (the metric cannot touch training), kl_exact equal to float error."""
+    from polgrad import trainer
+    from polgrad.rollout import hf
+
+    used: list[bool] = []
+    real = trainer.exact_kl
+
+    def spy(policy, reference, rollout, **kwargs):
+        used.append(rollout.policy_logp_all is not None)
+        return real(policy, reference, rollout, **kwargs)
+
+    monkeypatch.setattr(trainer, "exact_kl", spy)
+    spec = os.path.join(REPO, "registry", "ppo.gin")  # KL in the reward, a critic, 2 minibatches
+    kept = run(tmp_path, spec, name="kept")
+    assert used == [True] * 3  # one exact KL per step, each from the sampler's distributions
+    used.clear()
+    monkeypatch.setattr(hf, "MAX_KEPT_DISTRIBUTION", 0)  # too large to keep: the policy forward
+    forward = run(tmp_path, spec, name="forward")
+    assert used == [False] * 3
+    exact = {"kl_exact", "kl_exact_seq"}
+    strip = [{k: v for k, v in r.items() if k not in exact} for r in deterministic(kept)]
+    assert strip == [{k: v for k, v in r.items() if k not in exact} for r in deterministic(forward)]
+    for a, b in zip(kept, forward, strict=True):
+        # per-token KL up to ~1e-2 nat here; a KV-cached decode and a full forward differ by ~1e-7
+        assert a["kl_exact"] == pytest.approx(b["kl_exact"], rel=0, abs=1e-6)
+        assert a["kl_exact_seq"] == pytest.approx(b["kl_exact_seq"], rel=0, abs=1e-5)  # x ~10 tokens
+    assert max(r["kl_exact"] for r in forward) > 1e-4  # the policy moved: a KL to compare
+    w_kept, w_forward = (
+        _policy_after(tmp_path, spec, 3, tmp_path / "kept"),
+        _policy_after(tmp_path, spec, 3, tmp_path / "forward"),
+    )
+    assert w_kept.keys() == w_forward.keys()
+    assert all(torch.equal(w_kept[k], w_forward[k]) for k in w_kept)
+
+
 def _policy_after(tmp_path, spec, steps: int, out=None) -> dict:
     """The policy weights of a run's last DeepSpeed checkpoint, or of the start when steps == 0."""
     from polgrad import models, pretrain

@@ -48,15 +48,28 @@ from polgrad.rollout.rollout import Rollout
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
 
+# The most sampling distributions (B x T x V floats: 128 MiB in fp32) a sampler keeps for the exact
+# KL (`generate(keep_distribution=True)`); above it the loop runs the policy's own no-grad forward
+# for it instead (a large vocabulary, long responses).
+MAX_KEPT_DISTRIBUTION = 2**25
+
+
+def distribution_fits(model, rows: int, max_new_tokens: int) -> bool:
+    """Whether the sampling distributions of `rows` responses of up to `max_new_tokens` tokens fit
+    MAX_KEPT_DISTRIBUTION (the model's config gives the vocabulary)."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    return 0 < rows * max_new_tokens * vocab <= MAX_KEPT_DISTRIBUTION
+
 
 def _sample_tokens(
     logits: Tensor, temperature: float, top_p: float, gen: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    """One token per row from logits [B,V]; returns (token [B], log-prob at the temperature [B])."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One token per row from logits [B,V]; returns (token [B], log-prob at the temperature [B], the
+    temperature-scaled log-softmax [B,V] it was drawn from, before any top-p cut)."""
     if temperature == 0.0:
         logp_all = F.log_softmax(logits, dim=-1)
         token = logits.argmax(-1)
-        return token, logp_all.gather(1, token[:, None]).squeeze(1)
+        return token, logp_all.gather(1, token[:, None]).squeeze(1), logp_all
     logp_all = F.log_softmax(logits / temperature, dim=-1)
     probs = logp_all.exp()
     if top_p < 1.0:
@@ -65,7 +78,7 @@ def _sample_tokens(
         drop[:, 0] = False
         probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
     token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-    return token, logp_all.gather(1, token[:, None]).squeeze(1)
+    return token, logp_all.gather(1, token[:, None]).squeeze(1), logp_all
 
 
 @torch.no_grad()
@@ -82,8 +95,14 @@ def _decode(
     pad_id: int,
     gen: torch.Generator,
     lean: bool = True,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """KV-cache sampling loop -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B]).
+    keep_distribution: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """KV-cache sampling loop -> (response_ids [B,T], mask [B,T], logp [B,T], truncated [B],
+    logp_all [B,T,V] or None).
+
+    `keep_distribution`: also return the temperature-scaled log-softmax over the vocabulary at every
+    response position (what each token was drawn from; the sampling computes it anyway), so the
+    exact KL to the reference needs no second policy forward (`polgrad.evaluation.exact_kl`).
 
     `prompt_ids`/`prompt_mask` [U,P] are the distinct prompts and `rows` [B] the prompt of each row:
     each prompt is prefilled once by the model's own forward and its K/V copied to its rows (a group
@@ -114,12 +133,14 @@ def _decode(
         del cache
     else:
         cache.reorder_cache(rows)
-    tokens, logps = [], []
+    tokens, logps, dists = [], [], []
     synced = _partitioned(model) and collective.world_size() > 1
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ones = torch.ones((b, 1), dtype=attn.dtype, device=device)
     for step in range(max_new_tokens):
-        token, logp = _sample_tokens(logits, temperature, top_p, gen)
+        token, logp, logp_all = _sample_tokens(logits, temperature, top_p, gen)
+        if keep_distribution:
+            dists.append(logp_all)
         token = token.masked_fill(done, pad_id)
         tokens.append(token)
         logps.append(logp.masked_fill(done, 0.0))
@@ -144,7 +165,8 @@ def _decode(
     # 1 up to and including the first EOS: no EOS strictly before position t
     before = is_eos.long().cumsum(1) - is_eos.long()
     mask = (before == 0).float()
-    return response, mask, torch.stack(logps, 1) * mask, ~done
+    logp_all = torch.stack(dists, 1) if keep_distribution else None
+    return response, mask, torch.stack(logps, 1) * mask, ~done, logp_all
 
 
 def _partitioned(model) -> bool:
@@ -178,18 +200,21 @@ def assemble_rollout(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     rows: Tensor,
-    decoded: tuple[Tensor, Tensor, Tensor, Tensor],
+    decoded: tuple[Tensor, ...],
     *,
     eos_id: int,
     temperature: float,
     baseline: Rollout | None = None,
 ) -> Rollout:
-    """The Rollout of `decoded` = (response_ids, mask, logp, truncated) [B,...] for prompts [U,P].
+    """The Rollout of `decoded` = (response_ids, mask, logp, truncated[, logp_all]) [B,...] for
+    prompts [U,P]; `logp_all` [B,T,V] (the sampling distributions, optional) becomes
+    `Rollout.policy_logp_all`.
 
     Row b answers prompt `rows[b]` of `examples`/`prompt_ids` (the layout in the module docstring);
     texts are decoded here. Both backends build their Rollouts, greedy baselines included, with it.
     """
-    response, mask, logp, truncated = decoded
+    response, mask, logp, truncated, *rest = decoded
+    logp_all = rest[0] if rest else None
     row_list = rows.tolist()
     return Rollout(
         prompt_ids=prompt_ids[rows],
@@ -205,6 +230,7 @@ def assemble_rollout(
         temperature=float(temperature),
         baseline_texts=None if baseline is None else list(baseline.texts),
         baseline=baseline,
+        policy_logp_all=logp_all,
     )
 
 
@@ -235,6 +261,7 @@ def generate(
     generator_seed: int,
     lean_decode: bool = True,
     own_threads: bool = True,
+    keep_distribution: bool = False,
 ) -> Rollout:
     """Sample `group_size` responses for each example (KV cache, private RNG); see the module docstring.
 
@@ -245,7 +272,9 @@ def generate(
     `lean_decode=False` forces the generic HF decode
     step even where the static-cache one (static_decode.py) applies. `own_threads=False` leaves the
     thread count alone: the async producer (polgrad/producer.py) decodes in its own thread, and
-    torch.set_num_threads would reach the trainer's thread too.
+    torch.set_num_threads would reach the trainer's thread too. `keep_distribution`: the sampled rows'
+    Rollout carries `policy_logp_all` [B,T,V], the distribution each token was drawn from (the greedy
+    baseline's does not).
     """
     check_generate_args(examples, group_size, max_new_tokens, temperature, top_p)
     device = next(model.parameters()).device
@@ -271,6 +300,7 @@ def generate(
                     pad_id=pad_id,
                     gen=gen,
                     lean=lean_decode,
+                    keep_distribution=keep_distribution,
                 )
             baseline = None
             if greedy_baseline:  # one greedy decode per prompt, repeated for each of its rows

@@ -45,7 +45,10 @@ class Rollout:
     texts (decoded responses without EOS/PAD), examples (the Example of each row), temperature (of
     the sampling, pass it to `response_logprobs`). With greedy_baseline, `baseline` is the greedy
     Rollout (one greedy decode per prompt, repeated for each of the prompt's rows, same group_ids)
-    and `baseline_texts` its texts.
+    and `baseline_texts` its texts. `policy_logp_all` [B,T,V] float, optional: the temperature-scaled
+    log-softmax each response token was drawn from (before any top-p cut; at temperature 0 the
+    temperature-1 one), kept by the HF sampler when asked so that the exact KL to the reference
+    needs no second policy forward; the loop drops it once used (`concat` drops it).
     """
 
     prompt_ids: Tensor
@@ -61,6 +64,7 @@ class Rollout:
     temperature: float = 1.0
     baseline_texts: list[str] | None = None
     baseline: Rollout | None = None
+    policy_logp_all: Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
