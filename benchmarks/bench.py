@@ -7,6 +7,8 @@ One command runs, interleaved A B / B A so that machine drift cancels within eac
     numerics     one identical batch through TRL's `_compute_loss` and polgrad's `Algorithm.loss`
     composition  the composed `Algorithm.loss` vs one hand-fused GRPO loss function (same numbers)
     scaling      seconds per step vs group size G and vs completion length L, both frameworks
+    compile      (not in the default) polgrad eager vs train.compile = True, interleaved: s/step, the
+                 compile overhead and the break-even step (benchmarks/compile_bench.py), compile.csv
     metrics      what each per-step metric (kl_exact, entropy, the row) costs polgrad's step
                  (benchmarks/metric_cost.py): a table in summary.md and metric_cost.json
     lora         (--only lora, not in the default) PPO with full copies vs PPO with a shared LoRA:
@@ -99,6 +101,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.compile_bench import ARMS as COMPILE_ARMS
+from benchmarks.compile_bench import compile_report, compile_rows
 from benchmarks.composition import composition_worker
 from benchmarks.lora_bench import ARMS as LORA_ARMS
 from benchmarks.lora_bench import lora_report, lora_rows, run_ppo, trainable_params
@@ -148,10 +152,11 @@ WORKERS: dict[str, Callable[..., Any]] = {
     "composition": composition_worker,
     "peak": matmul_peak,
     "metrics": metric_cost,
+    "polgrad_compiled": lambda w, model_dir, work: run_polgrad(w, model_dir, work, compile=True),
     **{a: (lambda w, model_dir, work, a=a: run_ppo(w, model_dir, work, a)) for a in LORA_ARMS},
 }
 LARGE = dict(prompts=16, group_size=16, max_new_tokens=128)  # --scaling-large
-PARTS = ("compare", "numerics", "composition", "scaling", "metrics", "lora")
+PARTS = ("compare", "numerics", "composition", "scaling", "metrics", "compile", "lora")
 
 
 def _ints(s: str) -> list[int]:
@@ -190,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         default="compare,numerics,composition,scaling,metrics",
-        help="comma list of parts to run: compare, numerics, composition, scaling, metrics, lora (PPO with "
-        "full copies vs shared LoRA: <out>/lora.csv; not in the default)",
+        help="comma list of parts to run: compare, numerics, composition, scaling, metrics, compile (eager "
+        "vs train.compile; not in the default), lora (PPO with full copies vs shared LoRA: <out>/lora.csv; "
+        "not in the default)",
     )
     ap.add_argument("--frameworks", default="polgrad,trl", help="'polgrad' alone skips TRL")
     ap.add_argument("--lora-pairs", type=int, default=3, help="interleaved rounds of --only lora")
+    ap.add_argument("--compile-pairs", type=int, default=3, help="interleaved rounds of --only compile")
     ap.add_argument("--scaling-group-sizes", default="2,4,8,16")
     ap.add_argument("--scaling-lengths", default="16,32,64,128")
     ap.add_argument("--scaling-pairs", type=int, default=1)
@@ -365,6 +372,18 @@ def main(argv: list[str] | None = None) -> int:
                 os.path.join(out, "metric_cost.json"), json.dumps(cost, indent=2, sort_keys=True)
             )
             lines = metric_report(cost, step, w)
+            report += ["", *lines]
+            say("\n".join(lines))
+
+        if "compile" in parts:
+            say(f"\n[compile] {args.compile_pairs} interleaved rounds: eager vs train.compile = True ...")
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")  # round 1 cold
+            cw = w.replace(bf16=precisions[0] == "bf16")
+            pairs = interleaved(cw, model_dir, log_dir, args.compile_pairs, COMPILE_ARMS, progress=say)
+            rows = compile_rows(pairs, cw.warmup)
+            write_csv(os.path.join(out, "compile.csv"), rows)
+            label = f"{cw.prompts} prompts x G={cw.group_size} x {cw.max_new_tokens} tokens, {cw.precision}"
+            lines = compile_report(rows, label)
             report += ["", *lines]
             say("\n".join(lines))
 

@@ -71,8 +71,10 @@ def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
     ]
 
 
-def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
-    """`polgrad.train.run` in this process for warmup + steps + 1 steps; timings of the measured ones."""
+def run_polgrad(w: Workload, model_dir: str, work_dir: str, compile: bool = False) -> dict[str, Any]:
+    """`polgrad.train.run` in this process for warmup + steps + 1 steps; timings of the measured ones,
+    and `startup_s`: from the run's start (after its warm start) to the end of the last warm-up step.
+    `compile`: with train.compile = True (benchmarks/compile_bench.py)."""
     import gin
     import torch
 
@@ -84,7 +86,8 @@ def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     torch.set_num_threads(w.threads)
     steps = w.warmup + w.steps + 1  # the last step also runs the (unmeasured) final eval
     gin.clear_config()
-    parse_config(["registry/grpo.gin"], polgrad_bindings(w, model_dir, steps))
+    bindings = polgrad_bindings(w, model_dir, steps) + (["train.compile = True"] if compile else [])
+    parse_config(["registry/grpo.gin"], bindings)
     clock = PhaseClock()
     on_phase, on_event = hook_listeners(clock)
     out = os.path.join(work_dir, "polgrad-run")
@@ -102,6 +105,7 @@ def run_polgrad(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     res = summarise("polgrad", w, intervals, [clock.steps[k] for k in idx], tokens)
     res["metrics_phases"] = {p: median([rows[k][p] for k in idx]) for p in POLGRAD_METRIC_PHASES}
     res["min_tokens_per_completion"] = min(rows[k]["response_len"] for k in idx)
+    res["startup_s"] = ends[w.warmup - 1]
     # One epoch of one minibatch: the update's ratio is trainer / sampler log-probs of the same
     # weights, so its approx_kl is the sampler/trainer mismatch (fp32 ~1e-14; bf16: rounding).
     res["approx_kl"] = median([rows[k]["clip/approx_kl"] for k in idx])

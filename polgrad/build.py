@@ -152,12 +152,17 @@ def build_models(
         grad_clip=cfg.grad_clip,
     )
     engine = dist_lib.make_engine(policy, lr=cfg.lr, eps=cfg.adam_eps, lr_groups=lr_groups, **ds)
+    critic_engine = None
+    if critic is not None and not in_policy_engine:
+        critic_engine = dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds)
+    if cfg.compile:  # train.compile: the forwards (and with them the backward and decode) compiled in place
+        models.compiled.compile_models(engine.module, reference, critic_engine and critic_engine.module)
     if critic is None:
         strategy: Critic = NoCritic()
     elif in_policy_engine:  # a LoRA critic: the policy's engine trains it
         strategy = PolicyEngineCritic(critic)
     else:
-        strategy = OwnEngineCritic(dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds))
+        strategy = OwnEngineCritic(critic_engine)
     sampler = sampling.make_sampler(
         cfg,
         algo,

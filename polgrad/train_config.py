@@ -115,6 +115,10 @@ class TrainConfig:
     lora_target_modules, with lora_dropout (Hu et al. 2021; polgrad/models/lora.py). The reference is
     then the policy with its adapter disabled (no second copy), and a `lora` value_init
     (@value_init.shared_lora, @value_init.lora) puts the critic on the same backbone.
+    compile: torch.compile (inductor) the policy's, reference's and critic's forwards (training
+    backward included) and the lean decode step (polgrad/models/compiled.py). Compiling costs tens of
+    seconds at the first step, and the compiled path agrees with the eager one to float tolerance, not
+    bit for bit; off (default) leaves the eager path untouched. ZeRO stages 0-2, without LoRA.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -159,6 +163,7 @@ class TrainConfig:
     lora_alpha: float = 32.0
     lora_target_modules: list | tuple = ("q_proj", "v_proj")
     lora_dropout: float = 0.0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -201,6 +206,7 @@ class TrainConfig:
         _check_ensemble(self)
         _check_async(self)
         _check_lora(self)
+        _check_compile(self)
         check_loggers(self.loggers)  # registered names whose library is installed
         entry = registry.entry_of(self.task)
         if entry is None or entry.kind != "task":
@@ -327,6 +333,19 @@ def _check_lora(cfg: TrainConfig) -> None:
         raise ConfigError(
             "train.lora_r > 0 needs train.rollout_backend = 'hf' and train.max_staleness = 0 (the "
             "sampler would need the adapter: not implemented)"
+        )
+
+
+def _check_compile(cfg: TrainConfig) -> None:
+    """train.compile: a bool; not with ZeRO-3 (partitioned weights gathered by module hooks) nor LoRA
+    (peft's adapter layers): neither combination is compiled or tested."""
+    if not isinstance(cfg.compile, bool):
+        raise ConfigError(f"train.compile must be True or False, got {cfg.compile!r}")
+    if cfg.compile and (cfg.zero_stage == 3 or cfg.lora_r > 0):
+        raise ConfigError(
+            f"train.compile = True needs train.zero_stage 0, 1 or 2 and train.lora_r = 0, got zero_stage "
+            f"{cfg.zero_stage} and lora_r {cfg.lora_r}: compiling ZeRO-3's partitioned weights or peft's "
+            "adapters is not supported"
         )
 
 

@@ -447,3 +447,23 @@ def test_cli_metrics_smoke(tmp_path):
     summary = open(out / "summary.md").read()
     assert "## What each metric costs (2 prompts x G=2 x 4 tokens, fp32" in summary
     assert all(f"| {n} |" in summary for n in names)
+
+
+def test_compile_rows_overhead_and_break_even_by_hand():
+    """Eager 0.20 s/step, compiled 0.15; start-up (build, step-0 eval, 2 warm-up steps) 1.0 s eager
+    and 31.1 s compiled: overhead = 30.1 - 2 x (0.15 - 0.20) = 30.2 s, break-even 30.2 / 0.05 = 604."""
+    from benchmarks.compile_bench import compile_rows
+
+    e = {"s_per_step": 0.20, "startup_s": 1.0}
+    c = {"s_per_step": 0.15, "startup_s": 31.1}
+    slower = {"s_per_step": 0.25, "startup_s": 31.1}
+    pairs = [
+        {"pair": 1, "order": "a", "load_before": 0.1, "polgrad": e, "polgrad_compiled": c},
+        {"pair": 2, "order": "b", "load_before": 0.1, "polgrad": e, "polgrad_compiled": slower},
+    ]
+    cold, warm = compile_rows(pairs, warmup=2)
+    assert cold["cache"] == "cold" and warm["cache"] == "warm"
+    assert cold["compile_overhead_s"] == pytest.approx(30.2, abs=1e-9)
+    assert cold["break_even_steps"] == pytest.approx(604.0, abs=1e-6)
+    assert cold["speedup"] == pytest.approx(0.20 / 0.15)
+    assert warm["break_even_steps"] == float("inf")  # slower when compiled: never breaks even

@@ -84,6 +84,13 @@ BAD_VALUES = [
         "train.reward_errors = 'ignore'",
         r"^train.reward_errors must be one of \('raise', 'zero', 'skip_group'\), got 'ignore'$",
     ),
+    # train.compile: a bool, and not with ZeRO-3 or LoRA
+    ("train.compile = 1", r"^train.compile must be True or False, got 1$"),
+    (
+        "train.compile = True\ntrain.zero_stage = 3",
+        r"^train.compile = True needs train.zero_stage 0, 1 or 2 and",
+    ),
+    ("train.compile = True\ntrain.lora_r = 4", r"got zero_stage 0 and lora_r 4: compiling ZeRO-3's"),
 ]
 
 

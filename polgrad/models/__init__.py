@@ -11,6 +11,7 @@
     load_reward_model    frozen ScalarHeadModel; `sequence_scores` reads its score at the EOS token
     cache                the on-disk cache of trained checkpoints and their polgrad.json
     check_inputs         the task's prompts fit the model's positions and survive its tokenizer
+    compiled             torch.compile of the forwards and the lean decode step (train.compile)
 
 Training the policy's warm start and the reward model (which needs rollouts and tasks) lives one
 layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
@@ -21,7 +22,7 @@ Modules: tokenizer (token layout, encode_prompts / encode_sequences), tiny (the 
 peft and polgrad's bottom layer; transformers and peft are imported inside the functions that need them.
 """
 
-from polgrad.models import lora
+from polgrad.models import compiled, lora
 from polgrad.models.cache import (
     MODEL_CODE_VERSION,
     POLGRAD_JSON,
@@ -75,6 +76,7 @@ __all__ = [
     "load_reference",
     "load_reward_model",
     "load_tokenizer",
+    "compiled",
     "lora",
     "position_ids_from_mask",
     "read_info",

@@ -43,6 +43,7 @@ from torch import Tensor
 from polgrad import collective, hooks
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask, sequence_scores, torch_threads
+from polgrad.models.compiled import is_compiled
 from polgrad.models.threads import decode_threads
 from polgrad.rollout.rollout import Rollout
 from polgrad.rollout.static_decode import StaticDecoder
@@ -128,7 +129,7 @@ def _decode(
     next_pos = position_ids_from_mask(attn)[:, -1] + 1
     static = None
     if lean and StaticDecoder.unsupported(model) is None:
-        static = StaticDecoder(model, b, prompt_ids.shape[1] + max_new_tokens)
+        static = StaticDecoder(model, b, prompt_ids.shape[1] + max_new_tokens, compiled=is_compiled(model))
         static.load_prefill(cache, attn, rows)
         del cache
     else:

@@ -61,8 +61,10 @@ class StaticDecoder:
                 return "parameters are partitioned (ZeRO-3) or on the meta device"
         return None
 
-    def __init__(self, model, batch: int, max_len: int):
+    def __init__(self, model, batch: int, max_len: int, compiled: bool = False):
+        """`compiled`: `step` runs `step_fixed` compiled by torch.compile (train.compile)."""
         cfg = model.config
+        self.compiled = compiled
         self.m = model.model
         self.lm_head = model.lm_head.weight
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -114,9 +116,7 @@ class StaticDecoder:
         self.t = p
 
     def _norm(self, x: Tensor, w: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * h.to(x.dtype)
+        return _rms(x, w, self.eps)
 
     @staticmethod
     def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -129,6 +129,37 @@ class StaticDecoder:
         b, t = token.shape[0], self.t
         if t >= self.max_len:
             raise RuntimeError(f"StaticDecoder: cache of {self.max_len} positions is full")
+        if self.compiled:
+            layers = [
+                (
+                    a["ln1"],
+                    a["ln2"],
+                    a["wqkv"],
+                    a["bqkv"],
+                    a["wo"],
+                    a["bo"],
+                    a["wgu"],
+                    a["wd"],
+                    a["k"],
+                    a["v"],
+                )
+                for a in self.layers
+            ]
+            logits = _compiled_step()(
+                token,
+                position,
+                torch.tensor([t], device=token.device),
+                self.m.embed_tokens.weight,
+                layers,
+                self.mask,
+                self.cos,
+                self.sin,
+                self.m.norm.weight,
+                self.lm_head,
+                (self.nh, self.nkv, self.hd, self.eps),
+            )
+            self.t = t + 1
+            return logits
         self.mask[:, 0, 0, t] = True
         x = F.embedding(token, self.m.embed_tokens.weight)[:, None]  # [B,1,H]
         cos, sin = self.cos[position][:, None], self.sin[position][:, None]  # [B,1,D]
@@ -152,3 +183,57 @@ class StaticDecoder:
             x = x + F.linear(F.silu(gate) * up, lay["wd"])
         self.t = t + 1
         return F.linear(self._norm(x, self.m.norm.weight)[:, 0], self.lm_head)
+
+
+def step_fixed(
+    token: Tensor,
+    position: Tensor,
+    t: Tensor,
+    embed: Tensor,
+    layers: list[tuple[Tensor | None, ...]],
+    mask: Tensor,
+    cos_table: Tensor,
+    sin_table: Tensor,
+    norm_w: Tensor,
+    lm_head: Tensor,
+    dims: tuple[int, int, int, float],
+) -> Tensor:
+    """`StaticDecoder.step`'s arithmetic with fixed shapes, for torch.compile: the token is written at
+    cache index `t` (a [1] tensor, not a Python int, so no recompile per token) and attention runs
+    over the whole cache under the key mask (positions not yet written are masked out), so every
+    token of a rollout has the same shapes. A pure function of its arguments (the caches and the
+    mask are updated in place), so one compiled graph serves every StaticDecoder of a shape."""
+    nh, nkv, hd, eps = dims
+    b = token.shape[0]
+    mask.index_fill_(3, t, True)
+    x = F.embedding(token, embed)[:, None]  # [B,1,H]
+    cos, sin = cos_table[position][:, None], sin_table[position][:, None]  # [B,1,D]
+    nq, nk = nh * hd, nkv * hd
+    for ln1, ln2, wqkv, bqkv, wo, bo, wgu, wd, k_cache, v_cache in layers:
+        qkv = F.linear(_rms(x, ln1, eps), wqkv, bqkv)
+        qk = StaticDecoder._rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)
+        k_cache.index_copy_(2, t, qk[:, nh:, None])
+        v_cache.index_copy_(2, t, qkv[:, 0, nq + nk :].view(b, nkv, 1, hd))
+        o = F.scaled_dot_product_attention(
+            qk[:, :nh, None], k_cache, v_cache, attn_mask=mask, enable_gqa=nh != nkv
+        )
+        x = x + F.linear(o.transpose(1, 2).reshape(b, 1, nq), wo, bo)
+        gate, up = F.linear(_rms(x, ln2, eps), wgu).chunk(2, -1)
+        x = x + F.linear(F.silu(gate) * up, wd)
+    return F.linear(_rms(x, norm_w, eps)[:, 0], lm_head)
+
+
+def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+_COMPILED: list = []
+
+
+def _compiled_step():
+    """`step_fixed` compiled once per process (static shapes: one graph per batch and cache size)."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(step_fixed, dynamic=False))
+    return _COMPILED[0]
