@@ -9,6 +9,9 @@ One command runs, interleaved A B / B A so that machine drift cancels within eac
     scaling      seconds per step vs group size G and vs completion length L, both frameworks
     compile      (not in the default) polgrad eager vs train.compile = True, interleaved: s/step, the
                  compile overhead and the break-even step (benchmarks/compile_bench.py), compile.csv
+    sizes        (not in the default) s/step, tokens/s and roofline fraction against the model size (0.6M to
+                 96M parameters) and the batch, both frameworks x precisions (benchmarks/sizes.py):
+                 sizes.csv, sizes.png and a table
     metrics      what each per-step metric (kl_exact, entropy, the row) costs polgrad's step
                  (benchmarks/metric_cost.py): a table in summary.md and metric_cost.json
     lora         (--only lora, not in the default) PPO with full copies vs PPO with a shared LoRA:
@@ -120,6 +123,8 @@ from benchmarks.report import (
     write_csv,
 )
 from benchmarks.roofline import matmul_peak, roofline_report, step_flops
+from benchmarks.sizes import SIZES, sizes_bench, sizes_report, sizes_summary
+from benchmarks.sizes import draw as draw_sizes
 from benchmarks.trl_run import run_trl, trl_available
 from benchmarks.workers import env_omp_wait_policy, interleaved, loadavg, run_worker
 from benchmarks.workload import OMP_WAIT_POLICIES, PRECISIONS, PRESETS, TRL_PIN, Workload, make_model
@@ -156,7 +161,7 @@ WORKERS: dict[str, Callable[..., Any]] = {
     **{a: (lambda w, model_dir, work, a=a: run_ppo(w, model_dir, work, a)) for a in LORA_ARMS},
 }
 LARGE = dict(prompts=16, group_size=16, max_new_tokens=128)  # --scaling-large
-PARTS = ("compare", "numerics", "composition", "scaling", "metrics", "compile", "lora")
+PARTS = ("compare", "numerics", "composition", "scaling", "metrics", "compile", "sizes", "lora")
 
 
 def _ints(s: str) -> list[int]:
@@ -202,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", default="polgrad,trl", help="'polgrad' alone skips TRL")
     ap.add_argument("--lora-pairs", type=int, default=3, help="interleaved rounds of --only lora")
     ap.add_argument("--compile-pairs", type=int, default=3, help="interleaved rounds of --only compile")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"--only sizes: models, of {', '.join(SIZES)}")
+    ap.add_argument(
+        "--sizes-batch-prompts", default="2,8,32", help="--only sizes: prompts (x G) of the batch axis"
+    )
+    ap.add_argument("--sizes-pairs", type=int, default=3, help="--only sizes: interleaved rounds per point")
+    ap.add_argument("--sizes-steps", type=int, default=3, help="--only sizes: measured steps per run")
+    ap.add_argument("--sizes-warmup", type=int, default=1, help="--only sizes: discarded steps per run")
     ap.add_argument("--scaling-group-sizes", default="2,4,8,16")
     ap.add_argument("--scaling-lengths", default="16,32,64,128")
     ap.add_argument("--scaling-pairs", type=int, default=1)
@@ -373,6 +385,32 @@ def main(argv: list[str] | None = None) -> int:
             )
             lines = metric_report(cost, step, w)
             report += ["", *lines]
+            say("\n".join(lines))
+
+        if "sizes" in parts:
+            names = [x.strip() for x in args.sizes.split(",") if x.strip()]
+            bad = [n for n in names if n not in SIZES]
+            if bad:
+                raise SystemExit(f"error: unknown --sizes {bad}; valid: {', '.join(SIZES)}")
+            if peak is None:
+                say("\n[peak] torch.mm fp32 / bf16 ...")
+                peak = run_worker("peak", w, model_dir, log_dir, sizes=peak_sizes)
+            sw = w.replace(steps=args.sizes_steps, warmup=args.sizes_warmup)
+            say(f"\n[sizes] {args.sizes_pairs} interleaved round(s) per point ...")
+            rows = sizes_bench(
+                sw, tmp, log_dir, names, _ints(args.sizes_batch_prompts), args.sizes_pairs,
+                frameworks, precisions, peak, progress=say,
+            )  # fmt: skip
+            write_csv(os.path.join(out, "sizes.csv"), rows)
+            summ = sizes_summary(rows)
+            draw_sizes(summ, os.path.join(out, "sizes.png"))
+            lines = sizes_report(summ, sw, precisions, frameworks)
+            report += [
+                "",
+                *lines,
+                "",
+                "Figure: sizes.png (s/step vs parameters, tokens/s vs batch, TRL/polgrad).",
+            ]
             say("\n".join(lines))
 
         if "compile" in parts:

@@ -467,3 +467,30 @@ def test_compile_rows_overhead_and_break_even_by_hand():
     assert cold["break_even_steps"] == pytest.approx(604.0, abs=1e-6)
     assert cold["speedup"] == pytest.approx(0.20 / 0.15)
     assert warm["break_even_steps"] == float("inf")  # slower when compiled: never breaks even
+
+
+def test_cli_sizes_smoke(tmp_path, monkeypatch):
+    """`--only sizes` with two small models and a batch axis: a row per point and round, the summary
+    table with every arm and the TRL/polgrad ratio where TRL ran, and the figure."""
+    from benchmarks import sizes
+
+    out = tmp_path / "out"
+    fws = "polgrad,trl" if HAS_TRL else "polgrad"
+    argv = ["--only", "sizes", "--frameworks", fws, "--sizes", "0.6m", "--sizes-batch-prompts", "1,2"]
+    argv += ["--sizes-pairs", "1", "--sizes-steps", "1", "--sizes-warmup", "1", "-G", "2", "-L", "4"]
+    argv += ["--prompts", "2", "--threads", "1", "--peak-sizes", "256", "--out", str(out)]
+    monkeypatch.setitem(sizes.SIZES, "6m", dict(hidden=64, layers=1, heads=2, kv_heads=1, intermediate=64))
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(open(out / "sizes.csv")))
+    # size axis: 0.6m at 2 x G 2 = 4 rows; batch axis on the "6m" model: 1 x 2 and 2 x 2 rows
+    assert [(r["point"], r["axis"], r["batch"]) for r in rows] == [
+        ("0.6m x 4", "size", "4"),
+        ("6m x 2", "batch", "2"),
+        ("6m x 4", "batch", "4"),
+    ]
+    for r in rows:
+        assert 0 < float(r["polgrad_roofline"]) < 1 and float(r["polgrad_s_per_step"]) > 0
+    summary = open(out / "summary.md").read()
+    assert "## Scaling with the model and the batch" in summary and "| 0.6m x 4 |" in summary
+    assert ("TRL/polgrad fp32" in summary) == HAS_TRL
+    assert os.path.getsize(out / "sizes.png") > 0
