@@ -79,3 +79,20 @@ def fake_trainer(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
     if tests not in sys.path:
         monkeypatch.syspath_prepend(tests)
+
+
+@pytest.fixture
+def kl_sources(monkeypatch) -> list[bool]:
+    """Per exact-KL computation of the loop (polgrad.trainer.collect), in order: True when it read
+    pi_theta from the rollout's sampling distributions, False when it ran the policy forward."""
+    from polgrad import trainer
+
+    used: list[bool] = []
+    real = trainer.exact_kl
+
+    def spy(policy, reference, rollout, **kwargs):
+        used.append(rollout.policy_logp_all is not None)
+        return real(policy, reference, rollout, **kwargs)
+
+    monkeypatch.setattr(trainer, "exact_kl", spy)
+    return used

@@ -381,21 +381,15 @@ def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path, monk
 
 
 @pytest.mark.slow
-def test_the_exact_kl_reads_the_sampling_distributions_of_fresh_rollouts_only(tmp_path, monkeypatch):
+def test_the_exact_kl_reads_the_sampling_distributions_of_fresh_rollouts_only(
+    tmp_path, monkeypatch, kl_sources
+):
     """A stale rollout's sampling distributions are an older policy's: the exact KL (of the trainer's
     policy) then runs the policy forward. With k = 2, step 0 is fresh, steps 1-3 stale; the KL equals
     that of the same run with every distribution dropped (float error on the fresh step only)."""
-    from polgrad import trainer
     from polgrad.rollout import hf
 
-    used: list[bool] = []
-    real = trainer.exact_kl
-
-    def spy(policy, reference, rollout, **kwargs):
-        used.append(rollout.policy_logp_all is not None)
-        return real(policy, reference, rollout, **kwargs)
-
-    monkeypatch.setattr(trainer, "exact_kl", spy)
+    used = kl_sources
     kept, _ = _train(tmp_path, "kept", ["train.max_staleness = 2"])
     assert used == [True, False, False, False]
     monkeypatch.setattr(hf, "MAX_KEPT_DISTRIBUTION", 0)

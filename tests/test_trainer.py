@@ -238,23 +238,15 @@ def test_non_finite_loss_never_reaches_the_optimizer(tmp_path):
 
 @pytest.mark.slow
 def test_the_exact_kl_from_the_sampler_equals_the_policy_forwards_and_changes_no_training(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, kl_sources
 ):
     """kl_exact reads π_θ from the distributions the HF sampler drew from (on-policy: the same weights)
     instead of a second, no-grad policy forward. Against the same run with that forward forced (the
     fallback for vLLM, async and large vocabularies): the weights and every other metric bit-identical
     (the metric cannot touch training), kl_exact equal to float error."""
-    from polgrad import trainer
     from polgrad.rollout import hf
 
-    used: list[bool] = []
-    real = trainer.exact_kl
-
-    def spy(policy, reference, rollout, **kwargs):
-        used.append(rollout.policy_logp_all is not None)
-        return real(policy, reference, rollout, **kwargs)
-
-    monkeypatch.setattr(trainer, "exact_kl", spy)
+    used = kl_sources
     spec = os.path.join(REPO, "registry", "ppo.gin")  # KL in the reward, a critic, 2 minibatches
     kept = run(tmp_path, spec, name="kept")
     assert used == [True] * 3  # one exact KL per step, each from the sampler's distributions
