@@ -62,13 +62,16 @@ def compile_report(rows: list[dict[str, Any]], label: str) -> list[str]:
             f"| {r['pair']} | {r['cache']} | {r['eager_s_per_step']:.3f} | {r['compiled_s_per_step']:.3f} "
             f"| {r['speedup']:.2f}x | {r['compile_overhead_s']:.1f} | {r['break_even_steps']:.0f} |"
         )
-    warm = [r for r in rows if r["cache"] == "warm"] or rows
-    warm_overhead = median([r["compile_overhead_s"] for r in warm])
-    lines += [
-        "",
+    warm = [r for r in rows if r["cache"] == "warm"]
+    line = (
         f"Median speedup {median([r['speedup'] for r in rows]):.2f}x; compile overhead cold "
-        f"{rows[0]['compile_overhead_s']:.1f} s, warm {warm_overhead:.1f} s; "
-        f"break-even step cold {rows[0]['break_even_steps']:.0f}, warm "
-        f"{median([r['break_even_steps'] for r in warm]):.0f}.",
-    ]
+        f"{rows[0]['compile_overhead_s']:.1f} s, break-even step cold {rows[0]['break_even_steps']:.0f}"
+    )
+    if warm:
+        overhead = median([r["compile_overhead_s"] for r in warm])
+        line += (
+            f"; warm (median of {len(warm)}): overhead {overhead:.1f} s, "
+            f"break-even step {median([r['break_even_steps'] for r in warm]):.0f}"
+        )
+    lines += ["", line + ". Recompiles for new shapes after the warm-up steps are inside the medians."]
     return lines

@@ -5,7 +5,7 @@ framework at every `--precision`, interleaved in the same rounds (`--sizes-pairs
 A B / B A), with `--sizes-warmup` + `--sizes-steps` steps per run:
 
     size axis    0.6m (the tiny preset), 6m, 24m (the 24m preset), 96m, at the workload's batch
-    batch axis   the 6m model at prompts x G = 16, 64 and 256 rows (prompts 2, 8, 32; G = 8)
+    batch axis   the 6m model at prompts 2, 8, 32 x the workload's G (8 by default: 16, 64, 256 rows)
 
 Each point gets its model FLOPs per step (benchmarks/roofline.py) and the fraction of the fp32 /
 bf16 torch.mm peak measured once in the same bench call. Written to <out>/sizes.csv (one row per
@@ -32,7 +32,7 @@ SIZES: dict[str, dict[str, int]] = {
     "96m": dict(hidden=768, layers=14, heads=12, kv_heads=4, intermediate=2304),
 }
 BATCH_MODEL = "6m"
-BATCH_PROMPTS = (2, 8, 32)  # x G = 8: 16, 64, 256 rows
+BATCH_PROMPTS = (2, 8, 32)  # x the workload's G (8 by default: 16, 64, 256 rows)
 
 
 def points(w: Workload, sizes: list[str], batch_prompts: list[int]) -> list[tuple[str, str, Workload]]:

@@ -156,7 +156,9 @@ def build_models(
     if critic is not None and not in_policy_engine:
         critic_engine = dist_lib.make_engine(critic, lr=cfg.critic_lr, eps=cfg.adam_eps, **ds)
     if cfg.compile:  # train.compile: the forwards (and with them the backward and decode) compiled in place
-        models.compiled.compile_models(engine.module, reference, critic_engine and critic_engine.module)
+        models.compiled.compile_models(
+            engine.module, reference, None if critic_engine is None else critic_engine.module
+        )
     if critic is None:
         strategy: Critic = NoCritic()
     elif in_policy_engine:  # a LoRA critic: the policy's engine trains it

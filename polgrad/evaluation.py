@@ -174,9 +174,10 @@ def exact_kl(
     each token from (the HF samplers keep it when asked and drop it from a stale rollout, so it is
     `policy`'s own). Then only the reference runs a forward, and the KL equals the two-forward one up
     to the float difference between a KV-cached decode and one full forward
-    (tests/test_evaluation.py). Without it, `policy` runs a no-grad forward. Rows are processed in
-    chunks of at most `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one
-    chunk's logits.
+    (tests/test_evaluation.py; in bf16 that rounding is ~1e-6 per token, so a step-1 KL is not
+    exactly 0), and `policy` is not called. Without it, `policy` runs a no-grad forward. Rows are
+    processed in chunks of at most `max_elements / (T·V)` rows, so memory is O(B·T) for the result
+    plus one chunk's logits (plus the rollout's own [B,T,V] distributions when it carries them).
     Zero where the rollout's mask is 0.
     """
     b, t = rollout.response_ids.shape

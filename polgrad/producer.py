@@ -108,8 +108,8 @@ class Producer:
         run's VLLMRollout, which then samples instead of a copy of `module` and must hold version
         `start` (the run's starting weights, or those the sampler synced on a resume);
         keep_distribution: the hf rollouts carry their sampling distributions (`Rollout.policy_logp_all`,
-        within `hf.MAX_KEPT_DISTRIBUTION`), the exact KL's policy side; `sample` drops them from a
-        stale rollout."""
+        within `hf.MAX_KEPT_DISTRIBUTION`), the exact KL's policy side, for fresh rollouts only (version
+        = step); `sample` hands them out once and never from a stale rollout."""
         self.vllm, self.keep_distribution = vllm, keep_distribution
         self.model = copy.deepcopy(module).eval() if vllm is None else None
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
@@ -161,9 +161,11 @@ class Producer:
             raise req.error
         self.stale = req.version < self.step
         self._staleness += [float(self.step - req.version)] * len(req.rollout)
-        if self.stale:  # its sampling distributions are an older policy's: not the exact KL's π_θ
-            return dataclasses.replace(req.rollout, policy_logp_all=None)
-        return req.rollout
+        rollout = req.rollout
+        # the distributions go to the trainer once, and only from a fresh rollout (an older policy's
+        # are not the exact KL's π_θ); the request keeps none
+        req.rollout = dataclasses.replace(rollout, policy_logp_all=None)
+        return req.rollout if self.stale else rollout
 
     def metrics(self, batch) -> dict[str, float]:
         """Staleness (per sampled sequence), the trainer's wait for rollouts (s) and the statistics of
@@ -227,8 +229,12 @@ class Producer:
                 return
             self.model.load_state_dict(req.weights)
             rows = len(req.examples) * req.kwargs["group_size"]
-            keep = self.keep_distribution and hf_rollout.distribution_fits(
-                self.model, rows, req.kwargs["max_new_tokens"]
+            # only a fresh rollout's distributions are the trainer's policy (exact KL): a stale one
+            # (every step but the first with k > 0) would hold B x T x V floats for nothing
+            keep = (
+                self.keep_distribution
+                and req.version == req.step
+                and hf_rollout.distribution_fits(self.model, rows, req.kwargs["max_new_tokens"])
             )
             req.rollout = hf_rollout.generate(
                 self.model,

@@ -467,6 +467,10 @@ def test_compile_rows_overhead_and_break_even_by_hand():
     assert cold["break_even_steps"] == pytest.approx(604.0, abs=1e-6)
     assert cold["speedup"] == pytest.approx(0.20 / 0.15)
     assert warm["break_even_steps"] == float("inf")  # slower when compiled: never breaks even
+    from benchmarks.compile_bench import compile_report
+
+    assert "warm (median of 1)" in compile_report([cold, warm], "x")[-1]
+    assert "; warm" not in compile_report([cold], "x")[-1]  # one round: nothing called warm
 
 
 def test_cli_sizes_smoke(tmp_path, monkeypatch):

@@ -7,10 +7,14 @@
 
 What it compiles: the policy's, reference's and critic's forwards (the sampler's prefill, the
 reference and critic forwards, and the training forward with its backward through AOTAutograd),
-and the lean decode step, which `static_decode.step_fixed` writes with fixed shapes (the whole
-cache under a key mask) so that one compiled graph serves every token of every rollout of a
-shape. Dynamic shapes (`dynamic=True`): batches and sequence lengths change every step without
-recompiling.
+compiled with dynamic shapes (`dynamic=True`: batches and sequence lengths change every step
+without recompiling), and the lean decode step, which `static_decode.step_fixed` writes with fixed
+shapes (the whole cache under a key mask) so that one graph serves every token of every rollout of
+one (batch, prompt length + max_new_tokens): each new such shape (the evaluation's batch, a longer
+padded prompt, a refill round, a greedy baseline) compiles another graph, and past torch's
+recompile limit (8) the new shapes decode eagerly, with a warning. The async producer's copy of the
+policy (polgrad/producer.py) is not compiled: deepcopy drops the compiled forward, so async runs
+decode eagerly.
 
 Cost and gain (benchmarks/bench.py `--only compile`, results/bench/profile.md): compiling takes
 tens of seconds at the first step, paid once per process, and each step is then faster by the

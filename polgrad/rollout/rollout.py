@@ -48,7 +48,7 @@ class Rollout:
     and `baseline_texts` its texts. `policy_logp_all` [B,T,V] float, optional: the temperature-scaled
     log-softmax each response token was drawn from (before any top-p cut; at temperature 0 the
     temperature-1 one), kept by the HF sampler when asked so that the exact KL to the reference
-    needs no second policy forward; the loop drops it once used (`concat` drops it).
+    needs no second policy forward; the loop drops it once used (`concat` of several parts drops it).
     """
 
     prompt_ids: Tensor
