@@ -101,6 +101,11 @@ class StaticDecoder:
         self.max_len = max_len
         self.mask = torch.zeros(batch, 1, 1, max_len, dtype=torch.bool, device=device)
         self.t = 0
+        # step_fixed's per-layer arguments, built once per rollout (the same tensors as self.layers)
+        self.fixed_layers = [
+            (a["ln1"], a["ln2"], a["wqkv"], a["bqkv"], a["wo"], a["bo"], a["wgu"], a["wd"], a["k"], a["v"])
+            for a in self.layers
+        ]
 
     def load_prefill(self, cache, prompt_mask: Tensor, rows: Tensor | None = None) -> None:
         """Copy the HF prefill's K/V into the static cache: row b gets the cache's row `rows[b]`.
@@ -130,27 +135,12 @@ class StaticDecoder:
         if t >= self.max_len:
             raise RuntimeError(f"StaticDecoder: cache of {self.max_len} positions is full")
         if self.compiled:
-            layers = [
-                (
-                    a["ln1"],
-                    a["ln2"],
-                    a["wqkv"],
-                    a["bqkv"],
-                    a["wo"],
-                    a["bo"],
-                    a["wgu"],
-                    a["wd"],
-                    a["k"],
-                    a["v"],
-                )
-                for a in self.layers
-            ]
             logits = _compiled_step()(
                 token,
                 position,
                 torch.tensor([t], device=token.device),
                 self.m.embed_tokens.weight,
-                layers,
+                self.fixed_layers,
                 self.mask,
                 self.cos,
                 self.sin,
