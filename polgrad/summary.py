@@ -11,6 +11,11 @@ from polgrad.evaluation import read_evals
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
 # A reward-model run's gold beside its proxy (summarize); the sweep's CSV has a column for each.
 REWARD_MODEL_KEYS = ("final_gold_reward", "eval_rm_score", "eval_rm_score_init", "rm_heldout_accuracy")
+# The lengths of right and of wrong responses (generated tokens, EOS included), where a loss's length
+# bias shows (Liu et al. 2025): means over the last LENGTH_WINDOW steps that had such responses, and
+# the change of the wrong ones' mean from the first LENGTH_WINDOW such steps to the last.
+LENGTH_KEYS = ("final_len_correct", "final_len_incorrect", "len_incorrect_change")
+LENGTH_WINDOW = 10
 
 
 def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0) -> dict[str, Any]:
@@ -49,6 +54,7 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
     }
     return {
         **{k: v for k, v in gold.items() if v is not None},  # a reward-model run's only
+        **{k: v for k, v in _lengths(rows).items() if v is not None},
         **stability,
         "steps": len(rows),
         "final_train_reward": mean("reward_mean"),
@@ -62,6 +68,26 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
         "peak_mem_mb": max((r.get("peak_mem_mb", 0.0) for r in rows), default=None),
         "skipped_steps": skipped,
         "reward_errors": sum(int(r.get("reward_errors", 0)) for r in rows),
+    }
+
+
+def _lengths(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """LENGTH_KEYS from the steps' response_len_correct / response_len_incorrect (None: no such step;
+    the change needs at least 2 * LENGTH_WINDOW steps with wrong responses)."""
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) for r in rows if r.get(key) is not None]
+
+    def avg(vals: list[float]) -> float | None:
+        return sum(vals) / len(vals) if vals else None
+
+    right, wrong = series("response_len_correct"), series("response_len_incorrect")
+    w = LENGTH_WINDOW
+    change = avg(wrong[-w:]) - avg(wrong[:w]) if len(wrong) >= 2 * w else None  # type: ignore[operator]
+    return {
+        "final_len_correct": avg(right[-w:]),
+        "final_len_incorrect": avg(wrong[-w:]),
+        "len_incorrect_change": change,
     }
 
 

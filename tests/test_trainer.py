@@ -326,3 +326,64 @@ def test_bad_train_binding_is_one_line(tmp_path):
     parse_config([os.path.join(REPO, "registry", "grpo.gin")], ["train.reward_source = 'oracle'"])
     with pytest.raises(ConfigError, match=r"train.reward_source must be one of \('task', 'reward_model'\)"):
         train(str(tmp_path / "x"))
+
+
+def test_response_lengths_of_right_and_wrong_responses():
+    """step_row's response_len_correct / _incorrect: the mean generated length (EOS included) of the
+    responses scoring 1.0 and of the others, worked by hand on six samples; None when a kind is absent."""
+    from types import SimpleNamespace as NS
+
+    from polgrad.trainer import step_row
+
+    lengths = [2, 4, 3, 7, 5, 1]
+    scores = [1.0, 0.0, 1.0, 0.5, float("nan"), 0.0]  # NaN: a faulty reward, counted as wrong
+    mask = torch.tensor([[1.0] * n + [0.0] * (8 - n) for n in lengths])
+
+    def row(scores):
+        sampled = NS(scores=torch.tensor(scores), rollout=NS(mask=mask), gold_scores=None)
+        batch = NS(mask=mask, size=len(scores), ref_logp=None, values=None)
+        models = NS(row_fields={}, rewards=NS(take=lambda: 0))
+        return step_row(models, sampled, batch, NS(step=1, kl_coef=0.0, skipped_steps=0), {}, {})
+
+    r = row(scores)
+    assert r["response_len_correct"] == pytest.approx((2 + 3) / 2, abs=1e-12)
+    assert r["response_len_incorrect"] == pytest.approx((4 + 7 + 5 + 1) / 4, abs=1e-12)
+    assert r["response_len"] == pytest.approx(22 / 6, abs=1e-12)
+    assert r["train_accuracy"] == pytest.approx(2 / 6, abs=1e-12)
+    r = row([0.0] * 6)
+    assert r["response_len_correct"] is None and r["response_len_incorrect"] == pytest.approx(
+        22 / 6, abs=1e-12
+    )
+    r = row([1.0] * 6)
+    assert r["response_len_incorrect"] is None and r["response_len_correct"] == pytest.approx(
+        22 / 6, abs=1e-12
+    )
+
+
+def test_summary_lengths_of_right_and_wrong_responses(tmp_path):
+    """summary.json's final_len_correct / final_len_incorrect are the means over the last 10 steps that
+    had such responses, len_incorrect_change the last 10 minus the first 10 (worked by hand: wrong
+    lengths 1..25 give (16+...+25)/10 - (1+...+10)/10 = 20.5 - 5.5 = 15; right lengths 3 on every
+    fifth step, so the last ten such steps average 3); absent when no step had them."""
+    from polgrad.summary import summarize
+
+    rows = []
+    for step in range(1, 26):
+        rows.append(
+            {
+                "step": step,
+                "reward_mean": 0.0,
+                "response_len_incorrect": float(step),
+                "response_len_correct": 3.0 if step % 5 == 0 else None,
+            }
+        )
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize(str(tmp_path), 1.0)
+    assert s["final_len_incorrect"] == pytest.approx(20.5, abs=1e-12)
+    assert s["len_incorrect_change"] == pytest.approx(15.0, abs=1e-12)
+    assert s["final_len_correct"] == pytest.approx(3.0, abs=1e-12)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:15]))
+    s = summarize(str(tmp_path), 1.0)
+    assert "len_incorrect_change" not in s  # fewer than 20 steps: no change measured
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0}) + "\n")
+    assert not {"final_len_correct", "final_len_incorrect"} & set(summarize(str(tmp_path), 1.0))

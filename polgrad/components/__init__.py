@@ -8,6 +8,7 @@ from polgrad.components import (  # noqa: F401
     kl,
     kl_controller,
     preference,
+    reward,
     reward_ensemble,
     reward_shaping,
     tracker,

@@ -16,6 +16,7 @@ the binding and the fix.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from polgrad.errors import ConfigError, PolgradError
@@ -27,6 +28,26 @@ SHOW_CHARS = 60
 
 def _short(text: str) -> str:
     return repr(text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "...")
+
+
+def check_response_room(demos: list[str], tokenizer, max_new_tokens: int, *, name) -> bool:
+    """One warning line on stderr (and False) when the longest correct response of the sample, in
+    tokens plus EOS, does not fit in `max_new_tokens`: such answers are cut off and score 0, so the
+    run learns less and says nothing. True when they fit (or there is nothing to check)."""
+    if not demos:
+        return True
+    lengths = [len(ids) + 1 for ids in tokenizer(demos, add_special_tokens=False)["input_ids"]]
+    longest = max(range(len(demos)), key=lengths.__getitem__)
+    if lengths[longest] <= max_new_tokens:
+        return True
+    print(
+        f"warning: task.{name}: the correct response {_short(demos[longest])} needs {lengths[longest]} "
+        f"tokens with EOS but train.max_new_tokens = {max_new_tokens}, so such answers are cut off and "
+        f"score 0; raise train.max_new_tokens to at least {lengths[longest]}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
 
 
 def sample_texts(task) -> tuple[list[str], list[str]]:
@@ -92,10 +113,14 @@ def check_alphabet(texts: list[str], tokenizer, *, path, name) -> None:
 
 def check_inputs(task, tokenizer, model_config: Any, max_new_tokens: int, *, path=None, name=None) -> None:
     """Check a sample of `task`'s data against the policy: its characters survive the tokenizer
-    (encode + decode) and its prompts + `max_new_tokens` fit the model's positions.
+    (encode + decode) and its prompts + `max_new_tokens` fit the model's positions (ConfigError
+    otherwise), and its correct responses fit in `max_new_tokens` (a warning otherwise).
 
     `path` (the checkpoint) and `name` (the registered task name) are for the message."""
     name = name or getattr(task, "name", type(task).__name__)
     prompts, texts = sample_texts(task)
     check_alphabet(texts, tokenizer, path=path, name=name)
     check_positions(prompts, tokenizer, model_config, max_new_tokens, path=path, name=name)
+    if hasattr(task, "demonstrations"):
+        demos = [response for _, response in task.demonstrations(SAMPLE_DEMOS, 0)]
+        check_response_room(demos, tokenizer, max_new_tokens, name=name)

@@ -236,6 +236,18 @@ class TaskFn(Protocol):
         ...
 
 
+class RewardFn(Protocol):
+    def __call__(self, answer: str, response: str) -> float:
+        """score in [0, 1]
+
+        A verifier of a response against a task's reference answer (task.file.answer_format names
+        one): answer is the reference's final answer (what follows the last '####' of a GSM8K-style
+        reference), response the decoded response without EOS. 1.0 = right. Never raises on any
+        response text (a response it cannot read scores 0.0).
+        """
+        ...
+
+
 class TrackerFn(Protocol):
     def __call__(
         self, run_dir: str, *, name: str, group: str, params: dict[str, str], resume_step: int
@@ -343,6 +355,7 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
         ),
     },
     "task": {},
+    "reward": {"formula": _FORMULA_LISTED},
     "tracker": {
         "requires": MetaKey("the module the tracker imports; build() refuses it when missing", type=str),
         "extra": MetaKey("the pip extra that installs it: pip install 'polgrad[<extra>]'", type=str),
@@ -362,6 +375,7 @@ PROTOCOLS: dict[str, type] = {
     "filter": FilterFn,
     "preference": PreferenceFn,
     "task": TaskFn,
+    "reward": RewardFn,
     "tracker": TrackerFn,
 }
 

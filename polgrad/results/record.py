@@ -28,6 +28,7 @@ from polgrad.errors import DataError
 from polgrad.results.provenance import environment
 from polgrad.results.store import (
     BUDGET_COLUMNS,
+    LENGTH_COLUMNS,
     METRICS,
     NOT_READ,
     REWARD_MODEL_COLUMNS,
@@ -76,7 +77,9 @@ def cell_row(
     # The budget's counts (a trainer that writes them) and what the dry run made of the cell (Sweep.budget).
     row.update({k: summary[k] if ok else None for k in BUDGET_COLUMNS[:3] if k in summary})
     row.update({k: cell[k] for k in BUDGET_COLUMNS[3:] if k in cell})
-    row.update({k: summary[k] if ok else None for k in REWARD_MODEL_COLUMNS if k in summary})
+    row.update(
+        {k: summary[k] if ok else None for k in (*REWARD_MODEL_COLUMNS, *LENGTH_COLUMNS) if k in summary}
+    )
     row["status"] = outcome["status"]
     row["error"] = outcome.get("error", "")
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from polgrad.errors import DataError, is_write_failure, write_error
 from polgrad.io import atomic_write_text
-from polgrad.summary import REWARD_MODEL_KEYS
+from polgrad.summary import LENGTH_KEYS, REWARD_MODEL_KEYS
 
 # The metrics a trainer's summary.json carries, in the order they appear in the CSV and the table.
 METRICS = (
@@ -62,6 +62,11 @@ WARM_START = "warm_start"
 # A run trained on a reward model: the gold (task verifier) beside the proxy it trained on
 # (polgrad/summary.py); blank, and absent from a CSV none of whose runs had one, otherwise.
 REWARD_MODEL_COLUMNS = REWARD_MODEL_KEYS
+# The lengths of right and wrong responses (polgrad/summary.py); blank where a run did not record
+# them (older runs), and absent from a CSV none of whose runs had them.
+LENGTH_COLUMNS = LENGTH_KEYS
+# What Sweep.predictions, Sweep.tuning's metric and Sweep.primary_metric may name.
+OUTCOME_METRICS = (*METRICS, *REWARD_MODEL_COLUMNS, *LENGTH_COLUMNS)
 FRONT_COLUMNS = ("experiment", "cell_id", "spec", "spec_file")
 BACK_COLUMNS = (
     "seed",
@@ -72,6 +77,7 @@ BACK_COLUMNS = (
     *RUN_COLUMNS,
     *BUDGET_COLUMNS,
     *REWARD_MODEL_COLUMNS,
+    *LENGTH_COLUMNS,
     *TABLE5_COLUMNS,
     "status",
     "error",

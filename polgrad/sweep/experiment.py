@@ -323,9 +323,11 @@ def _read_predictions(file: str, value: Any, specs, axes, where) -> list[dict[st
         margin = item[4] if len(item) == 5 else None
         if margin is not None and (expected != "no difference" or not _positive_number(margin)):
             raise _fail(file, here, "a margin (> 0) goes only with the expectation 'no difference'")
-        if metric not in _results.METRICS:
+        if metric not in _results.OUTCOME_METRICS:
             raise _fail(
-                file, here, f"unknown metric {gin_text(metric)}" + did_you_mean(str(metric), _results.METRICS)
+                file,
+                here,
+                f"unknown metric {gin_text(metric)}" + did_you_mean(str(metric), _results.OUTCOME_METRICS),
             )
         if expected not in EXPECTATIONS:
             raise _fail(
@@ -376,12 +378,12 @@ def load_experiment(path: str) -> Experiment:
             file, where("name"), f"must be a plain name (letters, digits, _ . -), got {gin_text(name)}"
         )
     primary = param("primary_metric")
-    if primary not in _results.METRICS:
+    if primary not in _results.OUTCOME_METRICS:
         raise _fail(
             file,
             where("primary_metric"),
             f"unknown metric {gin_text(primary)}; valid: "
-            f"{', '.join(_results.METRICS)}{did_you_mean(str(primary), _results.METRICS)}",
+            f"{', '.join(_results.OUTCOME_METRICS)}{did_you_mean(str(primary), _results.OUTCOME_METRICS)}",
         )
     higher = param("higher_is_better")
     if not isinstance(higher, bool):

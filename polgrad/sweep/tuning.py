@@ -93,12 +93,12 @@ def declared(exp: Experiment) -> Declared | None:
             f"{', '.join(map(repr, OPTIONAL))}), {example}",
         )
     metric = value.get("metric", exp.primary_metric)
-    if metric not in _results.METRICS:
+    if metric not in _results.OUTCOME_METRICS:
         raise _fail(
             exp.file,
             f"{where}['metric']",
-            f"unknown metric {gin_text(metric)}; valid: {', '.join(_results.METRICS)}"
-            + did_you_mean(str(metric), _results.METRICS),
+            f"unknown metric {gin_text(metric)}; valid: {', '.join(_results.OUTCOME_METRICS)}"
+            + did_you_mean(str(metric), _results.OUTCOME_METRICS),
         )
     higher = value.get("higher_is_better", exp.higher_is_better if metric == exp.primary_metric else True)
     if not isinstance(higher, bool):

@@ -4,7 +4,7 @@
     task.file.prompt_column = 'question'      # default 'prompt'
     task.file.answer_column = 'answer'        # default 'answer'
     task.file.response_column = 'answer'      # optional: full worked solutions for SFT demos
-    task.file.answer_format = 'gsm8k'         # or 'exact'
+    task.file.answer_format = 'gsm8k'         # or 'exact', 'math_verify': a registered reward
 
 A .jsonl file holds one JSON object per line (blank lines are skipped); a .parquet file is read
 with pandas. Prompts (and responses) must be strings; an answer may be a string or a number.
@@ -16,6 +16,11 @@ Scoring, answer_format='gsm8k' (exact match, GSM8K style):
   both are normalised (whitespace and commas removed, one leading '+' dropped, a trailing '.0'
   (or '.00', ...) after a digit dropped) and must be equal: reward 1.0, else 0.0.
 answer_format='exact': the stripped response must equal the stripped answer.
+answer_format='math_verify' (extra `tasks`): Hugging Face's math-verify compares the response with the
+reference's final answer (after its last '####', else all of it) as LaTeX or plain math. Any other
+name is a part registered under kind `reward` (polgrad/components/reward.py), which reads the same final
+answer. Without a response column, demonstrations are '#### <answer>' (the answer alone for 'exact',
+'\\boxed{<answer>}' for any other verifier).
 
 Split: a row is held out iff blake2b(prompt)[:8] / 2**64 < eval_fraction (the rule of the built-in
 tasks, see polgrad.tasks.synthetic), so equal prompts always land together and eval never
@@ -41,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polgrad.components.reward import final_answer, normalize, reference_answer, response_answer  # noqa: F401
 from polgrad.errors import ConfigError, DataError
-from polgrad.registry import register
+from polgrad.registry import get, names, register
 from polgrad.tasks.base import Example
 from polgrad.tasks.synthetic import (
     DIGITS,
@@ -54,35 +60,15 @@ from polgrad.tasks.synthetic import (
 )
 
 SUPPORTED = (".jsonl", ".parquet")
-ANSWER_FORMATS = ("gsm8k", "exact")
+# How a reference's final answer is read, per verifier; any other registered reward reads what follows
+# the last '####' (GSM8K's format), or the whole reference, stripped.
+REFERENCE = {"gsm8k": reference_answer, "exact": str.strip}
+# A demonstration made from the final answer when there is no response column, per verifier; any
+# other registered reward gets '\boxed{<answer>}' (how math answers are written for math-verify).
+DEMO = {"gsm8k": "#### {}", "exact": "{}"}
 EXAMPLE_GSM8K = Path(__file__).parent / "data" / "example_gsm8k.jsonl"  # prompt_column='question'
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
-_TRAILING_ZEROS = re.compile(r"(?<=\d)\.0+$")
-
-
-# --- GSM8K-style answer matching ------------------------------------------------------------------
-def normalize(text: str) -> str:
-    """'+1,234.0 ' -> '1234': drop whitespace and commas, one leading '+', a trailing '.0…'."""
-    s = "".join(text.split()).replace(",", "")
-    if s.startswith("+"):
-        s = s[1:]
-    return _TRAILING_ZEROS.sub("", s)
-
-
-def reference_answer(answer: str) -> str:
-    """The final answer of a GSM8K reference: normalised text after the last '####' (or all of it)."""
-    return normalize(answer.rsplit("####", 1)[-1])
-
-
-def response_answer(response: str) -> str:
-    """The final answer a response gives: after the last '####' (to end of line), else its last
-    number, else the whole response; normalised. '' when it gives none."""
-    if "####" in response:
-        tail = response.rsplit("####", 1)[1].strip()
-        return normalize(tail.splitlines()[0] if tail else "")
-    numbers_ = _NUMBER.findall(response)
-    return normalize(numbers_[-1] if numbers_ else response)
 
 
 def _wrong_answer(answer: str, rng: random.Random) -> str:
@@ -189,10 +175,7 @@ class FileTask:
     def _score(self, answer: str, response: str) -> float:
         if not isinstance(response, str):
             return 0.0
-        if self.answer_format == "exact":
-            return float(response.strip() == answer)
-        got = response_answer(response)
-        return float(bool(got) and got == answer)
+        return float(get("reward", self.answer_format)(answer, response))
 
     def reward(self, example: Example, response: str) -> float:
         return self._score(example.answer, response)
@@ -263,10 +246,10 @@ def file_task(
 ) -> FileTask:
     """Prompts and answers from a .jsonl/.parquet file, scored by exact (GSM8K '####') match."""
     check_fraction("file", eval_fraction)
-    if answer_format not in ANSWER_FORMATS:
+    if answer_format not in names("reward"):
         raise ConfigError(
             f"task.file.answer_format = '{answer_format}' is unknown; "
-            f"valid formats: {', '.join(ANSWER_FORMATS)}"
+            f"valid formats (registered rewards): {', '.join(names('reward'))}"
         )
     p = Path(path).expanduser()
     if p.suffix not in SUPPORTED:
@@ -291,7 +274,7 @@ def file_task(
                 f"{p}: no column '{column}' ({param}); columns present: {', '.join(present) or '(none)'}"
             )
 
-    fmt = reference_answer if answer_format == "gsm8k" else str.strip
+    fmt = REFERENCE.get(answer_format, final_answer)
     rows: list[_Row] = []
     chars: set[str] = set(DIGITS + "# ")
     for where, rec in records:
@@ -308,7 +291,7 @@ def file_task(
                 f"{p}: {where} has an empty answer in column '{answer_column}'; every row needs one"
             )
         if response_column is None:
-            demo = f"#### {answer}" if answer_format == "gsm8k" else answer
+            demo = DEMO.get(answer_format, "\\boxed{{{}}}").format(answer)
         else:
             demo = _text(p, where, response_column, "task.file.response_column", rec[response_column])
         row = _Row(prompt=prompt, answer=answer, demo=demo)
@@ -338,6 +321,12 @@ def file_task(
     for (where, _), row in zip(records, rows, strict=True):
         if task._score(row.answer, row.demo) < 1.0:
             gives = response_answer(row.demo) if answer_format == "gsm8k" else row.demo.strip()
+            if response_column is None:
+                raise DataError(
+                    f"{p}: {where}: reward.{answer_format} does not accept its own answer "
+                    f"'{row.answer[:40]}' written as '{gives[:40]}'; fix the answer or choose another "
+                    "task.file.answer_format"
+                )
             raise DataError(
                 f"{p}: {where}: the response in column '{response_column}' gives '{gives[:40]}' but the "
                 f"answer is '{row.answer[:40]}'; fix the row or unset task.file.response_column"

@@ -1,0 +1,201 @@
+"""task.reasoning_gym: reasoning-gym's datasets behind the Task contract, scored by their own rule.
+
+The oracles here are independent of polgrad's code: a chain sum's answer is the value of its
+expression read back from the prompt, and every score is compared with the score reasoning-gym's
+own dataset object gives (built here with reasoning_gym.create_dataset)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import subprocess
+import sys
+
+import gin
+import pytest
+import reasoning_gym
+
+import polgrad  # noqa: F401  (registers the tasks)
+from polgrad.errors import ConfigError, DataError
+from polgrad.registry import get
+from polgrad.tasks.base import Example
+from polgrad.tasks.gym import EVAL_SIZE, GymExample
+from polgrad.tasks.synthetic import in_eval_split
+
+CHAIN = {"min_terms": 2, "max_terms": 3, "max_digits": 2}
+ARITH = {
+    "min_terms": 2,
+    "max_terms": 3,
+    "max_digits": 2,
+    "operators": ("+", "-"),
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
+
+
+def make(name="chain_sum", config=CHAIN, **kw):
+    return get("task", "reasoning_gym")(name=name, config=config, **kw)
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return make()
+
+
+def _value_of_chain(prompt: str) -> str:
+    """The chain sum's value, computed from the prompt's expression (independent of reasoning-gym)."""
+    expr = re.fullmatch(r"State the final answer to the following arithmetic problem: (.*) =", prompt)
+    assert expr, prompt
+    tokens = expr.group(1).split()
+    total = int(tokens[0])
+    for op, term in zip(tokens[1::2], tokens[2::2], strict=True):
+        total = total + int(term) if op == "+" else total - int(term)
+    return str(total)
+
+
+def test_answers_are_the_expressions_values_and_score_one(chain):
+    for split in ("train", "eval"):
+        for ex in chain.examples(split, 200, seed=3):
+            assert ex.answer == _value_of_chain(ex.prompt)
+            assert chain.reward(ex, ex.answer) == 1.0
+            assert chain.reward(ex, f" {ex.answer}\n") == 1.0
+
+
+def test_reward_is_reasoning_gyms_own_score_on_fixed_samples():
+    """The task's reward equals score_answer of a dataset reasoning-gym builds itself, on responses
+    that are right, right in another spelling (sign, zeros, decimals), partly right and wrong; for
+    chain_sum (decimal comparison) and spell_backward (positional partial credit)."""
+    for name, config, variants in (
+        ("chain_sum", CHAIN, lambda a: [a, "+0" + a, a + ".00", a + "1", "x" + a, "", "7 7", "-" + a]),
+        ("spell_backward", {"min_word_len": 3, "max_word_len": 6},
+         lambda a: [a, a.upper(), a[:-1], a[:-1] + "q", a[::-1], a + "s", ""]),
+    ):  # fmt: skip
+        task = make(name, config)
+        theirs = reasoning_gym.create_dataset(name, **config, seed=1, size=10)
+        scores = set()
+        for ex in task.examples("train", 30, seed=0):
+            assert ex.entry["metadata"]["source_dataset"] == name
+            for response in variants(ex.answer):
+                want = theirs.score_answer(answer=response.strip(), entry=ex.entry)
+                assert task.reward(ex, response) == want
+                scores.add(want)
+        assert 1.0 in scores and 0.0 in scores and any(0 < s < 1 for s in scores)  # partial credit seen
+
+
+def test_known_partial_credit_values():
+    """spell_backward scores the fraction of positions right; chain_sum gives len(oracle)/len(text)
+    when the oracle is a substring of a wrong text (reasoning-gym's rules, worked by hand)."""
+    task = make("spell_backward", {"min_word_len": 3, "max_word_len": 6})
+    ex = GymExample(
+        "Spell this word backward (example: sun -> nus): splat", "talps", entry={"answer": "talps"}
+    )
+    assert task.reward(ex, "talps") == 1.0
+    assert task.reward(ex, "talpx") == pytest.approx(4 / 5, abs=1e-12)  # 4 of 5 positions
+    chain = make()
+    ex = chain.examples("train", 1, seed=0)[0]
+    assert chain.reward(ex, ex.answer + "9") == pytest.approx(
+        len(ex.answer) / (len(ex.answer) + 1), abs=1e-12
+    )
+
+
+def test_tagged_answers_are_extracted():
+    task = make(answer_format="tagged")
+    ex = task.examples("train", 1, seed=0)[0]
+    assert task.demonstrations(1, seed=0)[0][1].startswith("<answer>")
+    assert task.reward(ex, f"I think <answer>0</answer> no, <answer>{ex.answer}</answer>") == 1.0
+    assert task.reward(ex, ex.answer) == 0.0  # no tags: nothing to score
+    assert task.max_response_chars >= len("<answer></answer>") + 1
+
+
+def test_splits_disjoint_deterministic_and_distinct(chain):
+    train = {e.prompt for s in range(3) for e in chain.examples("train", 300, seed=s)}
+    train |= {p for p, _ in chain.demonstrations(300, seed=0)} | {
+        p for p, _, _ in chain.preference_pairs(100, 0)
+    }
+    held = chain.eval_examples(64)
+    assert len(held) == 64 and len({e.prompt for e in held}) == 64
+    assert not train & {e.prompt for e in held}
+    assert all(in_eval_split(e.prompt, 0.1) for e in held)
+    assert not any(in_eval_split(p, 0.1) for p in train)
+    assert chain.examples("train", 50, seed=7) == chain.examples("train", 50, seed=7)
+    assert chain.examples("train", 50, seed=7) != chain.examples("train", 50, seed=8)
+    assert chain.eval_examples(64) == held == chain.eval_examples(128)[:64]
+    assert len(chain.eval_examples(None)) == EVAL_SIZE
+
+
+def test_examples_same_in_another_process(chain):
+    code = (
+        "import polgrad, json; from polgrad.registry import get; "
+        f"t = get('task', 'reasoning_gym')(name='chain_sum', config={CHAIN!r}); "
+        "print(json.dumps([e.prompt for e in t.examples('train', 20, 4)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == str(
+        [e.prompt for e in chain.examples("train", 20, 4)]
+    ).replace("'", '"')
+
+
+def test_alphabet_and_bounds_cover_every_text(chain):
+    texts = [(e.prompt, e.answer) for s in ("train", "eval") for e in chain.examples(s, 300, seed=0)]
+    texts += chain.demonstrations(300, seed=0)
+    for prompt, response in texts:
+        assert set(prompt + response) <= set(chain.alphabet)
+        assert len(prompt) <= chain.max_prompt_chars and len(response) <= chain.max_response_chars
+    assert len(set(chain.alphabet)) == len(chain.alphabet)
+    assert chain.skipped_fraction == 0.0
+
+
+def test_limits_skip_what_does_not_fit():
+    task = make("basic_arithmetic", ARITH, max_prompt_chars=18)
+    exs = task.examples("train", 200, seed=0)
+    assert max(len(e.prompt) for e in exs) <= 18 < make("basic_arithmetic", ARITH).max_prompt_chars
+    assert 0 < task.skipped_fraction <= 0.5
+    with pytest.raises(DataError, match="max_prompt_chars = 5"):
+        make("basic_arithmetic", ARITH, max_prompt_chars=5)
+
+
+def test_preference_pairs_chosen_scores_one_rejected_lower(chain):
+    for prompt, chosen, rejected in chain.preference_pairs(200, seed=5):
+        ex = Example(prompt, _value_of_chain(prompt))  # a plain Example: scored by its answer
+        assert chain.reward(ex, chosen) == 1.0
+        assert chain.reward(ex, rejected) < 1.0
+        assert set(rejected) <= set(chain.alphabet) and len(rejected) <= chain.max_response_chars
+
+
+def test_examples_pickle_with_their_entries(chain):
+    ex = chain.examples("train", 3, seed=0)
+    back = pickle.loads(pickle.dumps(ex))
+    assert back == ex and [b.entry for b in back] == [e.entry for e in ex]
+    assert [chain.reward(b, b.answer) for b in back] == [1.0] * 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"name": "chainsum"}, "did you mean chain_sum"),
+        ({"name": "chain_sum", "config": {"foo": 1}}, "its settings: min_terms, max_terms"),
+        ({"name": "chain_sum", "config": {"min_terms": 0}}, "min_terms must be positive"),
+        ({"name": "chain_sum", "config": {"seed": 3}}, "polgrad sets the seed and size itself"),
+        ({"name": "chain_sum", "answer_format": "xml"}, "valid: plain, tagged"),
+        ({"name": "chain_sum", "eval_fraction": 1.0}, "eval_fraction = 1.0 must be in [0, 1)"),
+        ({"name": "chain_sum", "max_response_chars": 0}, "max_response_chars = 0 must be >= 1"),
+    ],
+)
+def test_bad_settings_raise_one_line(kwargs, fragment):
+    with pytest.raises(ConfigError) as e:
+        get("task", "reasoning_gym")(**kwargs)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_gin_binding_builds_the_task():
+    gin.clear_config()
+    try:
+        gin.parse_config(
+            "task.reasoning_gym.name = 'basic_arithmetic'\n"
+            "task.reasoning_gym.config = {'min_terms': 2, 'max_terms': 2, 'operators': ('+', '-')}"
+        )
+        task = get("task", "reasoning_gym")()
+        assert task.dataset == "basic_arithmetic"
+        assert all(e.prompt.startswith("Calculate ") for e in task.examples("train", 20, 0))
+    finally:
+        gin.clear_config()
