@@ -120,7 +120,8 @@ def best_of_n(
             f"best-of-n: every n must be an integer in 1..{samples} (the samples per prompt), got {ns}"
         )
     policy_path = build.warm_start(cfg)
-    policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
+    policy = models.load_policy(policy_path)
+    tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)
     _, rm_accuracy, members = build.reward_models(cfg, algo, task, policy, policy_path)
     guard = RewardGuard("zero", cfg.task_name, timeout_s=cfg.reward_timeout_s)
     scorer = build.RewardModelScorer(members, guard, guard, combine=cfg.ensemble_combine)

@@ -203,7 +203,8 @@ def build_models(
 def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch.nn.Module, Any]:
     """The warm-started policy and its tokenizer, checked against the task; with LoRA the backbone is
     frozen and the actor trains its adapter (polgrad/models/lora.py)."""
-    policy, tokenizer = models.load_policy(policy_path), models.load_tokenizer(policy_path)
+    policy = models.load_policy(policy_path)
+    tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)
     models.check_inputs(
         task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
     )
@@ -227,6 +228,8 @@ def reward_models(
     rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
     if lora_rm:
         rm["lora"] = cfg.lora.settings()
+    if not cfg.chat_template:
+        rm["chat_template"] = False
     trained = [
         pretrain.train_reward_model(
             policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, member=k, **rm
@@ -319,7 +322,9 @@ def warm_start(cfg: config.TrainConfig) -> str:
     model seeded by `cfg.warm_start_seed` (train.init_seed, else train.seed)."""
     if cfg.policy_path is not None:
         return cfg.policy_path
-    sft = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
+    sft: dict = {} if cfg.sft_steps is None else {"sft_steps": cfg.sft_steps}
+    if not cfg.sft_stop_at_target:
+        sft["target_accuracy"] = None
     return pretrain.warm_start(
         cfg.task_name,
         cfg.task_kwargs(),

@@ -239,7 +239,7 @@ def make_sampler(
     if cfg.rollout_backend == "vllm":
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
-        vllm = VLLMRollout(policy_path, seed=cfg.seed)
+        vllm = VLLMRollout(policy_path, seed=cfg.seed, chat_template=cfg.chat_template)
     if cfg.asynchronous and not algo.offline:
         return AsyncSampler(
             cfg,

@@ -59,7 +59,13 @@ class TrainConfig:
 
     task: a task factory (`@task.add`). policy_path: a HF checkpoint; None builds the tiny default
     for the task and warm-starts it with `sft_steps` of SFT (cached on disk; None: the default of
-    polgrad.pretrain.sft). reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
+    polgrad.pretrain.sft), stopping early once its probe accuracy reaches the target unless
+    `sft_stop_at_target` is False (then every step runs: a task whose probe, cut at the longest answer,
+    counts answers without EOS as right would otherwise stop before the model learns to stop).
+    chat_template: a policy whose tokenizer has a chat template gets each prompt as one user message
+    rendered by it (add_generation_prompt; polgrad.models.prompt_ids), in sampling, SFT, DPO and the
+    reward model alike; False feeds prompts raw. The tiny default has no template.
+    reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     rm_ensemble: K reward models (1, default: one) trained on the same pairs from K initialisation
     seeds (member 0 is the single reward model; polgrad.pretrain.reward_model), every response scored
@@ -143,6 +149,8 @@ class TrainConfig:
     init_seed: int | None = None
     model_kwargs: dict | None = None
     sft_steps: int | None = None
+    sft_stop_at_target: bool = True
+    chat_template: bool = True
     policy_path: str | None = None
     reward_source: str = "task"
     rm_steps: int | None = None
@@ -189,6 +197,12 @@ class TrainConfig:
             )
         if self.sft_steps is not None and (not is_int(self.sft_steps) or self.sft_steps < 0):
             raise ConfigError(f"train.sft_steps must be an integer >= 0 or None, got {self.sft_steps!r}")
+        if not isinstance(self.chat_template, bool):
+            raise ConfigError(f"train.chat_template must be True or False, got {self.chat_template!r}")
+        if not isinstance(self.sft_stop_at_target, bool):
+            raise ConfigError(
+                f"train.sft_stop_at_target must be True or False, got {self.sft_stop_at_target!r}"
+            )
         for name in ("lr", "critic_lr", "adam_eps"):
             value = getattr(self, name)
             if not is_real(value) or not (0 < value < math.inf):

@@ -248,3 +248,19 @@ def test_the_warm_start_prints_progress_lines_without_a_bar(tmp_path, capsys, mo
         cache_dir=tmp_path, progress=False,
     )  # fmt: skip
     assert capsys.readouterr().out == ""
+
+
+def test_a_budget_too_short_for_the_answers_warns_in_one_line(capsys):
+    """task.add (2 digits) has answers of up to 3 characters: with EOS 4 tokens, so max_new_tokens = 3
+    cuts every 3-digit sum off (it could only score 0): one warning line naming the fix; 4 is quiet."""
+    from polgrad.tasks.synthetic import Add
+
+    task = Add()
+    tok = models.build_tokenizer(task.alphabet)
+    config = models.build_tiny(task)[0].config
+    models.check_inputs(task, tok, config, 4, path="x", name="add")
+    assert capsys.readouterr().err == ""
+    models.check_inputs(task, tok, config, 3, path="x", name="add")
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("warning: task.add: the correct response") and "\n" not in err
+    assert "needs 4 tokens with EOS but train.max_new_tokens = 3" in err and "at least 4" in err

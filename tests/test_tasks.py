@@ -468,18 +468,18 @@ def _raises(path_or_kwargs, *fragments, exc=DataError):
 
 
 def test_error_missing_file(tmp_path):
-    _raises(tmp_path / "nope.jsonl", "nope.jsonl", "no such file", "task.file.path")
+    _raises(tmp_path / "nope.jsonl", "nope.jsonl", "no such file or folder", "task.file.path")
 
 
-def test_error_directory(tmp_path):
+def test_error_folder_that_is_no_dataset(tmp_path):
     (tmp_path / "dir.jsonl").mkdir()
-    _raises(tmp_path / "dir.jsonl", "dir.jsonl is a directory")
+    _raises(tmp_path / "dir.jsonl", "dir.jsonl: datasets could not read it", "written by save_to_disk")
 
 
 def test_error_unsupported_extension(tmp_path):
-    p = tmp_path / "d.csv"
+    p = tmp_path / "d.txt"
     p.write_text("prompt,answer\n1,2\n")
-    _raises(p, "d.csv", "unsupported extension '.csv'", "supported: .jsonl, .parquet")
+    _raises(p, "d.txt", "unsupported extension '.txt'", "supported: .jsonl, .parquet, .csv")
 
 
 def test_error_malformed_json_names_the_line(tmp_path):

@@ -48,6 +48,7 @@ from polgrad.models.tokenizer import (
     encode_sequences,
     load_tokenizer,
     position_ids_from_mask,
+    prompt_ids,
 )
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "default_num_threads",
     "digest",
     "encode_prompts",
+    "prompt_ids",
     "encode_sequences",
     "freeze",
     "load_policy",

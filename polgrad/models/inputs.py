@@ -21,6 +21,7 @@ from typing import Any
 
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.models.cache import read_info
+from polgrad.models.tokenizer import prompt_ids
 
 SAMPLE_TRAIN, SAMPLE_EVAL, SAMPLE_DEMOS = 1024, 256, 64  # examples drawn (seed 0) for the checks
 SHOW_CHARS = 60
@@ -72,12 +73,13 @@ def lost_characters(tokenizer, text: str) -> list[str]:
 
 
 def check_positions(prompts: list[str], tokenizer, model_config, max_new_tokens: int, *, path, name) -> None:
-    """ConfigError if the longest prompt (in tokens, BOS included) + max_new_tokens exceeds the
-    model's `max_position_embeddings` (nothing is checked for a model that does not declare it)."""
+    """ConfigError if the longest prompt (in tokens as fed: BOS or the chat template included) plus
+    max_new_tokens exceeds the model's `max_position_embeddings` (nothing is checked for a model that
+    does not declare it)."""
     positions = getattr(model_config, "max_position_embeddings", None)
     if not isinstance(positions, int) or positions <= 0 or not prompts:
         return
-    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=True)["input_ids"]]
+    lengths = [len(prompt_ids(tokenizer, p)) for p in prompts]  # as the sampler feeds them
     longest = max(range(len(prompts)), key=lengths.__getitem__)
     need = lengths[longest] + max_new_tokens
     if need <= positions:

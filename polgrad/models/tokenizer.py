@@ -61,8 +61,9 @@ def build_tokenizer(alphabet: str):
 _GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_tokenizer(path: str | os.PathLike):
-    """The tokenizer saved in a checkpoint directory, left-padding.
+def load_tokenizer(path: str | os.PathLike, *, chat_template: bool = True):
+    """The tokenizer saved in a checkpoint directory, left-padding; with `chat_template=False`
+    (train.chat_template = False) without its chat template, so prompts are fed raw (`prompt_ids`).
 
     A generic fast tokenizer (polgrad's character tokenizer) is loaded exactly as saved: transformers
     5's `AutoTokenizer` would pick the class of the model type instead (Qwen2Tokenizer for the tiny
@@ -80,6 +81,8 @@ def load_tokenizer(path: str | os.PathLike):
     loader = PreTrainedTokenizerFast if saved_class in _GENERIC_CLASSES else AutoTokenizer
     tok = loader.from_pretrained(str(path))
     tok.padding_side = "left"
+    if not chat_template:
+        tok.chat_template = None
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise DataError(
@@ -96,9 +99,24 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The token ids a prompt is fed as: with a chat template (`tokenizer.chat_template`), the prompt as
+    one user message rendered by `apply_chat_template(..., add_generation_prompt=True)` (the template
+    writes its own special tokens), as TRL renders a string prompt for a chat model; without one (the
+    tiny default's character tokenizer, or a run with train.chat_template = False, whose tokenizer
+    `load_tokenizer` loads without it), the tokenizer's own encoding: BOS + the prompt's tokens."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
 def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """BOS + characters, left-padded: (prompt_ids [B,P] int64, prompt_mask [B,P] int64 0/1)."""
-    rows = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    """Each prompt's `prompt_ids` (BOS + characters for the tiny default), left-padded:
+    (prompt_ids [B,P] int64, prompt_mask [B,P] int64 0/1)."""
+    rows = [prompt_ids(tokenizer, p) for p in prompts]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -111,7 +129,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, tor
 def encode_sequences(
     tokenizer, prompts: Sequence[str], responses: Sequence[str]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """BOS + prompt + response + EOS, right-padded (for training on fixed text).
+    """`prompt_ids` (BOS + prompt) + response + EOS, right-padded (for training on fixed text).
 
     Returns (input_ids [B,S], attention_mask [B,S], response_mask [B,S]) where response_mask is 1 on
     the response characters and the EOS (the tokens that SFT is trained to predict).
@@ -120,7 +138,7 @@ def encode_sequences(
         raise DataError(f"{len(prompts)} prompts but {len(responses)} responses")
     rows, starts = [], []
     for p, r in zip(prompts, responses, strict=True):
-        head = tokenizer(p, add_special_tokens=True)["input_ids"]
+        head = prompt_ids(tokenizer, p)
         tail = tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(head + tail)
         starts.append(len(head))

@@ -90,6 +90,7 @@ def train_reward_model(
     threads: int | None = None,
     lora: dict | None = None,
     member: int = 0,
+    chat_template: bool = True,
 ) -> tuple[str, float]:
     """Bradley-Terry reward model on `task.preference_pairs`; returns (checkpoint dir, held-out accuracy).
 
@@ -98,9 +99,10 @@ def train_reward_model(
     EOS token of prompt + response + EOS. `pairs` training pairs (seed `seed`) are cycled through in
     batches of `batch_size` for `steps` AdamW steps (warm-up 5%, cosine to lr/10). Held-out accuracy:
     the fraction of `heldout_pairs` fresh pairs (another seed, prompts disjoint from the training
-    pairs) ranked correctly. `task` is a Task or a registered task name. Cached like `warm_start`;
-    the directory also holds the tokenizer and a polgrad.json with the stats (including the
-    training-pair accuracy). `progress` and `threads` as in `warm_start`.
+    pairs) ranked correctly, or of the task's own held-out pairs where it has them
+    (`heldout_preference_pairs`: task.file with a preference file). `task` is a Task or a registered
+    task name. Cached like `warm_start`; the directory also holds the tokenizer and a polgrad.json with
+    the stats (including the training-pair accuracy). `progress` and `threads` as in `warm_start`.
 
     Measured accuracies with the defaults are next to RM_STEPS: 0.94 on task.sort, but near chance
     on task.add, whose preference pairs need the sum itself to be told apart.
@@ -114,6 +116,9 @@ def train_reward_model(
     training and held-out pairs, another initialisation seed: its head starts from N(0, 1/H) (H the
     hidden size; member 0, the single reward model, keeps the zero head), its LoRA adapter (if any)
     from that seed too, and the pairs are visited in that seed's order. Cached under its own key.
+
+    `chat_template` (train.chat_template): False feeds prompts raw to a policy whose tokenizer has a
+    chat template (polgrad.models.prompt_ids); part of the key only when False.
     """
     if isinstance(task, str):
         task = make_task(task, None)
@@ -127,9 +132,11 @@ def train_reward_model(
     policy = check_dir(policy_path, "policy")
     train = task.preference_pairs(pairs, seed)
     seen = {p for p, _, _ in train}
-    heldout = [t for t in task.preference_pairs(2 * heldout_pairs, seed + 7919) if t[0] not in seen][
-        :heldout_pairs
-    ]
+    own = getattr(task, "heldout_preference_pairs", None)  # a task with a held-out set of its own pairs
+    heldout = own(heldout_pairs) if own is not None else None
+    if heldout is None:
+        fresh = task.preference_pairs(2 * heldout_pairs, seed + 7919)
+        heldout = [t for t in fresh if t[0] not in seen][:heldout_pairs]
     if not heldout:
         raise DataError(f"task.{task.name}: no held-out preference pairs with prompts unseen in training")
     key_fields = {
@@ -145,6 +152,7 @@ def train_reward_model(
             "heldout_pairs": heldout_pairs,
             **({"lora": lora} if lora else {}),  # absent without LoRA: the keys of before
             **({"member": member} if member else {}),  # absent for the single reward model, likewise
+            **({} if chat_template else {"chat_template": False}),  # absent by default, likewise
         },
         "seed": seed,
         "data": digest([train, heldout]),
@@ -155,7 +163,10 @@ def train_reward_model(
         if tmp is None:
             return str(final), float(read_info(final)["stats"]["heldout_pairwise_accuracy"])
         with torch_threads(threads or default_num_threads()):
-            options = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, lora=lora, member=member)
+            options = dict(
+                steps=steps, batch_size=batch_size, lr=lr, seed=seed, lora=lora, member=member,
+                chat_template=chat_template,
+            )  # fmt: skip
             acc = _train_rm(task, policy, train, heldout, options, progress, key_fields, key, tmp)
     return str(final), acc
 
@@ -167,14 +178,15 @@ def _member_seed(seed: int, member: int) -> int:
 
 def _train_rm(task, policy, train, heldout, options: dict, progress, key_fields, key, tmp) -> float:
     """The Bradley-Terry run behind `train_reward_model`: train, evaluate, write into `tmp`. `options`:
-    its steps, batch_size, lr, seed, lora and member, as `train_reward_model` was given them."""
+    its steps, batch_size, lr, seed, lora, member and chat_template, as `train_reward_model` was
+    given them."""
     from tqdm.auto import tqdm
 
     steps, batch_size, lr, seed = options["steps"], options["batch_size"], options["lr"], options["seed"]
     lora, member = options["lora"], options["member"]
 
     t0 = time.perf_counter()
-    tokenizer = load_tokenizer(policy)
+    tokenizer = load_tokenizer(policy, chat_template=options["chat_template"])
     model = ScalarHeadModel.from_backbone(policy)
     with torch.random.fork_rng(devices=[], enabled=member > 0):
         if member:  # an ensemble member: its own random head (and adapter) from its own seed

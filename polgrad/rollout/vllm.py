@@ -120,6 +120,7 @@ class VLLMRollout:
         max_model_len: int | None = None,
         seed: int = 0,
         num_threads: int | None = 1,
+        chat_template: bool = True,
         **engine_kwargs: Any,
     ):
         path = Path(model_path)
@@ -141,7 +142,9 @@ class VLLMRollout:
             ) from e
 
         self.model_path = str(path)
-        self.tokenizer = load_tokenizer(path)
+        self.tokenizer = load_tokenizer(
+            path, chat_template=chat_template
+        )  # prompts as the HF sampler feeds them
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.num_threads = num_threads

@@ -1,4 +1,4 @@
-"""task.file: prompts and reference answers from a user's .jsonl or .parquet file.
+"""task.file: prompts and reference answers from a user's .jsonl/.parquet/.csv file or dataset folder.
 
     task.file.path = 'data/gsm8k_train.jsonl'
     task.file.prompt_column = 'question'      # default 'prompt'
@@ -7,7 +7,10 @@
     task.file.answer_format = 'gsm8k'         # or 'exact', 'math_verify': a registered reward
 
 A .jsonl file holds one JSON object per line (blank lines are skipped); a .parquet file is read
-with pandas. Prompts (and responses) must be strings; an answer may be a string or a number.
+with pandas. A .csv file, a folder written by `save_to_disk` or a folder of data files is read with
+Hugging Face `datasets` (the extra `tasks`; task.file.split picks the split of a DatasetDict or a
+folder, default 'train'; polgrad/tasks/datasets_io.py). Prompts (and responses) must be strings; an
+answer may be a string or a number.
 
 Scoring, answer_format='gsm8k' (exact match, GSM8K style):
   reference  what follows the last '####' in the answer, or the whole answer if it has none;
@@ -26,6 +29,13 @@ Split: a row is held out iff blake2b(prompt)[:8] / 2**64 < eval_fraction (the ru
 tasks, see polgrad.tasks.synthetic), so equal prompts always land together and eval never
 overlaps train. A small file where no prompt hashes below the threshold still gets an eval split:
 the prompt with the smallest hash is held out (if there are at least two distinct prompts).
+
+Preference pairs for the reward model and DPO: with task.file.preferences = <a .jsonl/.parquet/.csv
+file or dataset folder in TRL's preference format> (columns prompt / chosen / rejected, each a string
+or a list of {'role', 'content'} messages; task.file.preference_split picks a split), the file's
+pairs: those whose prompt is held out (the same prompt-hash rule, or a prompt of the eval split) are
+the reward model's held-out pairs, never trained on; the rest are drawn in shuffled passes. Without
+it, synthetic pairs as below.
 
 SFT demonstrations are the response column if given (each must score 1.0 against its own
 answer, else a DataError names the row), else '#### <answer>'. Preference pairs: chosen = the
@@ -132,6 +142,77 @@ def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[st
     return records, [str(c) for c in df.columns]
 
 
+def read_table(
+    p: Path, split: str, path_binding: str, split_binding: str
+) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The rows of a .jsonl/.parquet file (read here), or of a .csv file or a dataset folder (read by
+    `datasets`, polgrad/tasks/datasets_io.py; `split` chooses a split there); a one-line DataError
+    naming the file and the binding (e.g. 'task.file.path') for a missing file or an unsupported kind."""
+    from polgrad.tasks.datasets_io import DATASET_SUFFIXES, read_dataset
+
+    kinds = ", ".join((*SUPPORTED, *DATASET_SUFFIXES)) + " or a Hugging Face dataset folder"
+    if not p.exists():
+        raise DataError(f"{p}: no such file or folder; set {path_binding} to an existing {kinds}")
+    if p.is_dir() or p.suffix in DATASET_SUFFIXES:
+        return read_dataset(p, split, split_binding)
+    if p.suffix not in SUPPORTED:
+        raise DataError(
+            f"{p}: unsupported extension '{p.suffix}'; supported: {kinds} "
+            "(pandas converts others: df.to_json(path, orient='records', lines=True))"
+        )
+    return _read_records(p)
+
+
+PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")  # TRL's preference format
+
+
+def _messages_text(p: Path, where: str, column: str, value: list, prompt: bool) -> str:
+    """A conversational column as text: a prompt's single user message is its content, several
+    messages are 'role: content' lines; a response is its messages' contents joined."""
+    for m in value:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DataError(
+                f"{p}: {where} has a message without string 'role' and 'content' in column '{column}' "
+                f"({repr(m)[:60]}); conversational columns are lists of {{'role': ..., 'content': ...}}"
+            )
+    if not value:
+        raise DataError(f"{p}: {where} has an empty message list in column '{column}'")
+    if prompt and len(value) == 1 and value[0]["role"] == "user":
+        return value[0]["content"]
+    if prompt:
+        return "\n".join(f"{m['role']}: {m['content']}" for m in value)
+    return "".join(m["content"] for m in value)
+
+
+def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
+    """(prompt, chosen, rejected) rows of a preference file or dataset in TRL's format: columns
+    'prompt', 'chosen', 'rejected', each a string (standard) or a list of messages (conversational:
+    a prompt's lone user message is its text, several become 'role: content' lines; a response is its
+    assistant messages' contents). A one-line DataError names the file, the row and the column."""
+    records, present = read_table(p, split, "task.file.preferences", "task.file.preference_split")
+    missing = [c for c in PREFERENCE_COLUMNS if c not in present]
+    if missing:
+        raise DataError(
+            f"{p}: no column '{missing[0]}' (task.file.preferences in TRL's format needs "
+            f"{', '.join(PREFERENCE_COLUMNS)}); columns present: {', '.join(present) or '(none)'}"
+        )
+    out = []
+    for where, rec in records:
+        texts = []
+        for column in PREFERENCE_COLUMNS:
+            value = rec.get(column)
+            if isinstance(value, list):
+                texts.append(_messages_text(p, where, column, value, prompt=column == "prompt"))
+            else:
+                texts.append(_text(p, where, column, "task.file.preferences", value))
+        if texts[1] == texts[2]:
+            raise DataError(f"{p}: {where} has the same chosen and rejected response; drop the row")
+        out.append((texts[0], texts[1], texts[2]))
+    if not out:
+        raise DataError(f"{p} has no rows; task.file.preferences needs preference pairs")
+    return out
+
+
 def _is_missing(value: Any) -> bool:
     """None, NaN, or pandas' NA / NaT (what a parquet file holds in an empty cell)."""
     if value is None or type(value).__name__ in ("NAType", "NaTType"):
@@ -170,6 +251,8 @@ class FileTask:
     alphabet: str = field(repr=False)
     max_prompt_chars: int
     max_response_chars: int
+    preferences: tuple[tuple[str, str, str], ...] = field(default=(), repr=False)  # train-split pairs
+    preference_eval: tuple[tuple[str, str, str], ...] = field(default=(), repr=False)  # held-out pairs
     name: str = "file"
 
     def _score(self, answer: str, response: str) -> float:
@@ -229,8 +312,28 @@ class FileTask:
             candidate = row.demo[: spans[-1].start()] + wrong + row.demo[spans[-1].end() :] if spans else ""
         return candidate if self._score(row.answer, candidate) < 1.0 else f"#### {wrong}"
 
+    def heldout_preference_pairs(self, n: int) -> list[tuple[str, str, str]] | None:
+        """The first `n` pairs of the preference file whose prompts are held out (in prompt-hash order),
+        for the reward model's held-out accuracy; None without a preference file (the reward model
+        then draws fresh synthetic pairs)."""
+        if not self.preferences:
+            return None
+        if not self.preference_eval:
+            raise DataError(
+                f"{self.path}: no preference pair's prompt is in the eval split, so the reward model has "
+                "no held-out pairs; add pairs or raise task.file.eval_fraction"
+            )
+        return sorted(self.preference_eval, key=lambda t: prompt_hash(t[0]))[:n]
+
     def preference_pairs(self, n: int, seed: int) -> list[tuple[str, str, str]]:
         rng = random.Random(f"file|pref|{seed}")
+        if self.preferences:  # the user's pairs: shuffled passes, every pair before any repeats
+            out: list[tuple[str, str, str]] = []
+            while len(out) < n:
+                perm = list(self.preferences)
+                rng.shuffle(perm)
+                out.extend(perm)
+            return out[:n]
         return [(r.prompt, r.demo, self._rejected(r, rng)) for r in self._draw("train", n, rng)]
 
 
@@ -243,8 +346,12 @@ def file_task(
     response_column: str | None = None,
     eval_fraction: float = 0.1,
     answer_format: str = "gsm8k",
+    split: str = "train",
+    preferences: str | None = None,
+    preference_split: str = "train",
 ) -> FileTask:
-    """Prompts and answers from a .jsonl/.parquet file, scored by exact (GSM8K '####') match."""
+    """Prompts and answers from a .jsonl/.parquet/.csv file or a Hugging Face dataset folder, scored by
+    the reward part `answer_format` names (default: GSM8K's '####' exact match)."""
     check_fraction("file", eval_fraction)
     if answer_format not in names("reward"):
         raise ConfigError(
@@ -252,17 +359,7 @@ def file_task(
             f"valid formats (registered rewards): {', '.join(names('reward'))}"
         )
     p = Path(path).expanduser()
-    if p.suffix not in SUPPORTED:
-        raise DataError(
-            f"{p}: unsupported extension '{p.suffix}'; supported: {', '.join(SUPPORTED)} "
-            "(pandas converts others: df.to_json(path, orient='records', lines=True))"
-        )
-    if not p.exists():
-        raise DataError(f"{p}: no such file; set task.file.path to an existing {' or '.join(SUPPORTED)} file")
-    if p.is_dir():
-        raise DataError(f"{p} is a directory; set task.file.path to a {' or '.join(SUPPORTED)} file")
-
-    records, present = _read_records(p)
+    records, present = read_table(p, split, "task.file.path", "task.file.split")
     if not records:
         raise DataError(f"{p} has no rows; it needs at least two examples (one train, one eval)")
     wanted = [(prompt_column, "task.file.prompt_column"), (answer_column, "task.file.answer_column")]
@@ -309,14 +406,32 @@ def file_task(
             f"{p}: every prompt fell in the eval split ({len(rows)} rows); "
             "add rows or lower task.file.eval_fraction"
         )
+    pairs: tuple[tuple[str, str, str], ...] = ()
+    pairs_eval: tuple[tuple[str, str, str], ...] = ()
+    if preferences is not None:  # the user's pairs, held-out prompts dropped (never trained on)
+        every = read_preferences(Path(preferences).expanduser(), preference_split)
+        out = {t[0] for t in every if t[0] in held_out or in_eval_split(t[0], eval_fraction)}
+        pairs = tuple(t for t in every if t[0] not in out)
+        pairs_eval = tuple(t for t in every if t[0] in out)
+        if not pairs:
+            raise DataError(
+                f"{preferences}: every preference pair's prompt is in the eval split ({len(every)} pairs); "
+                "add pairs or lower task.file.eval_fraction"
+            )
+        for prompt, chosen, rejected in every:
+            chars.update(prompt, chosen, rejected)
     task = FileTask(
         path=str(p),
+        preferences=pairs,
+        preference_eval=pairs_eval,
         answer_format=answer_format,
         train=train,
         eval=eval_,
         alphabet="".join(sorted(chars)),
-        max_prompt_chars=max(len(r.prompt) for r in rows),
-        max_response_chars=max(len(r.demo) for r in rows),
+        max_prompt_chars=max(len(t) for t in [r.prompt for r in rows] + [t[0] for t in pairs + pairs_eval]),
+        max_response_chars=max(
+            len(t) for t in [r.demo for r in rows] + [x for t in pairs + pairs_eval for x in t[1:]]
+        ),
     )
     for (where, _), row in zip(records, rows, strict=True):
         if task._score(row.answer, row.demo) < 1.0:

@@ -1,0 +1,74 @@
+"""Reading a Hugging Face dataset on disk into rows: what `task.file` and preference files accept
+besides .jsonl and .parquet (the extra `tasks` installs `datasets`).
+
+    task.file.path = 'data/gsm8k'             # a folder written by Dataset(Dict).save_to_disk
+    task.file.path = 'data/my_json_files'     # a folder of .json/.jsonl/.parquet/.csv data files
+    task.file.path = 'data/train.csv'         # a .csv file
+    task.file.split = 'test'                  # which split of a DatasetDict or a folder (default 'train')
+
+A folder that `datasets.load_from_disk` reads (a saved Dataset, or a DatasetDict with the split
+chosen) is read so; any other folder is a local dataset whose builder `datasets.load_dataset(folder)`
+infers from its files (json, parquet, csv, ...), and its `split`; a .csv file through the csv
+builder. .jsonl and .parquet files are read by polgrad itself (tasks/files.py: json line by line
+with the line number in every error, parquet with pandas), so the core install reads them without
+`datasets`. Rows are plain dicts, as `Dataset.to_list()` gives them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from polgrad.errors import ConfigError, DataError
+
+DATASET_SUFFIXES = (".csv",)  # single files read through `datasets`
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            "reading a Hugging Face dataset folder or a .csv file needs the datasets package: "
+            "pip install 'polgrad[tasks]' (or pip install datasets)"
+        ) from None
+    return datasets
+
+
+def _saved(path: Path) -> bool:
+    """Whether `path` is a folder written by save_to_disk (a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def read_dataset(path: Path, split: str, setting: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """[(location label, row)] and the columns of the dataset at `path` (a folder or a .csv file),
+    split `split`; `setting` (e.g. 'task.file.split') names the split's binding in errors."""
+    ds_lib = _datasets()
+    try:
+        if path.is_dir() and _saved(path):
+            data = ds_lib.load_from_disk(str(path))
+            if isinstance(data, ds_lib.DatasetDict):
+                if split not in data:
+                    raise DataError(
+                        f"{path}: no split '{split}' ({setting}); its splits: {', '.join(data) or '(none)'}"
+                    )
+                data = data[split]
+        elif path.is_dir():
+            found = ds_lib.load_dataset(str(path))
+            if split not in found:
+                raise DataError(
+                    f"{path}: no split '{split}' ({setting}); its splits: {', '.join(found) or '(none)'}"
+                )
+            data = found[split]
+        else:
+            data = ds_lib.load_dataset(path.suffix.lstrip("."), data_files=str(path), split="train")
+    except DataError:
+        raise
+    except Exception as e:  # datasets raises many types for an unreadable folder or file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(
+            f"{path}: datasets could not read it ({type(e).__name__}: {msg[:160]}); it must be a folder "
+            "written by save_to_disk, a folder of data files (.json/.jsonl/.parquet/.csv) or a .csv file"
+        ) from None
+    rows = data.to_list()
+    return [(f"row {i} (0-based)", row) for i, row in enumerate(rows)], list(data.column_names)
