@@ -10,6 +10,7 @@ import torch
 import polgrad  # noqa: F401
 from polgrad import models
 from polgrad.errors import ConfigError
+from polgrad.registry import get
 from polgrad.rollout.hf import generate
 from polgrad.tasks.base import Example
 from polgrad.train_config import TrainConfig
@@ -78,4 +79,4 @@ def test_sampling_feeds_the_rendered_prompt():
 
 def test_train_chat_template_must_be_a_bool():
     with pytest.raises(ConfigError, match="train.chat_template must be True or False"):
-        TrainConfig(task=lambda: None, max_new_tokens=4, steps=1, chat_template="no").validate()
+        TrainConfig(task=get("task", "add"), max_new_tokens=4, steps=1, chat_template="no").validate()

@@ -12,6 +12,7 @@ from polgrad import config
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
 from polgrad.errors import ConfigError, ShapeError
+from polgrad.registry import get
 from polgrad.trainer import step_seed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,3 +226,19 @@ def test_a_polgrad_error_raised_inside_a_configurable_stays_one_line_without_pat
         other()
     assert "In call to configurable 'probe_other_error'" in str(info.value)
     assert gin_utils.augment_exception_message_and_reraise is augment
+
+
+@pytest.mark.parametrize("stop, want", [(True, {}), (False, {"target_accuracy": None})])
+def test_sft_stop_at_target_reaches_the_warm_start(monkeypatch, stop, want):
+    """train.sft_stop_at_target = False runs every SFT step (target_accuracy None); the default passes
+    nothing, so the warm start's own default (and every cached key) is unchanged."""
+    from polgrad import build, pretrain
+    from polgrad.train_config import TrainConfig
+
+    seen = {}
+    monkeypatch.setattr(pretrain, "warm_start", lambda *a, **kw: seen.update(kw) or "dir")
+    cfg = TrainConfig(task=get("task", "add"), max_new_tokens=4, steps=1, sft_stop_at_target=stop)
+    assert build.warm_start(cfg) == "dir"
+    assert {k: v for k, v in seen.items() if k == "target_accuracy"} == want
+    with pytest.raises(ConfigError, match="train.sft_stop_at_target must be True or False"):
+        TrainConfig(task=get("task", "add"), max_new_tokens=4, steps=1, sft_stop_at_target=0)
