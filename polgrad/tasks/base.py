@@ -46,3 +46,8 @@ class Task(Protocol):
     def preference_pairs(self, n: int, seed: int) -> list[tuple[str, str, str]]:
         """(prompt, chosen, rejected) with chosen scoring higher than rejected, for the reward model."""
         ...
+
+    # Optional: heldout_preference_pairs(n) -> list of (prompt, chosen, rejected) | None, the task's own
+    # held-out pairs (prompts never trained on) for the reward model's held-out accuracy; without it
+    # (or when it returns None) the reward model draws fresh pairs with another seed (task.file with
+    # a preference file has it).
