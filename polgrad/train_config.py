@@ -235,6 +235,9 @@ class TrainConfig:
             if p.default is not inspect.Parameter.empty
         }
         kwargs.update(gin.get_bindings(self.task))
+        for name, default in entry.meta.get("key_neutral", {}).items():  # added later: old keys hold
+            if name in kwargs and kwargs[name] == default:
+                del kwargs[name]
         object.__setattr__(self, "_task_kwargs", kwargs)
 
     @property
@@ -252,8 +255,9 @@ class TrainConfig:
         return registry.entry_of(self.task).name
 
     def task_kwargs(self) -> dict[str, Any]:
-        """The task's full configuration (defaults + gin bindings, read when the config was built): it
-        keys the SFT and RM caches."""
+        """The task's full configuration (defaults + gin bindings, read when the config was built),
+        without the parameters its factory declares `key_neutral` while at their defaults: it keys
+        the SFT and RM caches."""
         return dict(self._task_kwargs)
 
     @property

@@ -80,3 +80,35 @@ def test_sampling_feeds_the_rendered_prompt():
 def test_train_chat_template_must_be_a_bool():
     with pytest.raises(ConfigError, match="train.chat_template must be True or False"):
         TrainConfig(task=get("task", "add"), max_new_tokens=4, steps=1, chat_template="no").validate()
+
+
+def test_the_reward_model_cache_follows_the_template_in_effect(tmp_path):
+    """A cached reward model is reused only by runs that feed prompts the same way: a policy whose
+    tokenizer has a chat template gets its own reward model; with train.chat_template = False it
+    shares the one of the same weights without a template (whose key is that of before templates)."""
+    from polgrad.pretrain import train_reward_model
+    from polgrad.tasks.synthetic import Add
+
+    task = Add(digits=1)
+    model, tok = models.build_tiny(task)
+    model.save_pretrained(tmp_path / "p")  # one policy: only its tokenizer's template changes below
+
+    def rm(template, **kw):
+        tok.chat_template = template
+        tok.save_pretrained(tmp_path / "p")
+        path, _ = train_reward_model(
+            tmp_path / "p",
+            task,
+            steps=1,
+            pairs=8,
+            heldout_pairs=8,
+            cache_dir=tmp_path / "c",
+            progress=False,
+            **kw,
+        )
+        return path
+
+    plain, templated = rm(None), rm("={{ messages[0]['content'] }}+")
+    assert plain != templated
+    assert rm("={{ messages[0]['content'] }}+", chat_template=False) == plain
+    assert rm(None, chat_template=False) == plain

@@ -76,3 +76,23 @@ def test_missing_column_in_a_dataset_names_the_columns(tmp_path):
     with pytest.raises(DataError) as e:
         get("task", "file")(path=str(tmp_path / "saved"))  # prompt_column defaults to 'prompt'
     assert "no column 'prompt' (task.file.prompt_column); columns present: question, answer" in str(e.value)
+
+
+def test_split_of_a_splitless_dataset_is_an_error(tmp_path):
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    datasets.Dataset.from_list(ROWS).to_csv(str(tmp_path / "rows.csv"), index=False)
+    for path, fragment in (
+        (tmp_path / "saved", "one saved Dataset without splits"),
+        (tmp_path / "rows.csv", "one file"),
+    ):
+        with pytest.raises(DataError) as e:
+            _task(path, split="test")
+        assert fragment in str(e.value) and "task.file.split = 'test'" in str(e.value)
+
+
+def test_a_dataset_dict_with_an_empty_split_still_reads_its_other_splits(tmp_path, reference):
+    empty = datasets.Dataset.from_list(ROWS).select([])
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS), "test": empty}).save_to_disk(
+        str(tmp_path / "dd")
+    )
+    assert _pairs(_task(tmp_path / "dd")) == _pairs(reference)

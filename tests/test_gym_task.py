@@ -156,10 +156,41 @@ def test_limits_skip_what_does_not_fit():
 
 def test_preference_pairs_chosen_scores_one_rejected_lower(chain):
     for prompt, chosen, rejected in chain.preference_pairs(200, seed=5):
-        ex = Example(prompt, _value_of_chain(prompt))  # a plain Example: scored by its answer
+        answer = _value_of_chain(prompt)
+        ex = GymExample(prompt, answer, entry={"question": prompt, "answer": answer, "metadata": {}})
         assert chain.reward(ex, chosen) == 1.0
         assert chain.reward(ex, rejected) < 1.0
         assert set(rejected) <= set(chain.alphabet) and len(rejected) <= chain.max_response_chars
+
+
+def test_a_plain_example_is_refused_in_one_line(chain):
+    """Some datasets score by the item's metadata (countdown, number_sorting): a plain Example,
+    which has none, would score a right answer wrong, so it is refused."""
+    with pytest.raises(DataError) as e:
+        chain.reward(Example("State the final answer to the following arithmetic problem: 1 + 2 =", "3"), "3")
+    assert "got a plain Example" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_eval_examples_read_only_what_they_need(chain, monkeypatch):
+    """The held-out list stops at n distinct prompts: it reads about n / eval_fraction items, not 50 n."""
+    from polgrad.tasks import gym
+
+    built = []
+    real = gym.ReasoningGymTask._build
+    monkeypatch.setattr(
+        gym.ReasoningGymTask, "_build", lambda self, seed: built.append(seed) or real(self, seed)
+    )
+    count = {"n": 0}
+    real_items = gym.ReasoningGymTask._items
+
+    def counting(self, label):
+        for item in real_items(self, label):
+            count["n"] += 1
+            yield item
+
+    monkeypatch.setattr(gym.ReasoningGymTask, "_items", counting)
+    assert len(chain.eval_examples(100)) == 100
+    assert count["n"] < 100 / 0.1 * 3  # ~1,000 expected at eval_fraction 0.1 (plus repeats)
 
 
 def test_examples_pickle_with_their_entries(chain):

@@ -56,6 +56,44 @@ def test_pairs_read_back_and_held_out_pairs_are_never_trained_on(tmp_path, promp
     assert task.preference_pairs(50, seed=1) == task.preference_pairs(50, seed=1)
 
 
+def test_conversational_parquet(tmp_path, prompts):
+    """pandas reads a parquet file's message lists as numpy arrays: they read as the jsonl's lists."""
+    import pandas as pd
+
+    pd.DataFrame(CONVERSATIONAL).to_parquet(tmp_path / "conv.parquet")
+    task = _task(prompts, tmp_path / "conv.parquet", eval_fraction=0.2)
+    every = set(task.preference_pairs(300, seed=0)) | set(task.heldout_preference_pairs(1000))
+    assert every == {(r["prompt"], r["chosen"], r["rejected"]) for r in STANDARD}
+
+
+def test_new_parameters_at_their_defaults_leave_the_cache_key_alone(prompts):
+    """task.file's split / preferences / preference_split came after runs were cached: at their defaults
+    they are not in the task's configuration (which keys the warm start), set they are."""
+    from polgrad.config import build, parse_config
+
+    def kwargs(*extra):
+        gin.clear_config()
+        try:
+            parse_config(
+                ["registry/grpo.gin"], ["train.task = @task.file", f"task.file.path = '{prompts}'", *extra]
+            )
+            return build()[0].task_kwargs()
+        finally:
+            gin.clear_config()
+
+    plain = kwargs()
+    assert not {"split", "preferences", "preference_split"} & set(plain)
+    assert set(plain) == {
+        "path",
+        "prompt_column",
+        "answer_column",
+        "response_column",
+        "eval_fraction",
+        "answer_format",
+    }
+    assert kwargs("task.file.split = 'train2'")["split"] == "train2"
+
+
 def test_multi_turn_prompts_become_role_lines(tmp_path, prompts):
     rows = [
         {
@@ -67,10 +105,9 @@ def test_multi_turn_prompts_become_role_lines(tmp_path, prompts):
     ]
     path = tmp_path / "multi.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    pairs = set(_task(prompts, path).preference_pairs(300, seed=0))
-    assert ("system: add\nuser: 1+2=", "3", "4") in pairs or any(
-        p.endswith("user: 1+2=") for p, _, _ in pairs
-    )
+    task = _task(prompts, path, eval_fraction=0.2)
+    every = set(task.preference_pairs(300, seed=0)) | set(task.heldout_preference_pairs(1000))
+    assert every == {(f"system: add\nuser: {r['prompt']}", r["chosen"], r["rejected"]) for r in STANDARD}
 
 
 @pytest.mark.parametrize(
@@ -80,6 +117,14 @@ def test_multi_turn_prompts_become_role_lines(tmp_path, prompts):
         ({"prompt": "1+1=", "chosen": "2", "rejected": 3}, "column 'rejected' (task.file.preferences)"),
         ({"prompt": [{"role": "user"}], "chosen": "2", "rejected": "3"}, "message without string 'role' and"),
         ({"prompt": "1+1=", "chosen": "2", "rejected": "2"}, "the same chosen and rejected response"),
+        (
+            {
+                "prompt": "1+1=",
+                "chosen": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}],
+                "rejected": [{"role": "assistant", "content": "3"}],
+            },
+            "has a 'user' message in column 'chosen'",
+        ),
     ],
 )
 def test_bad_preference_rows_raise_one_line(tmp_path, prompts, row, fragment):

@@ -350,6 +350,16 @@ def test_response_lengths_of_right_and_wrong_responses():
     assert r["response_len_incorrect"] == pytest.approx((4 + 7 + 5 + 1) / 4, abs=1e-12)
     assert r["response_len"] == pytest.approx(22 / 6, abs=1e-12)
     assert r["train_accuracy"] == pytest.approx(2 / 6, abs=1e-12)
+    # a reward-model run: right and wrong by the gold (the verifier), not by the proxy score
+    gold = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    proxy = torch.tensor([5.0, -2.0, 3.0, 0.5, 9.0, 1.5])
+    sampled = NS(scores=proxy, rollout=NS(mask=mask), gold_scores=gold)
+    batch = NS(mask=mask, size=6, ref_logp=None, values=None)
+    state = NS(step=1, kl_coef=0.0, skipped_steps=0)
+    r_rm = step_row(NS(row_fields={}, rewards=NS(take=lambda: 0)), sampled, batch, state, {}, {})
+    assert r_rm["response_len_correct"] == pytest.approx((4 + 5) / 2, abs=1e-12)
+    assert r_rm["response_len_incorrect"] == pytest.approx((2 + 3 + 7 + 1) / 4, abs=1e-12)
+    assert r_rm["train_accuracy"] == pytest.approx(4 / 6, abs=1e-12)  # the proxy's, as before
     r = row([0.0] * 6)
     assert r["response_len_correct"] is None and r["response_len_incorrect"] == pytest.approx(
         22 / 6, abs=1e-12

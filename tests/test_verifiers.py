@@ -37,6 +37,8 @@ exact = get("reward", "exact")
         ("$10\\%$", "$0.1$", 1.0),  # a percentage is a fraction
         ("10", "$10\\text{ cm}$", 1.0),  # units are dropped
         ("1,234", "1234", 1.0),  # thousands separators
+        ("x^2+7x+10", "$\\boxed{x^2 + 7x + 10}$", 1.0),  # a plain symbolic reference (MATH style)
+        ("x^2+7x+10", "$x^2 + 7x + 11$", 0.0),
     ],
 )
 def test_math_verify_known_values(answer, response, want):

@@ -15,8 +15,9 @@ reference, stripped.
   reward.math_verify  1 iff math_verify.verify(parse(answer), parse(response)): Hugging Face's
                       math-verify (the extra `tasks`), which reads LaTeX (\\frac, \\boxed{}, sets,
                       percentages, units) and plain numbers and compares them symbolically, the rule
-                      TRL's accuracy reward uses. A bare LaTeX reference ('\\{-1, 1\\}') is read as
-                      '$...$'; a reference it cannot parse at all scores every response 0.
+                      TRL's accuracy reward uses. A bare LaTeX reference ('\\{-1, 1\\}') or a plain
+                      expression it does not read alone ('x^2+1') is read as '$...$'; a reference it
+                      cannot parse at all scores every response 0.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def math_verify(answer: str, response: str) -> float:
     in $...$ or \\boxed{}, or a plain expression; the last match wins) into sympy objects and compared
     (numbers to 6 decimals, fractions, sets, intervals, percentages as fractions, units dropped).
     answer, response: str -> float in {0, 1}. Off the main thread math-verify's signal-based time
-    limit cannot work, so it runs without one there (bind train.reward_timeout_s for a limit)."""
+    limit cannot work, so it runs without one there: train.reward_timeout_s (which runs every reward
+    in a worker thread) then bounds a call by stopping the run, where math-verify's own limit would
+    have scored the response 0."""
     if not isinstance(response, str) or not response.strip():
         return 0.0
     parse, verify = _math_verify()
@@ -103,7 +106,7 @@ def math_verify(answer: str, response: str) -> float:
     limit = {} if main else {"parsing_timeout": None}
     if "\\" in answer and "$" not in answer:  # bare LaTeX ('\\frac{1}{2}'): read it as math
         answer = f"${answer}$"
-    gold = parse(answer, **limit)
+    gold = parse(answer, **limit) or parse(f"${answer}$", **limit)  # 'x^2+1': plain math, no LaTeX
     got = parse(response, **limit)
     if not gold or not got:
         return 0.0

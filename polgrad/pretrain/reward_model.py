@@ -118,7 +118,7 @@ def train_reward_model(
     from that seed too, and the pairs are visited in that seed's order. Cached under its own key.
 
     `chat_template` (train.chat_template): False feeds prompts raw to a policy whose tokenizer has a
-    chat template (polgrad.models.prompt_ids); part of the key only when False.
+    chat template (polgrad.models.prompt_ids); the template in effect (if any) is part of the key.
     """
     if isinstance(task, str):
         task = make_task(task, None)
@@ -139,6 +139,7 @@ def train_reward_model(
         heldout = [t for t in fresh if t[0] not in seen][:heldout_pairs]
     if not heldout:
         raise DataError(f"task.{task.name}: no held-out preference pairs with prompts unseen in training")
+    template = getattr(load_tokenizer(policy, chat_template=chat_template), "chat_template", None)
     key_fields = {
         "kind": "reward_model",
         "version": MODEL_CODE_VERSION,
@@ -152,7 +153,9 @@ def train_reward_model(
             "heldout_pairs": heldout_pairs,
             **({"lora": lora} if lora else {}),  # absent without LoRA: the keys of before
             **({"member": member} if member else {}),  # absent for the single reward model, likewise
-            **({} if chat_template else {"chat_template": False}),  # absent by default, likewise
+            # the chat template in effect (absent without one: the keys of before; a template's text
+            # changes every prompt's tokens, so a reward model trained without it is not reused)
+            **({"chat_template": digest(template)} if template else {}),
         },
         "seed": seed,
         "data": digest([train, heldout]),

@@ -354,7 +354,13 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
             type=str,
         ),
     },
-    "task": {},
+    "task": {
+        "key_neutral": MetaKey(
+            "{parameter: default} of parameters added after runs were cached: left out of the task's "
+            "configuration (which keys the warm-start and reward-model caches) while at that default",
+            type=dict,
+        ),
+    },
     "reward": {"formula": _FORMULA_LISTED},
     "tracker": {
         "requires": MetaKey("the module the tracker imports; build() refuses it when missing", type=str),

@@ -7,7 +7,8 @@
     engine.close()
 
 Same layout and semantics as `polgrad.rollout.hf.generate` (read its module docstring): row b is prompt
-`b // group_size`; `prompt_ids` are BOS + characters left-padded with PAD (`polgrad.models.encode_prompts`),
+`b // group_size`; `prompt_ids` are each prompt as fed (`polgrad.models.prompt_ids`: BOS + characters,
+or the chat template's rendering) left-padded with PAD (`polgrad.models.encode_prompts`),
 `response_ids` are right-padded with PAD after the EOS, `mask` is 1 up to and including the EOS, a row
 with no EOS within `max_new_tokens` is `truncated` (mask all ones), and the response width T is the
 longest row (`max_new_tokens` only if some row is truncated). Token ids go in and come out

@@ -16,6 +16,7 @@ with the line number in every error, parquet with pandas), so the core install r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,20 @@ def read_dataset(path: Path, split: str, setting: str) -> tuple[list[tuple[str, 
     split `split`; `setting` (e.g. 'task.file.split') names the split's binding in errors."""
     ds_lib = _datasets()
     try:
-        if path.is_dir() and _saved(path):
+        if path.is_dir() and (path / "dataset_dict.json").is_file():  # a DatasetDict: load one split
+            splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+            if split not in splits:
+                raise DataError(
+                    f"{path}: no split '{split}' ({setting}); its splits: {', '.join(splits) or '(none)'}"
+                )
+            data = ds_lib.load_from_disk(str(path / split))
+        elif path.is_dir() and _saved(path):  # one saved Dataset: it has no splits
+            if split != "train":
+                raise DataError(
+                    f"{path} is one saved Dataset without splits, so {setting} = '{split}' names nothing; "
+                    "unset it (or save a DatasetDict)"
+                )
             data = ds_lib.load_from_disk(str(path))
-            if isinstance(data, ds_lib.DatasetDict):
-                if split not in data:
-                    raise DataError(
-                        f"{path}: no split '{split}' ({setting}); its splits: {', '.join(data) or '(none)'}"
-                    )
-                data = data[split]
         elif path.is_dir():
             found = ds_lib.load_dataset(str(path))
             if split not in found:
@@ -61,6 +68,8 @@ def read_dataset(path: Path, split: str, setting: str) -> tuple[list[tuple[str, 
                 )
             data = found[split]
         else:
+            if split != "train":
+                raise DataError(f"{path} is one file without splits, so {setting} = '{split}' names nothing")
             data = ds_lib.load_dataset(path.suffix.lstrip("."), data_files=str(path), split="train")
     except DataError:
         raise

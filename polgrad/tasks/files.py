@@ -168,7 +168,8 @@ PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")  # TRL's preference format
 
 def _messages_text(p: Path, where: str, column: str, value: list, prompt: bool) -> str:
     """A conversational column as text: a prompt's single user message is its content, several
-    messages are 'role: content' lines; a response is its messages' contents joined."""
+    messages are 'role: content' lines; a response (assistant messages only) is their contents, one
+    per line."""
     for m in value:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise DataError(
@@ -181,14 +182,22 @@ def _messages_text(p: Path, where: str, column: str, value: list, prompt: bool) 
         return value[0]["content"]
     if prompt:
         return "\n".join(f"{m['role']}: {m['content']}" for m in value)
-    return "".join(m["content"] for m in value)
+    others = sorted({m["role"] for m in value} - {"assistant"})
+    if others:
+        raise DataError(
+            f"{p}: {where} has a '{others[0]}' message in column '{column}'; a response holds only the "
+            "assistant's messages (the conversation before it belongs in 'prompt')"
+        )
+    return "\n".join(m["content"] for m in value)
 
 
 def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
     """(prompt, chosen, rejected) rows of a preference file or dataset in TRL's format: columns
     'prompt', 'chosen', 'rejected', each a string (standard) or a list of messages (conversational:
-    a prompt's lone user message is its text, several become 'role: content' lines; a response is its
-    assistant messages' contents). A one-line DataError names the file, the row and the column."""
+    a prompt's lone user message is its text, several become 'role: content' lines, which a chat
+    template then renders as one user message (TRL renders each turn: multi-turn prompts differ); a
+    response is its assistant messages' contents, one per line). A one-line DataError names the file,
+    the row and the column."""
     records, present = read_table(p, split, "task.file.preferences", "task.file.preference_split")
     missing = [c for c in PREFERENCE_COLUMNS if c not in present]
     if missing:
@@ -201,6 +210,10 @@ def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
         texts = []
         for column in PREFERENCE_COLUMNS:
             value = rec.get(column)
+            if hasattr(value, "tolist") and not isinstance(value, str):  # parquet: numpy arrays
+                value = value.tolist()
+            if isinstance(value, tuple):
+                value = list(value)
             if isinstance(value, list):
                 texts.append(_messages_text(p, where, column, value, prompt=column == "prompt"))
             else:
@@ -337,7 +350,12 @@ class FileTask:
         return [(r.prompt, r.demo, self._rejected(r, rng)) for r in self._draw("train", n, rng)]
 
 
-@register("task", "file")
+# Parameters task.file gained after runs were cached: at these defaults they leave its cache keys as
+# they were (train_config.TrainConfig.task_kwargs).
+KEY_NEUTRAL = {"split": "train", "preferences": None, "preference_split": "train"}
+
+
+@register("task", "file", key_neutral=KEY_NEUTRAL)
 def file_task(
     *,
     path: str,

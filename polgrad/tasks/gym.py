@@ -18,24 +18,24 @@ Split: an item is held out iff its prompt hashes below `eval_fraction` (blake2b(
 the rule of every polgrad task), so no held-out prompt is ever trained on, whatever the seed.
 
 Reward: the dataset's own `score_answer(answer, entry)` (in [0, 1]; 1.0 = right; some datasets give
-partial credit), `entry` being the item the example carries (a plain Example, not drawn by this task,
-is scored as the entry {question, answer, no metadata}); `answer` is the stripped response or, with
-`answer_format = 'tagged'`, the text inside its last <answer>...</answer> (reasoning-gym's
-`extract_answer`; no tags scores 0). Held-out accuracy is the fraction of prompts whose greedy
-response scores 1.0 by reasoning-gym's rule.
+partial credit), `entry` being the item the example carries (a plain Example, not drawn by this
+task, is refused in one line: some datasets score by the item's metadata); `answer` is the stripped
+response or, with `answer_format = 'tagged'`, the text inside its last <answer>...</answer>
+(reasoning-gym's `extract_answer`; no tags scores 0). Held-out accuracy is the fraction of prompts
+whose greedy response scores 1.0 by reasoning-gym's rule.
 
 Fitting the tiny default. The character tokenizer needs every character up front: the task's
-alphabet is printable ASCII plus the characters of a probe of `PROBE_ITEMS` train and eval items, and
-its length bounds (`max_prompt_chars`, `max_response_chars`) are the probe's longest, or the limits
-you set. Every stream then skips an item that does not fit: a character outside the alphabet, a
-prompt or demonstration longer than the bounds, or an answer that does not itself score 1.0 (a
-dataset whose oracle answer is None or not the only right one). The probe's share of skipped items is
-`skipped_fraction`; a dataset with more than `MAX_SKIPPED` skipped is refused in one line naming the
-limit to raise. For the tiny model choose configs with short prompts and answers
-(chain_sum with 2-3 terms of 1-2 digits; spell_backward with words of 3-6 letters) and set
-`train.max_new_tokens` to at least `max_response_chars + 1`; a real model with a subword tokenizer
-and a chat template would use the datasets' defaults, `answer_format = 'tagged'` and a system prompt
-asking for <answer> tags, as reasoning-gym's own examples do.
+alphabet is printable ASCII plus the characters of a probe of `PROBE_ITEMS` train and eval items,
+and its length bounds (`max_prompt_chars`, `max_response_chars`) are the probe's longest, or the
+limits you set where they are smaller. Every stream then skips an item that does not fit: a
+character outside the alphabet, a prompt or demonstration longer than the bounds, or an answer that
+does not itself score 1.0 (a dataset whose oracle answer is None or not the only right one). The
+probe's share of skipped items is `skipped_fraction`; a dataset with more than `MAX_SKIPPED` skipped
+is refused in one line naming the limit to raise. For the tiny model choose configs with short
+prompts and answers (chain_sum with 2-3 terms of 1-2 digits; spell_backward with words of 3-6
+letters) and set `train.max_new_tokens` to at least `max_response_chars + 1`; a real model with a
+subword tokenizer and a chat template would use the datasets' defaults, `answer_format = 'tagged'`
+and a system prompt asking for <answer> tags, as reasoning-gym's own examples do.
 
 SFT demonstrations are the oracle answers ('<answer>X</answer>' when tagged); preference pairs put
 the oracle answer against a corrupted one that scores lower by the dataset's own rule.
@@ -147,12 +147,15 @@ class ReasoningGymTask:
             return False
         return self.score(entry, demo) >= 1.0
 
-    def _draw(self, split: str, n: int, label: str) -> list[GymExample]:
+    def _draw(self, split: str, n: int, label: str, distinct: bool = False) -> list[GymExample]:
+        """The first `n` fitting items of `split` in the stream `label` (with `distinct`, the first `n`
+        distinct prompts)."""
         check_split(split)
         want_eval = split == "eval"
         if want_eval and self.eval_fraction == 0.0:
             raise ConfigError("task.reasoning_gym.eval_fraction is 0, so the eval split is empty; set it > 0")
         out: list[GymExample] = []
+        seen: set[str] = set()
         budget = BUDGET_PER_ITEM * (n + 10)
         for entry in self._items(label):
             if len(out) == n:
@@ -165,7 +168,10 @@ class ReasoningGymTask:
                 )
             prompt = entry.get("question")
             if isinstance(prompt, str) and in_eval_split(prompt, self.eval_fraction) == want_eval:
+                if distinct and prompt in seen:
+                    continue
                 if self.fits(entry):
+                    seen.add(prompt)
                     out.append(GymExample(prompt=prompt, answer=str(entry["answer"]), entry=entry))
         return out
 
@@ -175,28 +181,22 @@ class ReasoningGymTask:
 
     def eval_examples(self, n: int | None) -> list[Example]:
         n = EVAL_SIZE if n is None else n  # no whole split: problems come without end
-        out: dict[str, GymExample] = {}
-        for ex in self._draw("eval", 50 * n + 100, f"{self.dataset}|eval_set"):
-            out.setdefault(ex.prompt, ex)
-            if len(out) == n:
-                return list(out.values())
-        raise ConfigError(
-            f"task.reasoning_gym '{self.dataset}': its eval split has fewer than {n} distinct prompts "
-            "in the items read; lower train.eval_size or widen the config's ranges"
-        )
+        try:
+            return list(self._draw("eval", n, f"{self.dataset}|eval_set", distinct=True))
+        except ConfigError:
+            raise ConfigError(
+                f"task.reasoning_gym '{self.dataset}': its eval split gave fewer than {n} distinct prompts "
+                f"in {BUDGET_PER_ITEM * (n + 10):,} items; lower train.eval_size or widen the config's ranges"
+            ) from None
 
     def reward(self, example: Example, response: str) -> float:
         entry = getattr(example, "entry", None)
-        if entry is None:  # a plain Example (not drawn by this task): its answer is the whole entry
-            entry = {"question": example.prompt, "answer": example.answer, "metadata": {}}
-            try:
-                return self.score(entry, response)
-            except (KeyError, TypeError) as e:
-                raise DataError(
-                    f"task.reasoning_gym '{self.dataset}' scores with the item's metadata "
-                    f"({type(e).__name__}: {e}), which a plain Example (prompt {example.prompt[:40]!r}) "
-                    "lacks: score the task's own examples"
-                ) from None
+        if entry is None:
+            raise DataError(
+                f"task.reasoning_gym '{self.dataset}' scores an example with its reasoning-gym item (some "
+                f"datasets score by its metadata); got a plain Example (prompt {example.prompt[:40]!r}): "
+                "score the task's own examples (GymExample)"
+            )
         return self.score(entry, response)
 
     def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]:
