@@ -230,3 +230,58 @@ def test_gin_binding_builds_the_task():
         assert all(e.prompt.startswith("Calculate ") for e in task.examples("train", 20, 0))
     finally:
         gin.clear_config()
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_a_reasoning_gym_task_and_evaluates_by_its_score(tmp_path, monkeypatch):
+    """GRPO on task.reasoning_gym through the trainer (a short SFT, 2 steps): the held-out record holds
+    the task's distinct held-out prompts, and each prompt's 'correct' is reasoning-gym's own
+    score_answer of the greedy response being 1.0 (the responses recorded by a spy on the reward)."""
+    from polgrad.config import parse_config
+    from polgrad.tasks import gym
+    from polgrad.train import run
+
+    scored: dict[str, list[tuple[str, float]]] = {}
+    real = gym.ReasoningGymTask.reward
+
+    def spy(self, example, response):
+        value = real(self, example, response)
+        scored.setdefault(example.prompt, []).append((response, value))
+        return value
+
+    gin.clear_config()
+    try:
+        parse_config(
+            ["registry/grpo.gin"],
+            [
+                "train.task = @task.reasoning_gym",
+                "task.reasoning_gym.name = 'chain_sum'",
+                f"task.reasoning_gym.config = {CHAIN!r}",
+                "train.sft_steps = 20",
+                "train.steps = 2",
+                "train.eval_every = 2",
+                "train.eval_size = 16",
+                "train.progress = False",
+            ],
+        )
+        from polgrad import build as builder
+        from polgrad.config import build
+
+        builder.warm_start(build()[0])  # the SFT first (its own scoring is not the evaluation's)
+        monkeypatch.setattr(gym.ReasoningGymTask, "reward", spy)
+        summary = run(str(tmp_path / "run"))
+    finally:
+        gin.clear_config()
+    assert summary["status"] == "ok" and summary["steps"] == 2
+    held_prompts = {e.prompt for e in make().eval_examples(16)}
+    assert all(len(scored[p]) == 2 for p in held_prompts)  # scored once per evaluation, never trained on
+    from polgrad.evaluation import read_evals
+
+    theirs = reasoning_gym.create_dataset("chain_sum", **CHAIN, seed=1, size=10)
+    held = {e.prompt: e for e in make().eval_examples(16)}
+    for record in read_evals(str(tmp_path / "run")):
+        assert record["prompts"] == list(held)
+        for prompt, correct in zip(record["prompts"], record["correct"], strict=True):
+            response, value = scored[prompt][0 if record["step"] == 0 else 1]  # steps 0 and 2
+            assert value == theirs.score_answer(answer=response.strip(), entry=held[prompt].entry)
+            assert correct == int(value >= 1.0)

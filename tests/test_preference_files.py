@@ -136,14 +136,15 @@ def test_bad_preference_rows_raise_one_line(tmp_path, prompts, row, fragment):
 
 
 @pytest.mark.slow
-def test_reward_model_and_dpo_train_on_a_preference_dataset(tmp_path, prompts, monkeypatch):
+@pytest.mark.parametrize("rows", [STANDARD, CONVERSATIONAL], ids=["standard", "conversational"])
+def test_reward_model_and_dpo_train_on_a_preference_dataset(tmp_path, prompts, monkeypatch, rows):
     """A reward model trains on the file's pairs and is scored on its held-out ones; a DPO run takes
     two steps on the same pairs (both on a short SFT warm start of the file task)."""
     from polgrad import pretrain
     from polgrad.config import parse_config
     from polgrad.train import run
 
-    datasets.Dataset.from_list(STANDARD).save_to_disk(str(tmp_path / "prefs"))
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "prefs"))
     task = _task(prompts, tmp_path / "prefs", eval_fraction=0.2)
     policy = pretrain.warm_start(
         "file",
