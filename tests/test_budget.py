@@ -95,6 +95,8 @@ DESIGNS = {
     "overoptimization": {"ppo": 64, "grpo": 8},
     "overoptimization_pilot": {"ppo": 64, "grpo": 8},
     "ppo_on_add": {"ppo": 64, "grpo": 8},
+    "reasoning_gym": {"grpo": 8, "dr_grpo": 8, "rloo": 16},
+    "reasoning_gym_pilot": {"grpo": 8, "dr_grpo": 8, "rloo": 16},
     "value_init": {"ppo": 64},
     "value_init_pilot": {"ppo": 64},
 }
