@@ -6,6 +6,10 @@ import json
 import os
 from typing import Any
 
+import torch
+from torch import Tensor
+
+from polgrad import collective
 from polgrad.evaluation import read_evals
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
@@ -68,6 +72,25 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
         "peak_mem_mb": max((r.get("peak_mem_mb", 0.0) for r in rows), default=None),
         "skipped_steps": skipped,
         "reward_errors": sum(int(r.get("reward_errors", 0)) for r in rows),
+    }
+
+
+def response_lengths(lengths: Tensor, scores: Tensor, gold: Tensor | None) -> dict[str, float | None]:
+    """A step's response_len_correct / response_len_incorrect: the mean generated length (EOS included)
+    of its right and of its wrong responses over every rank (lengths, scores, gold: [B]), None where
+    there are none. Right = the task verifier's score is 1.0: the gold score in a reward-model run
+    (whose proxy score is no verdict); NaN (a skipped faulty reward) is wrong. The two curves in which a
+    loss's length bias shows (Liu et al. 2025)."""
+    right = ((scores if gold is None else gold).double() >= 1.0).double()
+    lengths = lengths.double()
+    sums = torch.stack(
+        [right.new_tensor(float(len(right))), right.sum(), lengths.sum(), (lengths * right).sum()]
+    )
+    n, n_right, total, right_len = collective.all_sum(sums).tolist()
+    n_wrong = n - n_right
+    return {
+        "response_len_correct": right_len / n_right if n_right else None,
+        "response_len_incorrect": (total - right_len) / n_wrong if n_wrong else None,
     }
 
 

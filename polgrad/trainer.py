@@ -84,7 +84,7 @@ from polgrad.loop_state import LoopState, save_checkpoint, start_or_resume
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
 from polgrad.sampling import round_seed, sample_kwargs, step_seed
-from polgrad.summary import summarize
+from polgrad.summary import response_lengths, summarize
 from polgrad.tasks.rewards import RewardGuard
 
 
@@ -406,25 +406,11 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
     row.update(m.row_fields)  # e.g. the reward model's held-out pairwise accuracy
     lengths = sampled.rollout.mask.sum(-1).double()
     errors = m.rewards.take()  # faulty rewards (train.reward_errors)
-    # right/wrong for the lengths by the task's verifier: the gold score in a reward-model run (its
-    # proxy score is no verdict); NaN (a skipped faulty reward) counts as not right
-    verdict = scores if sampled.gold_scores is None else sampled.gold_scores.double()
-    right = (verdict >= 1.0).double()
-    sums = [
-        len(scores),
-        scores.sum(),
-        (scores >= 1.0).double().sum(),
-        lengths.sum(),
-        batch.size,
-        errors,
-        right.sum(),
-        (lengths * right).sum(),
-    ]
-    n, score_sum, correct, length_sum, update_seqs, reward_errors, n_right, right_len = collective.all_sum(
+    sums = [len(scores), scores.sum(), (scores >= 1.0).double().sum(), lengths.sum(), batch.size, errors]
+    n, score_sum, correct, length_sum, update_seqs, reward_errors = collective.all_sum(
         torch.tensor([float(x) for x in sums], dtype=torch.float64)
     ).tolist()
     row["reward_errors"] = int(reward_errors)
-    n_wrong = n - n_right
     n = max(n, 1.0)  # every group dropped for a faulty reward: the means are 0
     mean = score_sum / n
     _, _, score_var = collective.moments(scores, ddof=1)
@@ -435,15 +421,11 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
         reward_std=math.sqrt(float(score_var)) if n > 1 else 0.0,  # sample std, as torch.std
         train_accuracy=correct / n,
         response_len=length_sum / n,
-        # the mean length of right and of wrong responses (None when there are none): the two
-        # curves in which a length bias of the loss shows (Liu et al. 2025, Dr. GRPO)
-        response_len_correct=right_len / n_right if n_right else None,
-        response_len_incorrect=(length_sum - right_len) / n_wrong if n_wrong else None,
         update_seqs=update_seqs,
         kl_coef=state.kl_coef,  # the coefficient this step ran with (the controller moves it after)
         skipped_steps=state.skipped_steps,
     )
-    row.update(update)
+    row.update(update, **response_lengths(lengths, scores, sampled.gold_scores))  # + right/wrong lengths
     if sampled.gold_scores is not None:  # a reward model's run: the gold (task verifier) beside its proxy
         gold = sampled.gold_scores.double()
         g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), (gold >= 1.0).double().sum()])).tolist()
