@@ -60,7 +60,7 @@ def response_answer(response: str) -> str:
     return normalize(numbers_[-1] if numbers_ else response)
 
 
-@register("reward", "exact", formula="1[response.strip() == answer.strip()]")
+@register("reward", "exact", formula="1[response.strip() == answer.strip()]", reference=str.strip, demo="{}")
 def exact(answer: str, response: str) -> float:
     """Exact match after stripping surrounding whitespace. answer, response: str -> float in {0, 1}."""
     if not isinstance(response, str):
@@ -68,7 +68,13 @@ def exact(answer: str, response: str) -> float:
     return float(response.strip() == answer.strip())
 
 
-@register("reward", "gsm8k", formula="1[norm(final(response)) == norm(answer)], GSM8K's '####' rule")
+@register(
+    "reward",
+    "gsm8k",
+    formula="1[norm(final(response)) == norm(answer)], GSM8K's '####' rule",
+    reference=reference_answer,
+    demo="#### {}",
+)
 def gsm8k(answer: str, response: str) -> float:
     """GSM8K's exact-match rule (Cobbe et al. 2021, 'Training Verifiers to Solve Math Word Problems':
     a solution ends with '#### <number>'): the response's final answer (`response_answer`) equals the

@@ -306,7 +306,15 @@ META_KEYS: dict[str, dict[str, MetaKey]] = {
             type=dict,
         ),
     },
-    "reward": {"formula": _FORMULA_LISTED},
+    "reward": {
+        "formula": _FORMULA_LISTED,
+        "reference": MetaKey(
+            "how task.file reads a reference's final answer (default: after its last '####')", type=object
+        ),
+        "demo": MetaKey(
+            "task.file's demonstration of an answer, a format string (default '\\boxed{{{}}}')", type=str
+        ),
+    },
     "tracker": {
         "requires": MetaKey("the module the tracker imports; build() refuses it when missing", type=str),
         "extra": MetaKey("the pip extra that installs it: pip install 'polgrad[<extra>]'", type=str),

@@ -58,7 +58,7 @@ from typing import Any
 
 from polgrad.components.reward import final_answer, normalize, reference_answer, response_answer  # noqa: F401
 from polgrad.errors import ConfigError, DataError
-from polgrad.registry import get, names, register
+from polgrad.registry import get, lookup, names, register
 from polgrad.tasks.base import Example
 from polgrad.tasks.synthetic import (
     DIGITS,
@@ -70,12 +70,11 @@ from polgrad.tasks.synthetic import (
 )
 
 SUPPORTED = (".jsonl", ".parquet")
-# How a reference's final answer is read, per verifier; any other registered reward reads what follows
-# the last '####' (GSM8K's format), or the whole reference, stripped.
-REFERENCE = {"gsm8k": reference_answer, "exact": str.strip}
-# A demonstration made from the final answer when there is no response column, per verifier; any
-# other registered reward gets '\boxed{<answer>}' (how math answers are written for math-verify).
-DEMO = {"gsm8k": "#### {}", "exact": "{}"}
+# How a reference's final answer is read and a demonstration written (no response column) come from
+# the reward part's metadata `reference` / `demo`; a part without them reads what follows the last
+# '####' (GSM8K's format), or the whole reference, stripped, and writes '\boxed{<answer>}' (how math
+# answers are written for math-verify).
+DEFAULT_DEMO = "\\boxed{{{}}}"
 EXAMPLE_GSM8K = Path(__file__).parent / "data" / "example_gsm8k.jsonl"  # prompt_column='question'
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
@@ -389,7 +388,8 @@ def file_task(
                 f"{p}: no column '{column}' ({param}); columns present: {', '.join(present) or '(none)'}"
             )
 
-    fmt = REFERENCE.get(answer_format, final_answer)
+    verifier = lookup("reward", answer_format).meta
+    fmt = verifier.get("reference", final_answer)
     rows: list[_Row] = []
     chars: set[str] = set(DIGITS + "# ")
     for where, rec in records:
@@ -406,7 +406,7 @@ def file_task(
                 f"{p}: {where} has an empty answer in column '{answer_column}'; every row needs one"
             )
         if response_column is None:
-            demo = DEMO.get(answer_format, "\\boxed{{{}}}").format(answer)
+            demo = verifier.get("demo", DEFAULT_DEMO).format(answer)
         else:
             demo = _text(p, where, response_column, "task.file.response_column", rec[response_column])
         row = _Row(prompt=prompt, answer=answer, demo=demo)
