@@ -8,7 +8,8 @@ them; `PREFLIGHT` holds the checks an executor needs before anything is validate
 - local: a thread pool of `--parallel N` workers, each running one cell at a time in a fresh
   process with cores // N threads (split between its ranks); on a GPU node each worker owns a
   GPU slot.
-- ray: one Ray task per cell asking for `Sweep.num_cpus` / `Sweep.num_gpus`.
+- ray: one Ray task per cell asking for `Sweep.num_cpus` / `Sweep.num_gpus`, on a local Ray or a
+  cluster whose nodes need not share a disk (polgrad/sweep/ray_cells.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError
+from polgrad.sweep import ray_cells
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.launch import _failed, last_step, run_cell
 from polgrad.sweep.slots import GpuSlot, assign_gpu_slots, visible_gpus
@@ -158,39 +160,6 @@ def _run_local(exp, todo, run_dirs, record, progress, *, parallel, train_module,
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _ray_cell(
-    cell: Cell,
-    run_dir: str,
-    train_module: str,
-    num_cpus: float,
-    launcher: str,
-    timeout_s: float | None,
-    experiment: str,
-    processes: int = 1,
-) -> dict[str, Any]:
-    """Body of one Ray task: run the cell on whatever GPUs Ray gave this worker."""
-    slot = None
-    try:
-        import ray
-
-        gpu_ids = ray.get_gpu_ids()
-        if gpu_ids:
-            slot = GpuSlot(0, tuple(int(g) for g in gpu_ids))
-    except Exception:
-        pass
-    return run_cell(
-        cell,
-        run_dir,
-        train_module=train_module,
-        threads=max(1, int(num_cpus)),
-        slot=slot,
-        launcher=launcher,
-        timeout_s=timeout_s,
-        experiment=experiment,
-        processes=processes,
-    )
-
-
 def _require_ray() -> None:
     try:
         import ray  # noqa: F401
@@ -198,57 +167,7 @@ def _require_ray() -> None:
         raise PolgradError(f"--executor ray needs Ray: pip install 'polgrad[ray]' ({e})") from None
 
 
-def _run_ray(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
-    """Cells as Ray tasks on a local Ray, or on the cluster at `ray_address`."""
-    import ray
-
-    started_here = not ray.is_initialized()
-    if started_here:
-        import logging
-
-        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-        if ray_address:
-            ray.init(address=ray_address, **kwargs)
-        else:
-            ray.init(include_dashboard=False, **kwargs)
-    remote = ray.remote(_ray_cell).options(num_cpus=exp.num_cpus, num_gpus=exp.num_gpus, max_retries=0)
-    limit = parallel or len(todo)
-    queue_ = list(todo)
-    inflight: dict[Any, Cell] = {}
-    try:
-        while queue_ or inflight:
-            while queue_ and len(inflight) < limit:
-                cell = queue_.pop(0)
-                ref = remote.remote(
-                    cell,
-                    str(run_dirs[cell.id]),
-                    train_module,
-                    exp.num_cpus,
-                    exp.launcher,
-                    exp.timeout_s,
-                    exp.name,
-                    exp.processes_per_cell,
-                )
-                inflight[ref] = cell
-                progress.start(cell, run_dirs[cell.id])
-            done, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
-            for ref in done:
-                cell = inflight.pop(ref)
-                try:
-                    outcome = ray.get(ref)
-                except Exception as e:
-                    outcome = _failed(cell, "ray", e, limit=300)
-                record(cell, outcome)
-                progress.finish(cell, outcome)
-            progress.refresh()
-    finally:
-        for ref in inflight:
-            ray.cancel(ref, force=True)
-        if started_here:
-            ray.shutdown()
-
-
 # --executor name -> executor; the CLI offers exactly these names.
-EXECUTORS: dict[str, Callable[..., None]] = {"local": _run_local, "ray": _run_ray}
+EXECUTORS: dict[str, Callable[..., None]] = {"local": _run_local, "ray": ray_cells.run}
 # --executor name -> a check to run before the experiment is validated (raises PolgradError).
 PREFLIGHT: dict[str, Callable[[], None]] = {"ray": _require_ray}

@@ -202,6 +202,17 @@ def _kill_stale_trainer(run_dir: Path) -> None:
     _kill_pids(_cell_pids(run_dir), grace=10.0)
 
 
+def _parent_death_sigterm() -> None:
+    """In the child before exec (Linux): SIGTERM when the thread that started it dies, e.g. when Ray
+    kills the worker running a cancelled task (the trainer then checkpoints its step and ends)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _error_line(first_error: str | None, stderr_tail: Sequence[str], returncode: int) -> str:
     """The trainer's one-line error: its first `error: ...` line (with several ranks, the first rank to
     fail; the others' errors are mostly its consequence, e.g. a closed connection), else the last line
@@ -238,14 +249,22 @@ def run_cell(
     timeout_s: float | None = None,
     experiment: str = "",
     processes: int = 1,
+    environment: dict[str, Any] | None = None,
+    where: dict[str, Any] | None = None,
+    die_with_parent: bool = False,
 ) -> dict[str, Any]:
     """Run the trainer for `cell` into `run_dir` and wait; return its outcome (status, error, summary).
 
     `threads` is the cell's share of the cores, split between its ranks: one rank per GPU of `slot`,
-    else `processes` (Sweep.processes_per_cell) ranks on CPU, started by `launcher`.
+    else `processes` (Sweep.processes_per_cell) ranks on CPU, started by `launcher`. `environment`
+    (commit, diff) is taken from the run folder's checkout unless given (a Ray node runs the
+    driver's code: polgrad/sweep/ray_cells.py); `where` goes into cell.json as is (e.g. the node);
+    `die_with_parent` has the kernel stop the trainer (SIGTERM) when the thread that started it dies.
     """
     run_dir = Path(run_dir).resolve()
     resume = _prepare_run_dir(run_dir)
+    if environment is None:
+        environment = _results.cell_environment(run_dir, experiment)
     n_ranks = ranks(slot, processes)
     cmd, env, env_changes = _command(
         cell, run_dir, train_module, slot, launcher, processes, n_ranks, threads, experiment, resume
@@ -258,12 +277,15 @@ def run_cell(
         "env": {k: env_changes.get(k, env.get(k)) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")},
         "ranks": n_ranks,
         # the commit (and diff.patch when the tree differs), the experiment's own outputs left out
-        "environment": _results.cell_environment(run_dir, experiment),
+        "environment": environment,
         "started_at": _now(),
         "resume": resume,
+        **(where or {}),
     }
     _results.atomic_write_text(run_dir / "cell.json", json.dumps(info, indent=2, default=str) + "\n")
-    rc, first_error, tail, timed_out = _run_trainer(cell, run_dir, cmd, env, n_ranks, timeout_s, info)
+    rc, first_error, tail, timed_out = _run_trainer(
+        cell, run_dir, cmd, env, n_ranks, timeout_s, info, die_with_parent=die_with_parent
+    )
     summary = read_summary(run_dir)
     if timed_out:
         status, error = "failed", _timed_out(timeout_s)
@@ -353,6 +375,7 @@ def _run_trainer(
     n_ranks: int,
     timeout_s: float | None,
     info: dict[str, Any],
+    die_with_parent: bool = False,
 ) -> tuple[int | None, str | None, deque[str], bool]:
     """Start the trainer, log its output to stdout.log, wait for it (stopping it at `timeout_s`);
     (return code, its first `error:` line, the last lines of its stderr, whether it timed out)."""
@@ -375,6 +398,7 @@ def _run_trainer(
                 text=True,
                 errors="replace",
                 start_new_session=n_ranks > 1,
+                preexec_fn=_parent_death_sigterm if die_with_parent else None,
             )
             running = _RUNNING[cell.id] = _Running(proc, run_dir, own_group=n_ranks > 1)
         (run_dir / "trainer.pid").write_text(f"{proc.pid}\n")

@@ -1,0 +1,269 @@
+"""A Ray cluster of two nodes on this machine, as a cluster behaves: no shared disk, a node lost.
+
+The fixture starts a head node (127.0.0.1) and a worker node (127.0.0.2), each with `ray start`, its
+own temp dir, one CPU, its own working directory and its own `POLGRAD_NODE_DIR` (where its cells
+train) and, for the worker, its own warm-start cache (a copy of the driver's, as a node image would
+carry it): nothing of the driver's run folders is on its paths, so whatever the driver ends up with
+came through Ray. The test stops both nodes by their
+processes (never `ray stop`, which would stop every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from polgrad.models.cache import default_cache_dir
+from polgrad.sweep.ray_cells import ATTEMPTS
+from polgrad.sweep.slots import free_port
+
+pytestmark = pytest.mark.ray
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("ray is not installed; CI must install the ray extra (pip install '.[ray]')")
+        pytest.skip("ray is not installed (pip install 'polgrad[ray]')")
+
+
+def _base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (*LAUNCHER_VARS, "POLGRAD_TRAIN_MODULE")}
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "disabled",
+            # the head notices a dead node within seconds, not Ray's default half-minute
+            "RAY_health_check_period_ms": "1000",
+            "RAY_health_check_timeout_ms": "1000",
+            "RAY_health_check_failure_threshold": "3",
+        }
+    )
+    return env
+
+
+def _pids_with(text: str) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            pids.append(int(name))
+    return pids
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    parent = {}
+    for name in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            parent[int(name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError):
+            continue
+    found, todo = set(pids), list(pids)
+    while todo:
+        p = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
+
+
+def _kill_all(text: str) -> list[int]:
+    """Stop every process whose command line has `text`, and all their descendants (the raylet's
+    workers, their trainers), then kill them: as at a machine's loss, none of them sees another die
+    (a Ray worker that saw its trainer die would report that as the cell's outcome)."""
+    pids = _descendants(_pids_with(text))
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    return pids
+
+
+class Node:
+    def __init__(self, name: str, root: Path):
+        self.name = name
+        self.root = root  # temp dir (short: Ray's socket paths must stay under 108 bytes)
+        self.home = root / "home"  # the node's own working directory
+        self.runs = root / "home" / "runs"  # its POLGRAD_NODE_DIR
+        self.home.mkdir(parents=True)
+
+    def kill(self) -> list[int]:
+        """What the loss of the machine does: every process of the node dies at once."""
+        return _kill_all(str(self.root))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """(address, head Node, worker Node, environment for drivers)."""
+    _require_ray()
+    ray_bin = Path(sys.executable).with_name("ray")
+    roots = [Path(tempfile.mkdtemp(prefix=f"pg{n}", dir="/tmp")) for n in ("h", "w")]
+    head, worker = Node("head", roots[0]), Node("worker", roots[1])
+    env = _base_env()
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    try:
+        subprocess.run(
+            [str(ray_bin), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+             "--temp-dir", str(head.root / "ray"), "--include-dashboard", "false", *common],
+            cwd=head.home, env={**env, "POLGRAD_NODE_DIR": str(head.runs)},
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        subprocess.run(
+            [str(ray_bin), "start", "--address", address, "--node-ip-address", "127.0.0.2",
+             "--temp-dir", str(worker.root / "ray"), *common],
+            cwd=worker.home,
+            env={**env, "POLGRAD_NODE_DIR": str(worker.runs), "POLGRAD_CACHE": str(worker.home / "cache")},
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        yield address, head, worker, env
+    finally:
+        for node in (worker, head):
+            node.kill()
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _experiment(tmp_path: Path) -> Path:
+    """4 cells of the real tiny GRPO run (2 KL coefficients x 2 seeds), a checkpoint every 2 steps."""
+    path = tmp_path / "cluster.gin"
+    path.write_text(
+        f"include '{REPO / 'experiments' / 'base_tiny.gin'}'\n"
+        "train.steps = 20\ntrain.prompts_per_step = 4\nAlgorithm.group_size = 4\n"
+        "train.eval_every = 20\ntrain.eval_size = 16\ntrain.checkpoint_every = 2\n"
+        f"Sweep.specs = ['{REPO / 'registry' / 'grpo.gin'}']\n"
+        "Sweep.grid = {'Algorithm.kl_coef': [0.0, 0.05]}\nSweep.seeds = [0, 1]\n"
+        "Sweep.name = 'cluster'\nSweep.num_cpus = 1\nSweep.timeout_s = 600\n"
+    )
+    return path
+
+
+# Columns that differ between two runs of the same cells by nature: wall-clock, paths, where.
+_NOT_COMPARED = ("time", "tokens_per_s", "run_dir", "peak_mem", "started", "finished", "host", "node")
+
+
+def _metrics(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    return {
+        r["cell_id"]: {k: v for k, v in r.items() if not any(t in k for t in _NOT_COMPARED)} for r in rows
+    }
+
+
+def _deterministic(run_dir: Path) -> list[dict]:
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not (k.startswith("time") or k in ("tokens_per_s", "peak_mem_mb"))}
+            for r in rows]  # fmt: skip
+
+
+def _attempts(run_dir: Path) -> list[dict]:
+    path = run_dir / ATTEMPTS
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_sweep_on_two_nodes_without_shared_disk_survives_losing_a_node(tmp_path, cluster):
+    address, head, worker, env = cluster
+    exp = _experiment(tmp_path)
+    local = tmp_path / "local"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "polgrad.sweep", str(exp), "--results", str(local), "--parallel", "2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"local sweep: {time.monotonic() - t0:.0f} s")
+    # the worker node's own copy of the warm starts (built just now by the local sweep)
+    shutil.copytree(default_cache_dir(), worker.home / "cache", dirs_exist_ok=True)
+
+    out = tmp_path / "on_cluster"
+    runs = out / "cluster" / "runs"
+    t0 = time.monotonic()
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "polgrad.sweep", str(exp), "--results", str(out), "--parallel", "2",
+         "--executor", "ray", "--ray-address", address],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sweep.err", "w"),
+    )  # fmt: skip
+    # Wait until a cell has finished on the worker node and the next one there has a checkpoint on
+    # the driver's disk; then the worker node dies, with its private folder.
+    worker_node, victim = None, None
+    deadline = time.monotonic() + 900
+    while victim is None:
+        assert sweep.poll() is None, (
+            "the sweep ended before a second cell ran on the worker node:\n"
+            + (tmp_path / "sweep.err").read_text()[-3000:]
+        )
+        assert time.monotonic() < deadline, "no second cell on the worker node in 900 s"
+        for cell_dir in runs.glob("*") if runs.exists() else []:
+            on_worker = (worker.runs / "cluster" / "runs" / cell_dir.name).exists()
+            info = cell_dir / "cell.json"
+            if on_worker and info.exists() and worker_node is None:
+                worker_node = json.loads(info.read_text()).get("ray_node")
+            done_there = [a for a in _attempts(cell_dir) if a["node"] == worker_node and a["status"] == "ok"]
+            if done_there:
+                continue
+            ckpt = cell_dir / "checkpoints"
+            finished_one = any(
+                a["node"] == worker_node and a["status"] == "ok" for d in runs.glob("*") for a in _attempts(d)
+            )
+            if on_worker and finished_one and ckpt.is_dir() and any(ckpt.rglob("*.pt")):
+                victim = cell_dir.name
+        time.sleep(0.2)
+    killed = worker.kill()
+    names = [Path(f"/proc/{p}/comm").read_text().strip() for p in killed if Path(f"/proc/{p}/comm").exists()]
+    print(f"killed the worker node's {len(killed)} processes ({names})")
+    shutil.rmtree(worker.home)
+    rc = sweep.wait(timeout=900)
+    err = (tmp_path / "sweep.err").read_text()
+    print(f"cluster sweep: {time.monotonic() - t0:.0f} s; killed the worker node during {victim}")
+    assert rc == 0, err[-3000:]
+    assert f"LOST    {victim}" in err
+
+    rows, expected = csv_rows(out / "cluster.csv"), csv_rows(local / "cluster.csv")
+    assert len(rows) == 4, rows
+    assert all(r["status"] == "ok" for r in rows), [(r["cell_id"], r["error"]) for r in rows]
+    assert _metrics(rows) == _metrics(expected)  # per-cell results equal the undisturbed sweep's
+    nodes = set()
+    for r in rows:
+        run_dir = runs / r["cell_id"]
+        attempts = _attempts(run_dir)
+        nodes.add(attempts[-1]["node"])
+        assert attempts[-1]["status"] == "ok"
+        # the whole folder is on the driver: curve (each step once), summary, log, checkpoints
+        assert _deterministic(run_dir) == _deterministic(local / "cluster" / "runs" / r["cell_id"])
+        assert (run_dir / "summary.json").exists() and (run_dir / "stdout.log").exists()
+        assert any((run_dir / "checkpoints").rglob("*.pt"))
+    lost = _attempts(runs / victim)
+    assert [a["status"] for a in lost] == ["node lost", "ok"], lost
+    assert lost[0]["node"] == worker_node and lost[1]["node"] != worker_node
+    assert json.loads((runs / victim / "cell.json").read_text())["resume"] is True  # from its checkpoint
+    assert worker_node in nodes and len(nodes) == 2  # cells finished on both nodes
