@@ -237,6 +237,10 @@ BAD_FILES = {
         specs("spec_a.gin") + OK_GRID + "Sweep.num_gpus = 1\nSweep.processes_per_cell = 2\n",
         ["Sweep.processes_per_cell", "one process per GPU (Sweep.num_gpus = 1)"],
     ),
+    "unknown placement": (
+        specs("spec_a.gin") + OK_GRID + "Sweep.placement = 'SPREADS'\n",
+        ["Sweep.placement", "unknown placement 'SPREADS'", "valid: PACK, SPREAD", "did you mean 'SPREAD'"],
+    ),
     "gin syntax error": (
         specs("spec_a.gin") + "Sweep.grid = {'fake_train.lr': [0.1,\nSweep.seeds = [0]\n",
         ["exp.gin"],

@@ -41,6 +41,9 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 | `processes_per_cell` | `1`               | data-parallel ranks (trainer processes, gloo) per CPU  |
 |                      |                   | cell (`num_gpus = 0`), started by `launcher` when > 1; |
 |                      |                   | a GPU cell runs one rank per GPU of its slot           |
+| `placement`          | `'PACK'`          | `--executor ray`: how a cell's ranks go onto nodes,    |
+|                      |                   | a placement group of one bundle per rank: 'PACK',      |
+|                      |                   | 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'             |
 | `timeout_s`          | `None`            | wall-clock limit per cell; over it: killed, failed,    |
 |                      |                   | "timed out after N s" in the CSV and its stdout.log    |
 | `question`           | `''`              | the question the experiment answers (heads its md)     |

@@ -38,6 +38,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "num_gpus": 0,
     "launcher": "deepspeed",
     "processes_per_cell": 1,
+    "placement": "PACK",
     "timeout_s": None,
     "baseline": None,
     "question": "",
@@ -47,6 +48,8 @@ SWEEP_DEFAULTS: dict[str, Any] = {
 }
 EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
+# Ray placement-group strategies for the ranks of a cell (--executor ray; polgrad/sweep/ray_cells.py)
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 @dataclasses.dataclass
@@ -75,6 +78,7 @@ class Experiment:
     question: str = ""
     predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     processes_per_cell: int = 1  # data-parallel trainer processes (ranks) per CPU cell
+    placement: str = "PACK"  # how Ray places a cell's ranks on nodes (--executor ray)
     # Sweep.tuning as written; polgrad.sweep.tuning.plan replaces it by a checked tuning.Plan
     tuning: Any = None
     budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
@@ -411,6 +415,14 @@ def load_experiment(path: str) -> Experiment:
             f"a GPU cell runs one process per GPU (Sweep.num_gpus = {gin_text(num_gpus)}); "
             "processes_per_cell is for CPU cells (Sweep.num_gpus = 0)",
         )
+    placement = param("placement")
+    if placement not in PLACEMENTS:
+        raise _fail(
+            file,
+            where("placement"),
+            f"unknown placement {gin_text(placement)}; valid: {', '.join(PLACEMENTS)}"
+            f"{did_you_mean(str(placement), PLACEMENTS)}",
+        )
     timeout_s = param("timeout_s")
     if timeout_s is not None and (not is_real(timeout_s) or timeout_s <= 0):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
@@ -444,6 +456,7 @@ def load_experiment(path: str) -> Experiment:
         num_gpus=num_gpus,
         launcher=launcher,
         processes_per_cell=processes,
+        placement=placement,
         timeout_s=timeout_s,
         lines=lines,
         tuning=param("tuning"),

@@ -202,15 +202,19 @@ def _kill_stale_trainer(run_dir: Path) -> None:
     _kill_pids(_cell_pids(run_dir), grace=10.0)
 
 
-def _parent_death_sigterm() -> None:
-    """In the child before exec (Linux): SIGTERM when the thread that started it dies, e.g. when Ray
-    kills the worker running a cancelled task (the trainer then checkpoints its step and ends)."""
-    try:
-        import ctypes
+def _parent_death_signal(sig: int):
+    """A preexec_fn: in the child before exec (Linux), ask for `sig` when the thread that started it
+    dies, e.g. when Ray kills the worker running a cancelled task."""
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+    return preexec
 
 
 def _error_line(first_error: str | None, stderr_tail: Sequence[str], returncode: int) -> str:
@@ -251,7 +255,8 @@ def run_cell(
     processes: int = 1,
     environment: dict[str, Any] | None = None,
     where: dict[str, Any] | None = None,
-    die_with_parent: bool = False,
+    die_with_parent: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the trainer for `cell` into `run_dir` and wait; return its outcome (status, error, summary).
 
@@ -259,7 +264,8 @@ def run_cell(
     else `processes` (Sweep.processes_per_cell) ranks on CPU, started by `launcher`. `environment`
     (commit, diff) is taken from the run folder's checkout unless given (a Ray node runs the
     driver's code: polgrad/sweep/ray_cells.py); `where` goes into cell.json as is (e.g. the node);
-    `die_with_parent` has the kernel stop the trainer (SIGTERM) when the thread that started it dies.
+    `die_with_parent` (a signal number, 0: none) is the signal the kernel sends the trainer when the
+    thread that started it dies; `extra_env` is added to the trainer's environment (e.g. RANK).
     """
     run_dir = Path(run_dir).resolve()
     resume = _prepare_run_dir(run_dir)
@@ -269,6 +275,7 @@ def run_cell(
     cmd, env, env_changes = _command(
         cell, run_dir, train_module, slot, launcher, processes, n_ranks, threads, experiment, resume
     )
+    env.update(extra_env or {})
     info = {
         "experiment": experiment,
         "cell": dataclasses.asdict(cell),
@@ -375,7 +382,7 @@ def _run_trainer(
     n_ranks: int,
     timeout_s: float | None,
     info: dict[str, Any],
-    die_with_parent: bool = False,
+    die_with_parent: int = 0,
 ) -> tuple[int | None, str | None, deque[str], bool]:
     """Start the trainer, log its output to stdout.log, wait for it (stopping it at `timeout_s`);
     (return code, its first `error:` line, the last lines of its stderr, whether it timed out)."""
@@ -398,7 +405,7 @@ def _run_trainer(
                 text=True,
                 errors="replace",
                 start_new_session=n_ranks > 1,
-                preexec_fn=_parent_death_sigterm if die_with_parent else None,
+                preexec_fn=_parent_death_signal(die_with_parent) if die_with_parent else None,
             )
             running = _RUNNING[cell.id] = _Running(proc, run_dir, own_group=n_ranks > 1)
         (run_dir / "trainer.pid").write_text(f"{proc.pid}\n")

@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +88,14 @@ def read_tree(root: Path) -> dict[str, bytes]:
 
 class Mirror:
     """What changed under `root` since the previous `delta()`: (files written, with their bytes;
-    files deleted). A file is sent again whenever its size or modification time changes, so a file
-    read while being written is sent whole once it is done."""
+    files deleted), each under the name `name(rel)` gives it on the driver (None: not sent). A file is
+    sent again whenever its size or modification time changes, so a file read while being written is
+    sent whole once it is done."""
 
-    def __init__(self, root: Path, known: dict[str, bytes] | None = None):
-        self.root = root
+    def __init__(self, root: Path, known: Iterable[str] = (), name: Callable[[str], str | None] = str):
+        self.root, self.name = root, name
         self.seen: dict[str, tuple[int, int]] = {}
-        for rel in known or {}:  # what the driver already has: its stat here, after write_tree
+        for rel in known:  # what the driver already has: its stat here, after write_tree
             try:
                 st = (root / rel).stat()
                 self.seen[rel] = (st.st_size, st.st_mtime_ns)
@@ -106,17 +108,46 @@ class Mirror:
         if not self.root.is_dir():  # the folder itself gone (a wiped disk): that is no deletion to copy
             return {}, []
         for rel, path in _files(self.root):
+            if self.name(rel) is None:
+                continue
             try:
                 st = path.stat()
                 key = (st.st_size, st.st_mtime_ns)
                 if self.seen.get(rel) != key:
-                    changed[rel] = path.read_bytes()
+                    changed[self.name(rel)] = path.read_bytes()
                 now[rel] = key
             except OSError:  # deleted between the walk and the read: gone
                 pass
-        deleted = sorted(set(self.seen) - set(now))
+        deleted = sorted(self.name(rel) for rel in set(self.seen) - set(now) if self.name(rel) is not None)
         self.seen = now
         return changed, deleted
+
+
+def rank_name(rank: int) -> Callable[[str], str | None]:
+    """Local file name -> the driver's, for the files of a rank > 0 of a cell spanning nodes: its
+    checkpoint files (its shards) as they are, its log and cell.json as `stdout.rank<r>.log` and
+    `cell.rank<r>.json`; rank 0 writes everything else (metrics, summary)."""
+    own = {"stdout.log": f"stdout.rank{rank}.log", "cell.json": f"cell.rank{rank}.json"}
+
+    def name(rel: str) -> str | None:
+        return own.get(rel, rel if rel.startswith("checkpoints/") else None)
+
+    return name
+
+
+def rank_snapshot(snapshot: dict[str, bytes], rank: int) -> dict[str, bytes]:
+    """The driver's copy of a cell's folder as rank `rank` starts from it (its own log and cell.json
+    under their local names; rank 0 gets the folder as it is, without the other ranks' logs)."""
+    ours = {f"stdout.rank{rank}.log": "stdout.log", f"cell.rank{rank}.json": "cell.json"} if rank else {}
+    out = {}
+    for rel, data in snapshot.items():
+        if rel in ours:
+            out[ours[rel]] = data
+        elif not rel.startswith(("stdout.rank", "cell.rank")) and not (
+            rank and rel in ("stdout.log", "cell.json")
+        ):
+            out[rel] = data
+    return out
 
 
 def _inside(root: Path, rel: str) -> Path:
@@ -145,34 +176,70 @@ def write_tree(root: Path, files: dict[str, bytes], deleted: list[str] = ()) -> 
 # --------------------------------------------------------------------------------------------
 
 
+def rendezvous() -> tuple[str, int]:
+    """(this node's address, a TCP port free on it now): rank 0's MASTER_ADDR / MASTER_PORT."""
+    import ray
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+
 def cell_task(
     cell: Cell,
     rel: str,
     snapshot: dict[str, bytes],
     run: dict[str, Any],
     sync_s: float = SYNC_S,
+    rank: int = 0,
+    world: int = 1,
+    master: tuple[str, int] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Body of the Ray task: yields {"node", "host"} first, then {"files", "deleted"} as the run
     folder changes, and {"outcome"} last. `rel` is the folder's path under this node's
-    `node_dir()`; `snapshot` the driver's copy of it; `run` run_cell's keyword arguments."""
+    `node_dir()`; `snapshot` the driver's copy of it; `run` run_cell's keyword arguments. With
+    `world` > 1 it is rank `rank` of a cell spanning nodes: one trainer process joining rank 0 at
+    `master` (torch.distributed's env:// variables), its folder `<rel>.rank<r>` on this node."""
     import ray
 
     where = {"ray_node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
     yield {"node": where["ray_node"], "host": where["host"]}
-    local = node_dir() / rel
+    local = node_dir() / (rel if world == 1 else f"{rel}.rank{rank}")
     if local.exists():  # an earlier attempt on this node: the driver's copy is the truth
         shutil.rmtree(local)
-    write_tree(local, snapshot)
-    mirror = Mirror(local, snapshot)
+    mine = rank_snapshot(snapshot, rank)
+    write_tree(local, mine)
+    mirror = Mirror(local, mine, rank_name(rank) if rank else str)
     slot = None
     gpu_ids = ray.get_gpu_ids()
     if gpu_ids:
         slot = GpuSlot(0, tuple(int(g) for g in gpu_ids))
+    extra: dict[str, Any] = {}
+    if world > 1:
+        assert master is not None
+        where["rank"] = rank
+        extra = {
+            "processes": 1,
+            "extra_env": {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+            },
+            # a rank whose peer is gone cannot finish its step: it dies with its task
+            "die_with_parent": signal.SIGKILL,
+        }
     done: dict[str, Any] = {}
 
     def body() -> None:
         try:
-            done["outcome"] = run_cell(cell, local, slot=slot, where=where, die_with_parent=True, **run)
+            kwargs = {"die_with_parent": signal.SIGTERM, **run, **extra}
+            outcome = run_cell(cell, local, slot=slot, where=where, **kwargs)
+            if rank and outcome.get("returncode") == 0:  # rank 0 alone writes summary.json
+                outcome = {**outcome, "status": "ok", "error": ""}
+            done["outcome"] = outcome
         except BaseException as e:  # noqa: BLE001 - reported as the cell's outcome below
             done["outcome"] = _failed(cell, "ray task", e)
 
@@ -206,17 +273,40 @@ def _node_lost(error: BaseException) -> bool:
 
 
 class _Attempt:
-    def __init__(self, cell: Cell, number: int, gen: Any):
-        self.cell, self.number, self.gen = cell, number, gen
-        self.node: str | None = None
+    """One start of a cell: its rank tasks (one unless it spans nodes), their nodes and outcomes."""
+
+    def __init__(self, cell: Cell, number: int, world: int, pg: Any = None):
+        self.cell, self.number, self.world, self.pg = cell, number, world, pg
+        self.nodes: list[str | None] = [None] * world
+        self.outcomes: dict[int, dict[str, Any]] = {}
+        self.lost: BaseException | None = None
         self.started = _now()
+
+    def outcome(self) -> dict[str, Any]:
+        """Rank 0's outcome when every rank ended well; else the first failed rank's error (a rank
+        cancelled because another failed counts as not ended)."""
+        first = self.outcomes.get(0)
+        if self.world == 1:
+            return first
+        failed = [(r, o) for r, o in sorted(self.outcomes.items()) if o["status"] == "failed"]
+        missing = [r for r in range(self.world) if r not in self.outcomes]
+        if not failed and not missing:
+            return first
+        rank, o = failed[0] if failed else (missing[0], None)
+        error = o["error"] if o else "did not end"
+        base = first or o or {"summary": None}
+        return {**base, "cell_id": self.cell.id, "status": "failed", "error": f"rank {rank}: {error}"}
 
 
 def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
-    """Cells as Ray tasks on a local Ray, or on the cluster at `ray_address` (see the module doc)."""
+    """Cells as Ray tasks on a local Ray, or on the cluster at `ray_address` (see the module doc).
+    A cell of `Sweep.processes_per_cell` = k > 1 ranks gets a placement group of k bundles
+    (`Sweep.placement`: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD) and one task per rank in it."""
     import logging
 
     import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     started_here = not ray.is_initialized()
     if started_here:
@@ -225,13 +315,17 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             ray.init(address=ray_address, **kwargs)
         else:
             ray.init(include_dashboard=False, **kwargs)
-    remote = ray.remote(cell_task).options(
-        num_cpus=exp.num_cpus, num_gpus=exp.num_gpus, max_retries=0, num_returns="streaming"
-    )
+    world = exp.processes_per_cell if exp.num_gpus == 0 else 1
+    per_rank = {"num_cpus": exp.num_cpus / world, "num_gpus": exp.num_gpus}
+    remote = ray.remote(cell_task)
+
+    def task(**options: Any) -> Any:  # Ray's own retry is off: a lost cell is started again here
+        return remote.options(max_retries=0, num_returns="streaming", **options)
+
     results_root = Path(run_dirs[todo[0].id]).parent.parent.parent if todo else Path(".")
     limit = parallel or len(todo)
     queue_: list[tuple[Cell, int]] = [(c, 1) for c in todo]
-    inflight: dict[Any, _Attempt] = {}
+    inflight: dict[Any, tuple[_Attempt, int]] = {}  # rank task -> (its attempt, its rank)
 
     def submit(cell: Cell, number: int) -> None:
         run_dir = Path(run_dirs[cell.id])
@@ -240,7 +334,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         environment = _results.cell_environment(run_dir, exp.name)
         run_kwargs = {
             "train_module": train_module,
-            "threads": max(1, int(exp.num_cpus)),
+            "threads": max(1, int(per_rank["num_cpus"]) if world > 1 else int(exp.num_cpus)),
             "launcher": exp.launcher,
             "timeout_s": exp.timeout_s,
             "experiment": exp.name,
@@ -248,55 +342,85 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             "environment": environment,
         }
         rel = run_dir.resolve().relative_to(results_root.resolve()).as_posix()
-        gen = remote.remote(cell, rel, read_tree(run_dir), run_kwargs)
-        inflight[gen] = _Attempt(cell, number, gen)
+        snapshot = ray.put(read_tree(run_dir))
+        if world == 1:
+            att = _Attempt(cell, number, 1)
+            inflight[task(**per_rank).remote(cell, rel, snapshot, run_kwargs)] = (att, 0)
+        else:
+            bundles = [{"CPU": per_rank["num_cpus"]} for _ in range(world)]
+            pg = placement_group(bundles, strategy=exp.placement)
+            ray.get(pg.ready())  # waits for the resources of every rank at once
+            att = _Attempt(cell, number, world, pg)
+            at = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r) for r in range(world)]
+            master = ray.get(ray.remote(rendezvous).options(num_cpus=0, scheduling_strategy=at[0]).remote())
+            for r in range(world):
+                ref = task(**per_rank, scheduling_strategy=at[r]).remote(
+                    cell, rel, snapshot, run_kwargs, SYNC_S, r, world, master
+                )
+                inflight[ref] = (att, r)
         progress.start(cell, run_dir)
+
+    def end(att: _Attempt) -> None:
+        """Every rank of `att` has ended (or was lost): record it, or start it again after a loss."""
+        cell, run_dir = att.cell, Path(run_dirs[att.cell.id])
+        for ref, (other, _r) in list(inflight.items()):
+            if other is att:  # a rank still running when another failed or was lost
+                ray.cancel(ref, force=True)
+                del inflight[ref]
+        if att.pg is not None:
+            remove_placement_group(att.pg)
+        nodes = att.nodes[0] if att.world == 1 else att.nodes
+        entry = {"attempt": att.number, "node": nodes, "started": att.started, "ended": _now()}
+        if att.lost is not None and att.number <= NODE_LOSS_RETRIES:
+            why = " ".join(f"{type(att.lost).__name__}: {att.lost}".split())[:300]
+            _attempt_line(run_dir, {**entry, "status": "node lost", "error": why})
+            progress.stop(cell)
+            progress.bar.write(f"LOST    {cell.id} on node {nodes}: starting it again", file=sys.stderr)
+            queue_.insert(0, (cell, att.number + 1))
+            return
+        if att.lost is not None:
+            outcome = _failed(cell, f"ray (node lost {att.number} times)", att.lost, limit=300)
+        else:
+            outcome = att.outcome()
+        _attempt_line(run_dir, {**entry, "status": outcome["status"]})
+        outcome = {**outcome, "ray_node": nodes, "attempts": att.number}
+        record(cell, outcome)
+        progress.finish(cell, outcome)
 
     try:
         while queue_ or inflight:
-            while queue_ and len(inflight) < limit:
+            while queue_ and len({id(a) for a, _ in inflight.values()}) < limit:
                 submit(*queue_.pop(0))
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
-            for gen in ready:
-                att = inflight[gen]
-                cell, run_dir = att.cell, Path(run_dirs[att.cell.id])
-                outcome, lost = None, None
-                try:
-                    item = ray.get(next(gen))
-                except StopIteration:
-                    lost = RuntimeError("the task ended without an outcome")
-                except Exception as e:  # noqa: BLE001 - Ray's error for this attempt
-                    if not _node_lost(e):
-                        outcome = _failed(cell, "ray", e, limit=300)
-                    else:
-                        lost = e
-                else:
-                    if "node" in item:
-                        att.node = item["node"]
-                        continue
-                    if "files" in item:
-                        write_tree(run_dir, item["files"], item["deleted"])
-                        continue
-                    outcome = item["outcome"]
-                del inflight[gen]
-                entry = {"attempt": att.number, "node": att.node, "started": att.started, "ended": _now()}
-                if lost is not None and att.number <= NODE_LOSS_RETRIES:
-                    why = " ".join(f"{type(lost).__name__}: {lost}".split())[:300]
-                    _attempt_line(run_dir, {**entry, "status": "node lost", "error": why})
-                    progress.stop(cell)
-                    msg = f"LOST    {cell.id} on node {att.node}: starting it again"
-                    progress.bar.write(msg, file=sys.stderr)
-                    queue_.insert(0, (cell, att.number + 1))
+            for ref in ready:
+                if ref not in inflight:  # cancelled meanwhile with its attempt
                     continue
-                if lost is not None:
-                    outcome = _failed(cell, f"ray (node lost {att.number} times)", lost, limit=300)
-                _attempt_line(run_dir, {**entry, "status": outcome["status"]})
-                outcome = {**outcome, "ray_node": att.node, "attempts": att.number}
-                record(cell, outcome)
-                progress.finish(cell, outcome)
+                att, rank = inflight[ref]
+                try:
+                    item = ray.get(next(ref))
+                except StopIteration:
+                    item = {"lost": RuntimeError("the task ended without an outcome")}
+                except Exception as e:  # noqa: BLE001 - Ray's error for this attempt
+                    if _node_lost(e):
+                        item = {"lost": e}
+                    else:
+                        item = {"outcome": _failed(att.cell, "ray", e, limit=300)}
+                if "node" in item:
+                    att.nodes[rank] = item["node"]
+                elif "files" in item:
+                    write_tree(Path(run_dirs[att.cell.id]), item["files"], item["deleted"])
+                else:
+                    del inflight[ref]
+                    if "lost" in item:
+                        att.lost = item["lost"]
+                    else:
+                        att.outcomes[rank] = item["outcome"]
+                    alive = any(a is att for a, _ in inflight.values())
+                    if not alive or att.lost is not None or item.get("outcome", {}).get("status") == "failed":
+                        end(att)
             progress.refresh()
     finally:
-        for gen in inflight:
-            ray.cancel(gen, force=True)
+        for ref in inflight:
+            ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
