@@ -191,8 +191,9 @@ def _experiment(tmp_path: Path) -> Path:
     return path
 
 
-# Columns that differ between two runs of the same cells by nature: wall-clock, paths, where.
-_NOT_COMPARED = ("time", "tokens_per_s", "run_dir", "peak_mem", "started", "finished", "host", "node")
+# Columns that differ between two runs of the same cells by nature: wall-clock, paths, where, and the
+# checkout's state when each cell started (checked apart).
+_NOT_COMPARED = ("time", "tokens_per_s", "run_dir", "peak_mem", "started", "finished", "host", "node", "git_")
 
 
 def _metrics(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -273,6 +274,8 @@ def test_sweep_on_two_nodes_without_shared_disk_survives_losing_a_node(tmp_path,
     assert len(rows) == 4, rows
     assert all(r["status"] == "ok" for r in rows), [(r["cell_id"], r["error"]) for r in rows]
     assert _metrics(rows) == _metrics(expected)  # per-cell results equal the undisturbed sweep's
+    # the code a cell ran is the driver's checkout (the worker's working directory is no checkout)
+    assert all(r["git_commit"] not in ("", "unknown") for r in rows), [r["git_commit"] for r in rows]
     nodes = set()
     for r in rows:
         run_dir = runs / r["cell_id"]
