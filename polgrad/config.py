@@ -162,10 +162,6 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     vLLM rollouts run one in-process engine inside the trainer's process; at world size > 1 each
     rank would start its own inside the trainer's process group, which polgrad does not test.
     """
-    if world_size > 1 and cfg.asynchronous:
-        raise ConfigError(
-            "train.max_staleness > 0 (asynchronous rollouts) runs on one process only (world size 1)"
-        )
     if world_size > 1 and cfg.rollout_backend == "vllm":
         raise ConfigError(
             "train.rollout_backend = 'vllm' is supported on one process only (each rank would start its "

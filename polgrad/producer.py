@@ -67,6 +67,7 @@ import torch
 from torch import Tensor
 
 from polgrad import collective
+from polgrad.errors import PolgradError
 from polgrad.io import atomic_path
 from polgrad.rollout import hf as hf_rollout
 
@@ -111,7 +112,7 @@ class Producer:
         within `hf.MAX_KEPT_DISTRIBUTION`), the exact KL's policy side, for fresh rollouts only (version
         = step); `sample` hands them out once and never from a stale rollout."""
         self.vllm, self.keep_distribution = vllm, keep_distribution
-        self.model = copy.deepcopy(module).eval() if vllm is None else None
+        self.model = _sampling_copy(module) if vllm is None else None
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
         self.reloads: list[int] = []  # the versions loaded into the vLLM engine, in order
         self.tokenizer, self.k, self.steps, self.draw = tokenizer, int(max_staleness), int(steps), draw
@@ -141,7 +142,7 @@ class Producer:
     def begin(self, step: int, module: torch.nn.Module) -> None:
         """A step begins: `module` holds version `step`; queue the rollouts of steps step .. step + k."""
         self.step, self._staleness, self._wait = step, [], 0.0
-        self.versions[step] = {n: t.detach().clone() for n, t in module.state_dict().items()}
+        self.versions[step] = _snapshot(module, step)
         self.versions = {v: w for v, w in self.versions.items() if v >= self.version(step)}
         self.requests = {key: r for key, r in self.requests.items() if r.step >= step}
         for s in range(max(step, self.queued), min(step + self.k + 1, self.steps)):
@@ -255,6 +256,53 @@ class Producer:
             self.engine_version = req.version
             self.reloads.append(req.version)
         return self.vllm.generate(req.examples, own_threads=False, **req.kwargs)
+
+
+def _partitioned(module: torch.nn.Module) -> bool:
+    """True when ZeRO-3 partitions `module`'s parameters (each rank holds a shard, `ds_id` marks them)."""
+    return any(hasattr(p, "ds_id") for p in module.parameters())
+
+
+def _sampling_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """The producer's own module: a copy of `module` that samples outside the trainer's engine. Under
+    ZeRO-3 the module's parameters are shards with DeepSpeed's hooks on them, so the copy is built
+    from its config instead (its weights are loaded from each version's gathered snapshot anyway)."""
+    if not _partitioned(module):
+        return copy.deepcopy(module).eval()
+    dtype = next(module.parameters()).dtype
+    model = type(module)(module.config).to(dtype)
+    model.generation_config = copy.deepcopy(module.generation_config)
+    return model.eval()
+
+
+def _snapshot(module: torch.nn.Module, version: int) -> Weights:
+    """Version `version`'s weights, whole: gathered on every rank under ZeRO-3 (collective: every rank
+    calls it, as every rank begins every step). At world size > 1 the ranks' snapshots must be the
+    same weights (data parallelism keeps them so): a float64 digest of each is compared across ranks
+    and a difference stops the run in one line instead of sampling silently from diverged policies."""
+    if _partitioned(module):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            weights = {n: t.detach().clone() for n, t in module.state_dict().items()}
+    else:
+        weights = {n: t.detach().clone() for n, t in module.state_dict().items()}
+    if collective.world_size() > 1:
+        # a weighted sum: a permutation or a sign flip between ranks changes it too
+        digest = torch.zeros((), dtype=torch.float64)
+        for i, name in enumerate(sorted(weights)):
+            t = weights[name]
+            if t.is_floating_point():
+                digest += (i + 1) * t.double().sum() + t.double().abs().sum()
+        hi = collective.all_max(digest.clone())
+        lo = collective.all_min(digest.clone())
+        if hi.item() != lo.item():
+            raise PolgradError(
+                f"async rollouts: the ranks' weights of version {version} differ (digests "
+                f"{lo.item():.17g} to {hi.item():.17g}): the data-parallel ranks have diverged; report it "
+                "with the run's config.gin"
+            )
+    return weights
 
 
 def load_saved(directory: str, step: int) -> dict[int, Weights]:

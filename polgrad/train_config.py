@@ -97,8 +97,10 @@ class TrainConfig:
     max_staleness: the one setting of asynchronous rollouts. 0 (default) is the synchronous loop;
     k > 0 starts a producer thread that samples the next batches while the trainer updates, step s
     from the weights of step max(s - k, 0) (polgrad/producer.py; the producer at k = 0 would be the
-    synchronous loop bit for bit, tests/test_async_rollouts.py). Either backend; ZeRO stages 0-2
-    (ZeRO-3 partitions the weights the producer snapshots). max_staleness above train.steps is an error, and
+    synchronous loop bit for bit, tests/test_async_rollouts.py). Either backend; every ZeRO stage
+    (under ZeRO-3 the producer snapshots the gathered weights) and any world size (each rank's
+    producer samples its own prompts; the ranks' versions are checked equal). max_staleness above
+    train.steps is an error, and
     k >= steps - 1 a warning (steps 0 .. steps-1 then all sample the starting policy; a run cut short
     to be resumed with more train.steps may mean it), and above SANE_STALENESS (8) a warning:
     the asynchronous RL systems that motivate it run at a staleness of 1 to 8 (e.g. AReaL, PipelineRL),
@@ -219,6 +221,7 @@ class TrainConfig:
             raise ConfigError(f"train.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         _check_ensemble(self)
         _check_async(self)
+        _check_async_vllm_zero3(self)
         _check_lora(self)
         _check_compile(self)
         check_loggers(self.loggers)  # registered names whose library is installed
@@ -320,11 +323,16 @@ def _check_async(cfg: TrainConfig) -> None:
             file=sys.stderr,
             flush=True,
         )
-    if cfg.asynchronous and cfg.zero_stage == 3:
+
+
+def _check_async_vllm_zero3(cfg: TrainConfig) -> None:
+    """Async rollouts run at every ZeRO stage with the hf backend (the producer snapshots the gathered
+    weights); with vLLM at ZeRO-3 they are refused: a resume loads the engine from the module's own
+    (partitioned) weights, a path no test covers."""
+    if cfg.asynchronous and cfg.rollout_backend == "vllm" and cfg.zero_stage == 3:
         raise ConfigError(
-            f"train.max_staleness > 0 (asynchronous rollouts) needs train.zero_stage 0, 1 or 2, got "
-            f"{cfg.zero_stage}: the producer snapshots the policy's whole weights every step, and ZeRO-3 "
-            "partitions them"
+            "train.max_staleness > 0 with train.rollout_backend = 'vllm' needs train.zero_stage 0, 1 or 2, "
+            "got 3 (untested: a resume loads vLLM from the partitioned weights); use 'hf' rollouts at ZeRO-3"
         )
 
 
