@@ -109,8 +109,9 @@ class HFSampler:
 
 
 class VLLMSampler:
-    """Samples with a vLLM engine (polgrad/rollout/vllm.py) that gets the policy's weights after every
-    step that updated them, and after a resume loaded them."""
+    """Samples with a vLLM engine (polgrad/rollout/vllm.py) that gets the policy's weights (with LoRA:
+    its adapter, as a vLLM LoRARequest) after every step that updated them, and after a resume loaded
+    them."""
 
     stale = False
 
@@ -125,10 +126,19 @@ class VLLMSampler:
 
     def sync(self, module: torch.nn.Module) -> None:
         with hooks.phase("sync"):
-            self.vllm.sync_weights(module)
+            self._load(module)
 
     def resumed(self, module: torch.nn.Module) -> None:
-        self.vllm.sync_weights(module)
+        self._load(module)
+
+    def _load(self, module: torch.nn.Module) -> None:
+        """The policy's weights into the engine: all of them, or with LoRA the adapter alone (the
+        engine started from the frozen base; until the first sync it samples the base, which a fresh
+        adapter, B = 0, leaves unchanged)."""
+        if self.vllm.lora_enabled:
+            self.vllm.sync_adapter(module)
+        else:
+            self.vllm.sync_weights(module)
 
     def metrics(self, batch: Any) -> dict[str, float]:
         return {}
@@ -239,7 +249,9 @@ def make_sampler(
     if cfg.rollout_backend == "vllm":
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
-        vllm = VLLMRollout(policy_path, seed=cfg.seed, chat_template=cfg.chat_template)
+        # a LoRA run: the engine keeps the frozen base (the warm start) and samples with the adapter
+        lora_rank = cfg.lora_r if cfg.lora_r else None
+        vllm = VLLMRollout(policy_path, seed=cfg.seed, chat_template=cfg.chat_template, lora_rank=lora_rank)
     if cfg.asynchronous and not algo.offline:
         return AsyncSampler(
             cfg,

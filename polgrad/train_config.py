@@ -355,10 +355,10 @@ def _check_lora(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
     if cfg.lora_r == 0:
         return
-    if cfg.asynchronous or cfg.rollout_backend != "hf":
+    if cfg.asynchronous:
         raise ConfigError(
-            "train.lora_r > 0 needs train.rollout_backend = 'hf' and train.max_staleness = 0 (the "
-            "sampler would need the adapter: not implemented)"
+            "train.lora_r > 0 needs train.max_staleness = 0 (the asynchronous producer would need the "
+            "adapter of each version: not implemented)"
         )
 
 

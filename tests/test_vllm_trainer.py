@@ -44,3 +44,31 @@ def test_grpo_trains_with_the_vllm_backend(tmp_path):
     for r in rows:
         assert math.isfinite(r["pg_loss"])
         assert abs(r["clip/approx_kl"]) < 1e-6, r["clip/approx_kl"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_lora_policy_trains_with_the_vllm_backend_sampling_its_adapter(tmp_path):
+    """LoRA (rank 8 on q/v) at a learning rate that moves the adapter: vLLM keeps the frozen base and
+    gets the adapter after every step, so the sampler's log-probs stay the trainer's pi_old (the same
+    bound as above); a sampler left on the base would be off by the adapter's change from step 2 on."""
+    gin.clear_config()
+    parse_config(
+        [os.path.join(REPO, "registry", "grpo.gin")],
+        [
+            "train.rollout_backend = 'vllm'",
+            "train.lora_r = 8",
+            "train.lr = 3e-3",
+            "train.steps = 3",
+            "train.prompts_per_step = 4",
+            "train.eval_every = 3",
+            "train.eval_size = 16",
+            "train.progress = False",
+        ],
+    )
+    train(str(tmp_path / "run"))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert abs(r["clip/approx_kl"]) < 1e-6, (r["step"], r["clip/approx_kl"])
+    assert rows[-1]["kl"] > 1e-6  # the adapter moved the policy away from the reference (the base)

@@ -101,6 +101,25 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+# The adapter ranks vLLM's LoRA kernels are built for (its `max_lora_rank` must be one of these).
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _vllm_lora_rank(r: int) -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that holds an adapter of rank `r`."""
+    for k in _VLLM_LORA_RANKS:
+        if k >= r:
+            return k
+    raise ConfigError(f"train.lora_r = {r}: vLLM serves LoRA adapters up to rank {_VLLM_LORA_RANKS[-1]}")
+
+
+def _unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    """The peft model inside a DeepSpeed engine or DDP wrapper, else `model`."""
+    while not hasattr(model, "peft_config") and isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
 class VLLMRollout:
     """A vLLM engine for one checkpoint, with `generate` (-> hf's Rollout) and `sync_weights`.
 
@@ -122,6 +141,7 @@ class VLLMRollout:
         seed: int = 0,
         num_threads: int | None = 1,
         chat_template: bool = True,
+        lora_rank: int | None = None,
         **engine_kwargs: Any,
     ):
         path = Path(model_path)
@@ -161,6 +181,12 @@ class VLLMRollout:
         )
         if max_model_len is not None:
             options["max_model_len"] = int(max_model_len)
+        self.lora: Any = None  # the LoRARequest of the adapter version the engine samples with
+        self._lora_dir: str | None = None
+        self._lora_version = 0
+        self.lora_enabled = lora_rank is not None
+        if lora_rank is not None:  # one adapter at a time, the policy's latest version
+            options.update(enable_lora=True, max_loras=1, max_lora_rank=_vllm_lora_rank(int(lora_rank)))
         options.update(engine_kwargs)
 
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
@@ -207,7 +233,9 @@ class VLLMRollout:
             for s in seeds
         ]
         with _global_rng_kept(), torch_threads(self.num_threads if own_threads else None):
-            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            outs = self.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self.lora
+            )
         rows = [o.outputs[0] for o in outs]
         width = max(len(c.token_ids) for c in rows)
         response = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -326,7 +354,9 @@ class VLLMRollout:
         ids = [int(t) for t in token_ids]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         with _global_rng_kept(), torch_threads(self.num_threads):
-            out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+            out = self.llm.generate(
+                [{"prompt_token_ids": ids}], params, use_tqdm=False, lora_request=self.lora
+            )[0]
         steps = out.prompt_logprobs[1:]  # the first is None: nothing predicts the first token
         return torch.tensor([st[t].logprob for st, t in zip(steps, ids[1:], strict=True)])
 
@@ -362,8 +392,66 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return time.perf_counter() - t0
 
+    def sync_adapter(self, model: torch.nn.Module, adapter: str = "policy") -> float:
+        """A LoRA policy (a peft model, or an engine around one): load its adapter `adapter` into vLLM
+        as the next version; the base weights stay those the engine started with (LoRA freezes them).
+        Parameters partitioned by ZeRO-3 are gathered here. Returns the seconds it took."""
+        from peft import get_peft_model_state_dict
+
+        peft_model = _unwrap_peft(model)
+        partitioned = [p for p in peft_model.parameters() if hasattr(p, "ds_id")]
+        gather = contextlib.nullcontext()
+        if partitioned:
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+        with gather:
+            weights = get_peft_model_state_dict(peft_model, adapter_name=adapter)
+            weights = {k: v.detach().clone() for k, v in weights.items()}
+        return self.load_adapter(weights, peft_model.peft_config[adapter].to_dict())
+
+    def load_adapter(self, weights: Mapping[str, Tensor], config: Mapping[str, Any]) -> float:
+        """Load a LoRA adapter (peft's saved format: `get_peft_model_state_dict` names and the
+        LoraConfig as a dict) into vLLM as a new version: written to a folder of this engine's, it is
+        the `LoRARequest` of every later `generate` (a new id per version, so vLLM never reuses an
+        older one it has cached). Returns the seconds it took."""
+        import json
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_enabled:
+            raise ConfigError("load_adapter: the engine was started without LoRA (VLLMRollout(lora_rank=r))")
+        t0 = time.perf_counter()
+        if self._lora_dir is None:
+            import tempfile
+
+            self._lora_dir = tempfile.mkdtemp(prefix="polgrad-vllm-lora-")
+        self._lora_version += 1
+        folder = Path(self._lora_dir) / f"v{self._lora_version}"
+        folder.mkdir()
+        cfg = {k: (sorted(v) if isinstance(v, set) else v) for k, v in dict(config).items()}
+        (folder / "adapter_config.json").write_text(json.dumps(cfg, default=str))
+        save_file(
+            {k: v.detach().contiguous().float() for k, v in weights.items()},
+            str(folder / "adapter_model.safetensors"),
+        )
+        previous = Path(self._lora_dir) / f"v{self._lora_version - 1}"
+        self.lora = LoRARequest("policy", self._lora_version, str(folder))
+        if previous.is_dir():
+            import shutil
+
+            shutil.rmtree(previous, ignore_errors=True)  # vLLM has loaded it (or never will again)
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - t0
+
     def close(self) -> None:
         """Shut the engine down and free its KV cache (the object is unusable afterwards)."""
+        if self._lora_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora_dir = None
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
