@@ -167,8 +167,11 @@ lost, and a re-run records finished cells from their run folders.
 `--executor local` (default) runs cells one at a time, or N at a time with `--parallel N`, each
 with OMP_NUM_THREADS = cores // N (on a GPU node: each running cell gets its own
 CUDA_VISIBLE_DEVICES slice, see `slots.assign_gpu_slots`). `--executor ray` hands cells to Ray as
-tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address` of a cluster whose nodes
-share the results folder). POLGRAD_TRAIN_MODULE (or the hidden `--train-module`) replaces
+tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address` of a cluster); its nodes need
+not share a disk: a cell trains in its node's own folder and streams its run folder to the driver,
+and a cell whose node dies starts again on another from the checkpoints the driver holds
+(polgrad/sweep/ray_cells.py; docs/scaling.md). A cell of k ranks gets a placement group of k
+bundles (`Sweep.placement`) and its ranks may land on different nodes. POLGRAD_TRAIN_MODULE (or the hidden `--train-module`) replaces
 `polgrad.train` by another module that obeys the same command line.
 
 Results (see polgrad.results): results/<name>.csv (one row per cell, written atomically as
