@@ -113,6 +113,9 @@ class Producer:
         = step); `sample` hands them out once and never from a stale rollout."""
         self.vllm, self.keep_distribution = vllm, keep_distribution
         self.model = _sampling_copy(module) if vllm is None else None
+        # LoRA on vLLM: the engine gets each version's adapter, cut out of its snapshot with the
+        # policy module's peft config (the module is read for that config only, never its weights)
+        self.peft = module if vllm is not None and getattr(vllm, "lora_enabled", False) else None
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
         self.reloads: list[int] = []  # the versions loaded into the vLLM engine, in order
         self.tokenizer, self.k, self.steps, self.draw = tokenizer, int(max_staleness), int(steps), draw
@@ -252,7 +255,17 @@ class Producer:
         """Load version req.version into the vLLM engine unless it holds it already, then sample."""
         if self.engine_version != req.version:
             self.engine_version = None  # a failed load leaves the engine's weights unknown
-            self.vllm.load_weights(req.weights)
+            if self.peft is not None:
+                from peft import get_peft_model_state_dict
+
+                from polgrad.models.lora import POLICY_ADAPTER
+
+                adapter = get_peft_model_state_dict(
+                    self.peft, state_dict=req.weights, adapter_name=POLICY_ADAPTER
+                )
+                self.vllm.load_adapter(adapter, self.peft.peft_config[POLICY_ADAPTER].to_dict())
+            else:
+                self.vllm.load_weights(req.weights)
             self.engine_version = req.version
             self.reloads.append(req.version)
         return self.vllm.generate(req.examples, own_threads=False, **req.kwargs)
@@ -269,6 +282,11 @@ def _sampling_copy(module: torch.nn.Module) -> torch.nn.Module:
     from its config instead (its weights are loaded from each version's gathered snapshot anyway)."""
     if not _partitioned(module):
         return copy.deepcopy(module).eval()
+    if hasattr(module, "peft_config"):
+        raise PolgradError(
+            "asynchronous rollouts with a LoRA policy under ZeRO-3 (train.lora_r > 0, train.zero_stage = 3) "
+            "are not implemented: use ZeRO 0-2, or train.max_staleness = 0"
+        )
     dtype = next(module.parameters()).dtype
     model = type(module)(module.config).to(dtype)
     model.generation_config = copy.deepcopy(module.generation_config)

@@ -212,7 +212,10 @@ class AsyncSampler:
 
     def resumed(self, module: torch.nn.Module) -> None:
         if self.vllm is not None:  # the engine must hold the version the producer starts at
-            self.vllm.sync_weights(module)
+            if self.vllm.lora_enabled:
+                self.vllm.sync_adapter(module)
+            else:
+                self.vllm.sync_weights(module)
 
     def metrics(self, batch: Any) -> dict[str, float]:
         return self.producer.metrics(batch)

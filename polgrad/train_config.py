@@ -355,10 +355,10 @@ def _check_lora(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
     if cfg.lora_r == 0:
         return
-    if cfg.asynchronous:
+    if cfg.asynchronous and cfg.zero_stage == 3:
         raise ConfigError(
-            "train.lora_r > 0 needs train.max_staleness = 0 (the asynchronous producer would need the "
-            "adapter of each version: not implemented)"
+            "train.lora_r > 0 with train.max_staleness > 0 needs train.zero_stage 0, 1 or 2, got 3 (the "
+            "producer's copy of a partitioned peft model: not implemented)"
         )
 
 

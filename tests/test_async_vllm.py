@@ -259,3 +259,19 @@ def test_a_resumed_async_vllm_run_ends_where_the_uninterrupted_one_ends(tmp_path
         {k: v for k, v in r.items() if k not in strip} for r in full
     ]
     assert _equal_weights(w_full, w_resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_lora_policy_async_on_vllm_with_staleness_zero_is_the_synchronous_run_exactly(
+    tmp_path, monkeypatch
+):
+    """LoRA on vLLM: the producer cuts each version's adapter out of its snapshot and loads it as a new
+    LoRARequest, which is what the synchronous trainer's sync does after every step."""
+    lora = ["train.lora_r = 8", "train.lr = 3e-3"]
+    sync, w_sync = _train(tmp_path, "sync", lora)
+    monkeypatch.setattr(TrainConfig, "asynchronous", property(lambda self: True))
+    asy, w_async = _train(tmp_path, "async", [*lora, "train.max_staleness = 0"])
+    assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
+    assert _equal_weights(w_sync, w_async)
+    assert sync[-1]["kl"] > 1e-6

@@ -231,7 +231,10 @@ def test_merged_export_is_the_adapted_forward_and_loads_with_automodel(tmp_path,
         ("train.lora_alpha = 0", r"^train.lora_alpha must be a finite number > 0"),
         ("train.lora_target_modules = []", r"^train.lora_target_modules must be a non-empty list"),
         ("train.lora_dropout = 1.0", r"^train.lora_dropout must be in \[0, 1\)"),
-        ("train.max_staleness = 1", r"^train.lora_r > 0 needs train.max_staleness = 0"),
+        (
+            "train.max_staleness = 1\ntrain.zero_stage = 3",
+            r"^train.lora_r > 0 with train.max_staleness > 0 needs train.zero_stage 0, 1 or 2, got 3",
+        ),
     ],
 )
 def test_bad_lora_bindings_are_one_line_errors(binding, message):

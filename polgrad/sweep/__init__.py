@@ -171,8 +171,8 @@ tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address` of a clu
 not share a disk: a cell trains in its node's own folder and streams its run folder to the driver,
 and a cell whose node dies starts again on another from the checkpoints the driver holds
 (polgrad/sweep/ray_cells.py; docs/scaling.md). A cell of k ranks gets a placement group of k
-bundles (`Sweep.placement`) and its ranks may land on different nodes. POLGRAD_TRAIN_MODULE (or the hidden `--train-module`) replaces
-`polgrad.train` by another module that obeys the same command line.
+bundles (`Sweep.placement`) and its ranks may land on different nodes. POLGRAD_TRAIN_MODULE (or the
+hidden `--train-module`) replaces `polgrad.train` by another module that obeys the same command line.
 
 Results (see polgrad.results): results/<name>.csv (one row per cell, written atomically as
 each cell ends), results/<name>.md (leaderboard), results/<name>.png (forest plot of the
