@@ -296,8 +296,9 @@ def _sampling_copy(module: torch.nn.Module) -> torch.nn.Module:
 def _snapshot(module: torch.nn.Module, version: int) -> Weights:
     """Version `version`'s weights, whole: gathered on every rank under ZeRO-3 (collective: every rank
     calls it, as every rank begins every step). At world size > 1 the ranks' snapshots must be the
-    same weights (data parallelism keeps them so): a float64 digest of each is compared across ranks
-    and a difference stops the run in one line instead of sampling silently from diverged policies."""
+    same weights (data parallelism keeps them so): an exact digest of each (`_digest`) is compared
+    across ranks and a difference stops the run in one line instead of sampling silently from
+    diverged policies."""
     if _partitioned(module):
         import deepspeed
 
@@ -306,21 +307,31 @@ def _snapshot(module: torch.nn.Module, version: int) -> Weights:
     else:
         weights = {n: t.detach().clone() for n, t in module.state_dict().items()}
     if collective.world_size() > 1:
-        # a weighted sum: a permutation or a sign flip between ranks changes it too
-        digest = torch.zeros((), dtype=torch.float64)
-        for i, name in enumerate(sorted(weights)):
-            t = weights[name]
-            if t.is_floating_point():
-                digest += (i + 1) * t.double().sum() + t.double().abs().sum()
-        hi = collective.all_max(digest.clone())
-        lo = collective.all_min(digest.clone())
+        digest = _digest(weights)
+        hi, lo = collective.all_max(digest.clone()), collective.all_min(digest.clone())
         if hi.item() != lo.item():
             raise PolgradError(
                 f"async rollouts: the ranks' weights of version {version} differ (digests "
-                f"{lo.item():.17g} to {hi.item():.17g}): the data-parallel ranks have diverged; report it "
+                f"{lo.item()} to {hi.item()}): the data-parallel ranks have diverged; report it "
                 "with the run's config.gin"
             )
     return weights
+
+
+def _digest(weights: Weights) -> Tensor:
+    """An int64 digest of the weights' bits: each element's bit pattern times its position (mod
+    65521, + 1), summed per tensor (wrapping mod 2^64: exact, so no CPU's summation order changes it)
+    and weighted by the tensor's index. Equal weights give equal digests on any machine; a changed
+    bit, a permutation within a tensor or a swap of two tensors changes it (NaNs compare as bits)."""
+    total = torch.zeros((), dtype=torch.int64)
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+    for i, name in enumerate(sorted(weights)):
+        t = weights[name].detach().contiguous().reshape(-1)
+        bits = t.view(ints[t.element_size()]) if t.is_floating_point() else t
+        bits = bits.to(torch.int64)
+        pos = torch.arange(bits.numel(), dtype=torch.int64) % 65521 + 1
+        total += (bits * pos).sum() * (i + 1)
+    return total
 
 
 def load_saved(directory: str, step: int) -> dict[int, Weights]:

@@ -140,3 +140,21 @@ def test_the_producer_gathers_zero3_partitions_and_samples_with_a_plain_copy(tmp
     port = free_port()
     mp.spawn(snapshot_worker.run_zero3, args=(2, port, str(tmp_path)), nprocs=2, join=True)
     assert [(tmp_path / f"zero3_rank{r}.txt").read_text() for r in range(2)] == ["ok", "ok"]
+
+
+def test_the_weight_digest_sees_a_bit_a_permutation_and_a_swap_and_nothing_else():
+    from polgrad.producer import _digest
+
+    g = torch.Generator().manual_seed(0)
+    w = {"a": torch.randn(5, 3, generator=g), "b": torch.randn(7, generator=g), "n": torch.tensor([1, 2, 3])}
+    d = _digest(w)
+    assert d.dtype == torch.int64 and _digest({k: v.clone() for k, v in w.items()}) == d
+    one_bit = {**w, "b": w["b"].clone()}
+    one_bit["b"][3] = torch.nextafter(one_bit["b"][3], torch.tensor(10.0))  # the next float: one ulp
+    assert _digest(one_bit) != d
+    assert _digest({**w, "a": w["a"].flip(0)}) != d  # a permutation within a tensor
+    assert _digest({**w, "a": w["b"][:5].clone(), "b": torch.cat([w["a"].reshape(-1)[:7]])}) != d
+    assert (
+        _digest({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}).dtype
+        == torch.int64
+    )

@@ -1,16 +1,18 @@
-"""How a Ray cell's run folder travels between its node and the driver (polgrad/sweep/ray_cells.py),
+"""How a Ray cell's run folder travels between its node and the driver (polgrad/sweep/ray_sync.py),
 without Ray: what a change sends, under which names a rank's files arrive, what an attempt reports.
 The cluster itself: tests/test_ray_cluster.py."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from polgrad.errors import PolgradError
 from polgrad.sweep.grid import Cell
-from polgrad.sweep.ray_cells import Mirror, _Attempt, rank_name, rank_snapshot, read_tree, write_tree
+from polgrad.sweep.ray_cells import _Attempt
+from polgrad.sweep.ray_sync import Mirror, rank_name, rank_snapshot, read_tree, usable_checkpoints, write_tree
 
 
 def test_a_mirror_sends_what_changed_and_what_was_deleted_but_not_a_vanished_folder(tmp_path):
@@ -105,3 +107,83 @@ def test_an_attempt_reports_rank_0_or_the_first_rank_that_failed():
     assert att.outcome()["error"] == "rank 1: did not end"
     att.outcomes = {0: _outcome("failed", "bad loss"), 1: _outcome("failed", "closed")}
     assert att.outcome()["error"] == "rank 0: bad loss"
+
+
+def _tag(part: Path, step: int, ranks: range, truncated: bool = False) -> None:
+    import torch
+
+    d = part / f"step{step}"
+    d.mkdir(parents=True)
+    torch.save({"w": torch.ones(4)}, d / "mp_rank_00_model_states.pt")
+    for r in ranks:
+        torch.save({"s": torch.ones(3) * r}, d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+    if truncated:
+        f = d / "mp_rank_00_model_states.pt"
+        f.write_bytes(f.read_bytes()[:40])
+    (part / "latest").write_text(f"step{step}")
+
+
+def test_checkpoints_cut_short_by_a_lost_node_are_set_aside_not_resumed_from(tmp_path):
+    run = tmp_path / "run"
+    part = run / "checkpoints" / "policy"
+    _tag(part, 2, range(2))
+    _tag(part, 4, range(2))
+    _tag(part, 6, range(1))  # rank 1's shard never arrived
+    _tag(part, 8, range(2), truncated=True)  # caught half copied
+    moved = usable_checkpoints(run, world=2)
+    assert sorted(Path(m).name for m in moved) == ["step6", "step8"]
+    assert sorted(p.name for p in part.iterdir()) == [
+        "latest", "step2", "step4", "step6.incomplete-1", "step8.incomplete-1"
+    ]  # fmt: skip
+    assert usable_checkpoints(run, world=2) == []  # what is left is intact
+    # at world size 1 a single shard is complete
+    solo = tmp_path / "solo"
+    _tag(solo / "checkpoints" / "policy", 2, range(1))
+    assert usable_checkpoints(solo, world=1) == []
+
+
+def test_no_intact_checkpoint_left_means_a_fresh_start_with_the_folder_kept(tmp_path):
+    run = tmp_path / "run"
+    _tag(run / "checkpoints" / "policy", 2, range(1), truncated=True)
+    usable_checkpoints(run, world=1)
+    assert not (run / "checkpoints").exists()  # run_cell then starts the cell without --resume
+    assert (run / "checkpoints.incomplete-1" / "policy" / "step2.incomplete-1").is_dir()  # nothing deleted
+
+
+def test_an_emptied_folder_is_removed_with_its_last_file(tmp_path):
+    root = tmp_path / "run"
+    write_tree(root, {"checkpoints/policy/step2/a.pt": b"x", "metrics.jsonl": b"1"})
+    write_tree(root, {}, ["checkpoints/policy/step2/a.pt"])
+    assert not (root / "checkpoints").exists() and (root / "metrics.jsonl").exists()
+
+
+def test_temp_files_and_set_aside_folders_are_never_synced(tmp_path):
+    root = tmp_path / "run"
+    write_tree(root, {"final.tmp-123/model.safetensors": b"x", "runs.old-20261126/a": b"y", "b.json": b"z"})
+    assert read_tree(root) == {"b.json": b"z"}
+
+
+def test_only_ray_errors_of_a_lost_node_or_worker_restart_a_cell():
+    rex = pytest.importorskip("ray.exceptions")
+
+    from polgrad.sweep.ray_cells import _node_lost
+
+    assert _node_lost(rex.NodeDiedError("node 1 died"))
+    assert _node_lost(rex.WorkerCrashedError())
+    assert _node_lost(rex.OwnerDiedError("ab", None, ""))
+    assert not _node_lost(rex.OutOfMemoryError("the task used too much memory"))
+    assert not _node_lost(ValueError("the task's own bug"))
+
+
+def test_a_rank_that_failed_because_its_peers_node_died_makes_a_lost_node_not_a_failed_cell():
+    cell = Cell("c", 0, "g.gin", "g", "g.gin", config_files=(), swept=(), seed=0, bindings=())
+    att = _Attempt(cell, 1, 2)
+    att.nodes = ["head", "worker"]
+    att.outcomes = {0: _outcome("failed", "Connection closed by peer")}
+    att.deadline = 100.0
+    assert not att.judge([], now=50.0)  # within the grace: wait for the other rank, or for Ray
+    assert att.judge(["worker"], now=51.0) and att.lost is not None  # Ray says the node died: lost
+    other = _Attempt(cell, 1, 2)
+    other.outcomes, other.deadline = {0: _outcome("failed", "bad loss")}, 100.0
+    assert other.judge([], now=101.0) and other.lost is None  # every node alive: the cell failed
+    assert other.outcome()["error"] == "rank 0: bad loss"

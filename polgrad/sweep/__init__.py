@@ -199,6 +199,8 @@ them; experiment.json records both and the budget, whose statement heads the md 
     slots.py        GPU slots; launch commands (LAUNCH: a dict launcher -> command prefix)
     launch.py       run_cell (a cell's trainer processes and their outcome), stopping them
     executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar
+    ray_cells.py    the 'ray' executor: cells and their ranks as Ray tasks, restarted after a lost node
+    ray_sync.py     a cell's run folder between its node and the driver (no shared disk)
     cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
     tuning.py       Sweep.tuning: the tuning stage's cells, the choice, its binding in the evaluation
 """

@@ -279,7 +279,11 @@ def _execute(exp, run_cells, progress) -> bool:
         run_cells()
     except KeyboardInterrupt:
         progress.close()  # before the messages, so the bar does not overwrite them
-        print(f"{exp.name}: stopping; running cells checkpoint their current step", file=sys.stderr)
+        print(
+            f"{exp.name}: stopping; running cells checkpoint their current step (on Ray: they stop, and "
+            "keep the last checkpoint that reached this machine)",
+            file=sys.stderr,
+        )
         launch.stop_trainers()
         print(f"{exp.name}: interrupted; re-run the same command to resume", file=sys.stderr)
         return False

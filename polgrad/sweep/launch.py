@@ -204,15 +204,21 @@ def _kill_stale_trainer(run_dir: Path) -> None:
 
 def _parent_death_signal(sig: int):
     """A preexec_fn: in the child before exec (Linux), ask for `sig` when the thread that started it
-    dies, e.g. when Ray kills the worker running a cancelled task."""
+    dies, e.g. when Ray kills the worker running a cancelled task. prctl is looked up here, in the
+    parent (no dlopen in a child forked from a threaded process); a parent already gone by the time
+    the child asks gets the signal at once."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
 
     def preexec() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG = 1
-        except (OSError, AttributeError):
-            pass
+        prctl(1, int(sig))  # PR_SET_PDEATHSIG = 1
+        if os.getppid() != parent:  # the parent died before prctl: nothing would send the signal
+            os.kill(os.getpid(), int(sig))
 
     return preexec
 

@@ -9,11 +9,11 @@ folder; the task then deletes its node's copy.
 
 A cell starts from the driver's copy of its folder (sent with the task through Ray's object store):
 a cell whose node died is started again on a surviving node with the checkpoints that had reached
-the driver, and resumes from the newest intact one (polgrad/checkpoints.py skips one caught half
-copied). A lost node is an error of Ray's own (the task's worker or node died), not of the cell: the
-cell is started again up to `NODE_LOSS_RETRIES` times, each attempt a line of the run folder's
-`ray_attempts.jsonl` (node, start, end, how it ended); an error of the trainer is the cell's outcome,
-as with the local executor, and is not retried.
+the driver, and resumes from the newest intact one (tags cut short by the loss are set aside
+first: `ray_sync.usable_checkpoints`). A lost node is an error of Ray's own (the task's worker or
+node died), not of the cell: the cell is started again up to `NODE_LOSS_RETRIES` times, each
+attempt a line of the run folder's `ray_attempts.jsonl` (node, start, end, how it ended); an error
+of the trainer is the cell's outcome, as with the local executor, and is not retried.
 
 Code and configuration files are not shipped: every node needs polgrad (and the experiment's files)
 at the same paths, e.g. one image or one checkout per node (docs/scaling.md).
@@ -29,7 +29,8 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +38,21 @@ from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.launch import _failed, _now, run_cell
+from polgrad.sweep.ray_sync import (  # noqa: F401 - ATTEMPTS and read_tree are this module's too
+    ATTEMPTS,
+    Mirror,
+    rank_name,
+    rank_snapshot,
+    read_tree,
+    usable_checkpoints,
+    write_tree,
+)
 from polgrad.sweep.slots import GpuSlot
 
 # How often a running cell sends what changed in its folder to the driver (seconds).
 SYNC_S = 1.0
 # How many times a cell whose node (or worker process) died is started again elsewhere.
 NODE_LOSS_RETRIES = 3
-# The driver's record of a cell's attempts (node, start, end, how each ended); the driver's own.
-ATTEMPTS = "ray_attempts.jsonl"
-# Never copied between nodes: the trainer's lock and pid are facts of one machine's processes.
-NOT_SYNCED = frozenset({".lock", "trainer.pid", ATTEMPTS})
 
 
 def node_dir() -> Path:
@@ -58,117 +64,6 @@ def node_dir() -> Path:
     import ray
 
     return Path(tempfile.gettempdir()) / "polgrad-ray" / ray.get_runtime_context().get_node_id()[:16]
-
-
-# --------------------------------------------------------------------------------------------
-# A folder's files as {relative path: bytes}, and what changed since the last look
-# --------------------------------------------------------------------------------------------
-
-
-def _files(root: Path) -> Iterator[tuple[str, Path]]:
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if name not in NOT_SYNCED and not name.endswith(".tmp"):
-                yield rel, path
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    """Every file under `root` (but those never synced) as {relative path: bytes}; {} if no folder."""
-    out = {}
-    if root.is_dir():
-        for rel, path in _files(root):
-            try:
-                out[rel] = path.read_bytes()
-            except OSError:  # deleted meanwhile
-                pass
-    return out
-
-
-class Mirror:
-    """What changed under `root` since the previous `delta()`: (files written, with their bytes;
-    files deleted), each under the name `name(rel)` gives it on the driver (None: not sent). A file is
-    sent again whenever its size or modification time changes, so a file read while being written is
-    sent whole once it is done."""
-
-    def __init__(self, root: Path, known: Iterable[str] = (), name: Callable[[str], str | None] = str):
-        self.root, self.name = root, name
-        self.seen: dict[str, tuple[int, int]] = {}
-        for rel in known:  # what the driver already has: its stat here, after write_tree
-            try:
-                st = (root / rel).stat()
-                self.seen[rel] = (st.st_size, st.st_mtime_ns)
-            except OSError:
-                pass
-
-    def delta(self) -> tuple[dict[str, bytes], list[str]]:
-        now: dict[str, tuple[int, int]] = {}
-        changed: dict[str, bytes] = {}
-        if not self.root.is_dir():  # the folder itself gone (a wiped disk): that is no deletion to copy
-            return {}, []
-        for rel, path in _files(self.root):
-            if self.name(rel) is None:
-                continue
-            try:
-                st = path.stat()
-                key = (st.st_size, st.st_mtime_ns)
-                if self.seen.get(rel) != key:
-                    changed[self.name(rel)] = path.read_bytes()
-                now[rel] = key
-            except OSError:  # deleted between the walk and the read: gone
-                pass
-        deleted = sorted(self.name(rel) for rel in set(self.seen) - set(now) if self.name(rel) is not None)
-        self.seen = now
-        return changed, deleted
-
-
-def rank_name(rank: int) -> Callable[[str], str | None]:
-    """Local file name -> the driver's, for the files of a rank > 0 of a cell spanning nodes: its
-    checkpoint files (its shards) as they are, its log and cell.json as `stdout.rank<r>.log` and
-    `cell.rank<r>.json`; rank 0 writes everything else (metrics, summary)."""
-    own = {"stdout.log": f"stdout.rank{rank}.log", "cell.json": f"cell.rank{rank}.json"}
-
-    def name(rel: str) -> str | None:
-        return own.get(rel, rel if rel.startswith("checkpoints/") else None)
-
-    return name
-
-
-def rank_snapshot(snapshot: dict[str, bytes], rank: int) -> dict[str, bytes]:
-    """The driver's copy of a cell's folder as rank `rank` starts from it (its own log and cell.json
-    under their local names; rank 0 gets the folder as it is, without the other ranks' logs)."""
-    ours = {f"stdout.rank{rank}.log": "stdout.log", f"cell.rank{rank}.json": "cell.json"} if rank else {}
-    out = {}
-    for rel, data in snapshot.items():
-        if rel in ours:
-            out[ours[rel]] = data
-        elif not rel.startswith(("stdout.rank", "cell.rank")) and not (
-            rank and rel in ("stdout.log", "cell.json")
-        ):
-            out[rel] = data
-    return out
-
-
-def _inside(root: Path, rel: str) -> Path:
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise PolgradError(f"{root}: a synced file's path {rel!r} leaves the run folder")
-    return path
-
-
-def write_tree(root: Path, files: dict[str, bytes], deleted: list[str] = ()) -> None:
-    """Write `files` under `root` (each atomically: a reader never sees half a file) and delete
-    `deleted` (missing ones are fine)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for rel, data in files.items():
-        path = _inside(root, rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    for rel in deleted:
-        _inside(root, rel).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,17 +89,30 @@ def cell_task(
     rank: int = 0,
     world: int = 1,
     master: tuple[str, int] | None = None,
+    driver_dir: str = "",
 ) -> Iterator[dict[str, Any]]:
     """Body of the Ray task: yields {"node", "host"} first, then {"files", "deleted"} as the run
     folder changes, and {"outcome"} last. `rel` is the folder's path under this node's
     `node_dir()`; `snapshot` the driver's copy of it; `run` run_cell's keyword arguments. With
     `world` > 1 it is rank `rank` of a cell spanning nodes: one trainer process joining rank 0 at
-    `master` (torch.distributed's env:// variables), its folder `<rel>.rank<r>` on this node."""
+    `master` (torch.distributed's env:// variables), its folder `<rel>.rank<r>` on this node.
+    `driver_dir` is the driver's run folder, which this folder must not be (it is deleted at the end).
+    The trainer dies (SIGKILL) with the task: a cancelled or lost task's step never reaches the driver,
+    whose copy holds the last checkpoint that did."""
     import ray
+
+    from polgrad.results.provenance import machine
 
     where = {"ray_node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
     yield {"node": where["ray_node"], "host": where["host"]}
     local = node_dir() / (rel if world == 1 else f"{rel}.rank{rank}")
+    if driver_dir and local.resolve() == Path(driver_dir).resolve():
+        raise PolgradError(
+            f"POLGRAD_NODE_DIR puts the node's copy of a cell at the driver's run folder {driver_dir}: "
+            "point it elsewhere (a folder of the node's own)"
+        )
+    # the commit is the driver's (its code runs here), the machine this node's
+    run = {**run, "environment": {**run["environment"], **machine()}}
     if local.exists():  # an earlier attempt on this node: the driver's copy is the truth
         shutil.rmtree(local)
     mine = rank_snapshot(snapshot, rank)
@@ -228,17 +136,17 @@ def cell_task(
                 "MASTER_ADDR": master[0],
                 "MASTER_PORT": str(master[1]),
             },
-            # a rank whose peer is gone cannot finish its step: it dies with its task
-            "die_with_parent": signal.SIGKILL,
         }
     done: dict[str, Any] = {}
 
     def body() -> None:
         try:
-            kwargs = {"die_with_parent": signal.SIGTERM, **run, **extra}
+            kwargs = {"die_with_parent": signal.SIGKILL, **run, **extra}
             outcome = run_cell(cell, local, slot=slot, where=where, **kwargs)
             if rank and outcome.get("returncode") == 0:  # rank 0 alone writes summary.json
                 outcome = {**outcome, "status": "ok", "error": ""}
+            if world > 1:  # each rank is one process; the cell had `world`
+                outcome = {**outcome, "world_size": world}
             done["outcome"] = outcome
         except BaseException as e:  # noqa: BLE001 - reported as the cell's outcome below
             done["outcome"] = _failed(cell, "ray task", e)
@@ -264,12 +172,38 @@ def _attempt_line(run_dir: Path, entry: dict[str, Any]) -> None:
         fh.write(json.dumps(entry) + "\n")
 
 
+_LOST = (
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "LocalRayletDiedError",
+    "ObjectLostError",  # and its OwnerDiedError, ObjectReconstructionFailedError...
+    "ObjectFetchTimedOutError",
+)
+
+
 def _node_lost(error: BaseException) -> bool:
-    """True for Ray's errors of the machinery (a worker or node died, an object was lost), false
-    for an exception raised by the task's own code (RayTaskError)."""
+    """True for Ray's errors of a lost node or worker process (the cell is started again elsewhere);
+    False for the task's own exception and Ray's other errors (out of memory, a runtime environment
+    that failed to set up...), which are the cell's outcome."""
     import ray.exceptions as rex
 
-    return not isinstance(error, rex.RayTaskError)
+    lost = tuple(getattr(rex, name) for name in _LOST if hasattr(rex, name))
+    return isinstance(error, lost)
+
+
+def _driver_key(results_root: Path) -> str:
+    """A folder name that keeps this driver's cells apart on a node from another sweep's of the same
+    experiment (another results folder, another machine, another user)."""
+    import hashlib
+
+    text = f"{socket.gethostname()}:{results_root.resolve()}"
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+# After one rank of a cell spanning nodes failed: how long the other ranks get to report, and Ray to
+# report a lost node (its health checks take seconds to tens of seconds), before the attempt is
+# judged: a rank that failed because its peer's node died is a lost node, not the cell's failure.
+LOSS_GRACE_S = 30.0
 
 
 class _Attempt:
@@ -280,7 +214,17 @@ class _Attempt:
         self.nodes: list[str | None] = [None] * world
         self.outcomes: dict[int, dict[str, Any]] = {}
         self.lost: BaseException | None = None
+        self.deadline: float | None = None  # set when a rank failed: judge the attempt then
         self.started = _now()
+
+    def judge(self, dead: list[str], now: float) -> bool:
+        """After a rank failed (`deadline` set): True when the attempt is over. A node of the attempt
+        that Ray reports dead makes it a lost node (the failed rank's error was its consequence); past
+        the deadline with every node alive it is the cell's failure."""
+        if dead:
+            self.lost = RuntimeError(f"node {dead[0]} died (Ray reports it dead)")
+            return True
+        return self.deadline is not None and now > self.deadline
 
     def outcome(self) -> dict[str, Any]:
         """Rank 0's outcome when every rank ended well; else the first failed rank's error (a rank
@@ -295,13 +239,40 @@ class _Attempt:
         rank, o = failed[0] if failed else (missing[0], None)
         error = o["error"] if o else "did not end"
         base = first or o or {"summary": None}
-        return {**base, "cell_id": self.cell.id, "status": "failed", "error": f"rank {rank}: {error}"}
+        out = {**base, "cell_id": self.cell.id, "status": "failed", "error": f"rank {rank}: {error}"}
+        return {**out, "world_size": self.world}
+
+
+def _dead_nodes(nodes: list[str | None]) -> list[str]:
+    import ray
+
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return [n for n in nodes if n is not None and n not in alive]
+
+
+def _check_placement(exp, world: int) -> None:
+    """A placement group the cluster can never hold would wait forever: one line instead."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = sum(n.get("Resources", {}).get("CPU", 0.0) for n in nodes)
+    if exp.num_cpus > cpus:
+        raise PolgradError(
+            f"{exp.file}: Sweep.num_cpus = {exp.num_cpus:g} for a cell of {world} ranks, but the Ray cluster "
+            f"has {cpus:g} CPUs: lower Sweep.num_cpus or add nodes"
+        )
+    if exp.placement == "STRICT_SPREAD" and world > len(nodes):
+        raise PolgradError(
+            f"{exp.file}: Sweep.placement = 'STRICT_SPREAD' puts each of the {world} ranks on its own node, "
+            f"but the Ray cluster has {len(nodes)}: use 'SPREAD' or add nodes"
+        )
 
 
 def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
     """Cells as Ray tasks on a local Ray, or on the cluster at `ray_address` (see the module doc).
     A cell of `Sweep.processes_per_cell` = k > 1 ranks gets a placement group of k bundles
-    (`Sweep.placement`: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD) and one task per rank in it."""
+    (`Sweep.placement`: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD) and one task per rank in it; the
+    ranks wait for the group (the driver does not: it goes on syncing and recording other cells)."""
     import logging
 
     import ray
@@ -323,13 +294,19 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         return remote.options(max_retries=0, num_returns="streaming", **options)
 
     results_root = Path(run_dirs[todo[0].id]).parent.parent.parent if todo else Path(".")
+    key = _driver_key(results_root)
     limit = parallel or len(todo)
     queue_: list[tuple[Cell, int]] = [(c, 1) for c in todo]
     inflight: dict[Any, tuple[_Attempt, int]] = {}  # rank task -> (its attempt, its rank)
+    attempts: list[_Attempt] = []  # the attempts not ended yet
 
     def submit(cell: Cell, number: int) -> None:
         run_dir = Path(run_dirs[cell.id])
         run_dir.mkdir(parents=True, exist_ok=True)
+        aside = usable_checkpoints(run_dir, world)
+        if aside:
+            names = ", ".join(Path(a).name for a in aside)
+            progress.bar.write(f"{cell.id}: checkpoints set aside as incomplete: {names}", file=sys.stderr)
         # Where and with which code the cell runs is the driver's: its nodes run the same code.
         environment = _results.cell_environment(run_dir, exp.name)
         run_kwargs = {
@@ -341,32 +318,41 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             "processes": exp.processes_per_cell,
             "environment": environment,
         }
-        rel = run_dir.resolve().relative_to(results_root.resolve()).as_posix()
+        rel = f"{key}/{run_dir.resolve().relative_to(results_root.resolve()).as_posix()}"
         snapshot = ray.put(read_tree(run_dir))
+        pg = None
+        if world > 1:
+            pg = placement_group(
+                [{"CPU": per_rank["num_cpus"]} for _ in range(world)], strategy=exp.placement
+            )
+        att = _Attempt(cell, number, world, pg)
+        attempts.append(att)
         if world == 1:
-            att = _Attempt(cell, number, 1)
-            inflight[task(**per_rank).remote(cell, rel, snapshot, run_kwargs)] = (att, 0)
+            ref = task(**per_rank).remote(cell, rel, snapshot, run_kwargs, SYNC_S, driver_dir=str(run_dir))
+            inflight[ref] = (att, 0)
         else:
-            bundles = [{"CPU": per_rank["num_cpus"]} for _ in range(world)]
-            pg = placement_group(bundles, strategy=exp.placement)
-            ray.get(pg.ready())  # waits for the resources of every rank at once
-            att = _Attempt(cell, number, world, pg)
             at = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r) for r in range(world)]
-            master = ray.get(ray.remote(rendezvous).options(num_cpus=0, scheduling_strategy=at[0]).remote())
+            # rank 0's address, found once the group is placed; each rank task waits for it (an
+            # ObjectRef argument), so nothing here waits for the group
+            master = (
+                ray.remote(rendezvous).options(num_cpus=0, max_retries=0, scheduling_strategy=at[0]).remote()
+            )
             for r in range(world):
                 ref = task(**per_rank, scheduling_strategy=at[r]).remote(
-                    cell, rel, snapshot, run_kwargs, SYNC_S, r, world, master
+                    cell, rel, snapshot, run_kwargs, SYNC_S, r, world, master, str(run_dir)
                 )
                 inflight[ref] = (att, r)
         progress.start(cell, run_dir)
 
     def end(att: _Attempt) -> None:
-        """Every rank of `att` has ended (or was lost): record it, or start it again after a loss."""
+        """`att` is over (every rank ended, one was lost, or its grace ran out): record it, or start
+        the cell again after a loss."""
         cell, run_dir = att.cell, Path(run_dirs[att.cell.id])
         for ref, (other, _r) in list(inflight.items()):
             if other is att:  # a rank still running when another failed or was lost
                 ray.cancel(ref, force=True)
                 del inflight[ref]
+        attempts.remove(att)
         if att.pg is not None:
             remove_placement_group(att.pg)
         nodes = att.nodes[0] if att.world == 1 else att.nodes
@@ -387,40 +373,56 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         record(cell, outcome)
         progress.finish(cell, outcome)
 
+    def take(ref: Any) -> None:
+        """The next item of rank task `ref`: its node, a change of its folder, or how it ended."""
+        att, rank = inflight[ref]
+        try:
+            item = ray.get(next(ref))
+        except StopIteration:
+            item = {"lost": RuntimeError("the task ended without an outcome")}
+        except Exception as e:  # noqa: BLE001 - Ray's error for this rank task
+            item = {"lost": e} if _node_lost(e) else {"outcome": _failed(att.cell, "ray", e, limit=300)}
+        if "node" in item:
+            att.nodes[rank] = item["node"]
+            return
+        if "files" in item:
+            write_tree(Path(run_dirs[att.cell.id]), item["files"], item["deleted"])
+            return
+        del inflight[ref]
+        if "lost" in item:
+            att.lost = item["lost"]
+            return end(att)
+        att.outcomes[rank] = item["outcome"]
+        if len(att.outcomes) == att.world:
+            return end(att)
+        if item["outcome"]["status"] == "failed" and att.deadline is None:
+            att.deadline = time.monotonic() + LOSS_GRACE_S  # the others may be about to say why
+
     try:
+        if world > 1:
+            _check_placement(exp, world)
         while queue_ or inflight:
-            while queue_ and len({id(a) for a, _ in inflight.values()}) < limit:
-                submit(*queue_.pop(0))
+            while queue_ and len(attempts) < limit:
+                cell, number = queue_.pop(0)
+                try:
+                    submit(cell, number)
+                except Exception as e:  # noqa: BLE001 - Ray refused the cell: its outcome, not a traceback
+                    outcome = _failed(cell, "ray", e, limit=300)
+                    record(cell, outcome)
+                    progress.finish(cell, outcome)
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
             for ref in ready:
-                if ref not in inflight:  # cancelled meanwhile with its attempt
-                    continue
-                att, rank = inflight[ref]
-                try:
-                    item = ray.get(next(ref))
-                except StopIteration:
-                    item = {"lost": RuntimeError("the task ended without an outcome")}
-                except Exception as e:  # noqa: BLE001 - Ray's error for this attempt
-                    if _node_lost(e):
-                        item = {"lost": e}
-                    else:
-                        item = {"outcome": _failed(att.cell, "ray", e, limit=300)}
-                if "node" in item:
-                    att.nodes[rank] = item["node"]
-                elif "files" in item:
-                    write_tree(Path(run_dirs[att.cell.id]), item["files"], item["deleted"])
-                else:
-                    del inflight[ref]
-                    if "lost" in item:
-                        att.lost = item["lost"]
-                    else:
-                        att.outcomes[rank] = item["outcome"]
-                    alive = any(a is att for a, _ in inflight.values())
-                    if not alive or att.lost is not None or item.get("outcome", {}).get("status") == "failed":
-                        end(att)
+                if ref in inflight:  # not cancelled meanwhile with its attempt
+                    take(ref)
+            for att in list(attempts):
+                if att.deadline is not None and att.judge(_dead_nodes(att.nodes), time.monotonic()):
+                    end(att)
             progress.refresh()
     finally:
         for ref in inflight:
             ray.cancel(ref, force=True)
+        for att in attempts:
+            if att.pg is not None:
+                remove_placement_group(att.pg)
         if started_here:
             ray.shutdown()
