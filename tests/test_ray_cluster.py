@@ -309,26 +309,28 @@ def _close(a: list[dict], b: list[dict], rel: float) -> list[str]:
     return bad
 
 
-def _span_experiment(tmp_path: Path, name: str, steps: int) -> Path:
+def _span_experiment(tmp_path: Path, name: str, steps: int, seeds: str = "[0]", cpus: int = 2) -> Path:
     exp = tmp_path / f"{name}.gin"
     exp.write_text(
         f"include '{REPO / 'experiments' / 'base_tiny.gin'}'\n"
         f"train.steps = {steps}\ntrain.prompts_per_step = 2\nAlgorithm.group_size = 4\n"
         f"train.eval_every = {steps}\ntrain.eval_size = 8\ntrain.checkpoint_every = 2\ntrain.zero_stage = 3\n"
-        f"Sweep.specs = ['{REPO / 'registry' / 'grpo.gin'}']\nSweep.seeds = [0]\nSweep.name = '{name}'\n"
-        "Sweep.processes_per_cell = 2\nSweep.num_cpus = 2\nSweep.launcher = 'torchrun'\n"
+        f"Sweep.specs = ['{REPO / 'registry' / 'grpo.gin'}']\nSweep.seeds = {seeds}\nSweep.name = '{name}'\n"
+        f"Sweep.processes_per_cell = 2\nSweep.num_cpus = {cpus}\nSweep.launcher = 'torchrun'\n"
         "Sweep.placement = 'SPREAD'\nSweep.timeout_s = 600\n"
     )
     return exp
 
 
-def test_a_cell_spanning_two_nodes_equals_the_two_process_cell_of_one_node(tmp_path, cluster):
+def test_cells_spanning_two_nodes_equal_the_two_process_cells_of_one_node(tmp_path, cluster):
     """ZeRO-3 at world size 2: rank 0 on one node, rank 1 on the other (a placement group, SPREAD),
-    torch.distributed (gloo) between them, against the same cell as 2 processes under torchrun on one
+    torch.distributed (gloo) between them, against the same cells as 2 processes under torchrun on one
     machine. Per-step metrics (losses, KL, gradient norm, rewards) agree to 1e-6 relative: the ranks
-    compute the same sums in the same order, only the transport differs."""
+    compute the same sums in the same order, only the transport differs. Two cells and room for one
+    at a time (two 1-CPU nodes): the second waits for the first's group, and the driver goes on
+    syncing and recording the first meanwhile (a driver that waited for the group hung here)."""
     cluster.ensure_worker()
-    exp = _span_experiment(tmp_path, "span", steps=4)
+    exp = _span_experiment(tmp_path, "span", steps=4, seeds="[0, 1]")
     local, out = tmp_path / "local", tmp_path / "on_cluster"
     for results_dir, extra in ((local, []), (out, ["--executor", "ray", "--ray-address", cluster.address])):
         proc = subprocess.run(
@@ -337,22 +339,36 @@ def test_a_cell_spanning_two_nodes_equals_the_two_process_cell_of_one_node(tmp_p
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         cluster.give_worker_the_warm_starts()
-    (row,) = csv_rows(out / "span.csv")
-    assert (row["status"], row["world_size"], row["zero_stage"]) == ("ok", "2", "3"), row["error"]
-    run_dir = out / "span" / "runs" / row["cell_id"]
-    (attempt,) = _attempts(run_dir)
-    assert len(set(attempt["node"])) == 2, attempt  # rank 0 and rank 1 on different nodes
-    ranks = {json.loads((run_dir / f).read_text())["ray_node"] for f in ("cell.json", "cell.rank1.json")}
-    assert ranks == set(attempt["node"])
-    # rank 1's own checkpoint files (its ZeRO-3 shards) came back from its node
-    assert list((run_dir / "checkpoints").rglob("zero_pp_rank_1_*")), sorted(
-        (run_dir / "checkpoints").rglob("*")
-    )
-    assert (run_dir / "stdout.rank1.log").exists()
-    expected = _deterministic(local / "span" / "runs" / row["cell_id"])
-    got = _deterministic(run_dir)
-    assert [r["step"] for r in got] == [1, 2, 3, 4]
-    assert _close(got, expected, rel=1e-6) == []
+    rows = csv_rows(out / "span.csv")
+    assert len(rows) == 2
+    for row in rows:
+        assert (row["status"], row["world_size"], row["zero_stage"]) == ("ok", "2", "3"), row["error"]
+        run_dir = out / "span" / "runs" / row["cell_id"]
+        (attempt,) = _attempts(run_dir)
+        assert len(set(attempt["node"])) == 2, attempt  # rank 0 and rank 1 on different nodes
+        ranks = {json.loads((run_dir / f).read_text())["ray_node"] for f in ("cell.json", "cell.rank1.json")}
+        assert ranks == set(attempt["node"])
+        # rank 1's own checkpoint files (its ZeRO-3 shards) came back from its node
+        shards = sorted(p.name for p in (run_dir / "checkpoints").rglob("*"))
+        assert any(n.startswith("zero_pp_rank_1_") for n in shards), shards
+        assert (run_dir / "stdout.rank1.log").exists()
+        expected = _deterministic(local / "span" / "runs" / row["cell_id"])
+        got = _deterministic(run_dir)
+        assert [r["step"] for r in got] == [1, 2, 3, 4]
+        assert _close(got, expected, rel=1e-6) == []
+
+
+def test_a_placement_the_cluster_cannot_hold_is_one_line(tmp_path, cluster):
+    cluster.ensure_worker()
+    exp = _span_experiment(tmp_path, "too_big", steps=2, cpus=3)
+    proc = subprocess.run(
+        [sys.executable, "-m", "polgrad.sweep", str(exp), "--results", str(tmp_path / "r"),
+         "--executor", "ray", "--ray-address", cluster.address],
+        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(("error", "Traceback"))]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "Sweep.num_cpus = 3 for a cell of 2 ranks, but the Ray cluster has 2 CPUs" in errors[0]
 
 
 def test_a_cell_spanning_two_nodes_starts_again_whole_when_one_node_dies(tmp_path, cluster):
