@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from polgrad import config, models, pretrain, sampling
+from polgrad import collective, config, models, pretrain, sampling
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.critic import Critic, NoCritic, OwnEngineCritic, PolicyEngineCritic
@@ -136,11 +136,13 @@ def build_models(
     reference, critic, engines, sampler): each draws its random initialisation from the RNG
     `distributed.setup` seeded, so the order is part of the run's reproducibility."""
     t_pretrain = time.perf_counter()
-    policy_path = warm_start(cfg)
+    with collective.rank_zero_first():  # rank 0 fills the cache, the others read it
+        policy_path = warm_start(cfg)
     warm_start_s = time.perf_counter() - t_pretrain
     policy, tokenizer = _policy(cfg, task, policy_path)
     t_pretrain = time.perf_counter()
-    rm_path, rm_accuracy, reward_model = reward_models(cfg, algo, task, policy, policy_path)
+    with collective.rank_zero_first():
+        rm_path, rm_accuracy, reward_model = reward_models(cfg, algo, task, policy, policy_path)
     warm_start_s += time.perf_counter() - t_pretrain if rm_path is not None else 0.0
     reference = _reference(cfg, algo, policy, policy_path)
     critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path)

@@ -14,12 +14,14 @@ group statistics stay rank-local.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-__all__ = ["all_max", "all_min", "all_sum", "moments", "rank", "world_size"]
+__all__ = ["all_max", "all_min", "all_sum", "moments", "rank", "rank_zero_first", "world_size"]
 
 
 def world_size() -> int:
@@ -78,3 +80,23 @@ def moments(x: Tensor, ddof: int = 0) -> tuple[float, Tensor, Tensor]:
     centred = x - total / n
     (squares,) = all_sum((centred * centred).sum().reshape(1))
     return float(n), centred, squares / (n - ddof).clamp_min(1.0)
+
+
+@contextlib.contextmanager
+def rank_zero_first() -> Iterator[None]:
+    """Rank 0 runs the block first, the other ranks after it (a barrier each side); one process: just
+    the block. For work that fills a cache every rank then reads, e.g. the SFT warm start: transformers
+    writes a checkpoint from rank 0 only when torch.distributed is initialised, so a cache entry built
+    by another rank would hold no weights. The block must not be collective. If rank 0 raises, the
+    others are released and run it themselves (they raise too, or find what rank 0 left)."""
+    import torch.distributed as tdist
+
+    on = tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+    first = not on or tdist.get_rank() == 0
+    if not first:
+        tdist.barrier()
+    try:
+        yield
+    finally:
+        if on and first:
+            tdist.barrier()

@@ -71,7 +71,9 @@ class ScalarHeadModel(nn.Module):
 
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(str(p))
+        from polgrad.models.loading import save_model_dir
+
+        save_model_dir(self.backbone, p)  # from any rank (transformers saves from rank 0 only)
         save_file(
             {"weight": self.head.weight.detach().contiguous(), "bias": self.head.bias.detach().contiguous()},
             str(p / HEAD_FILE),

@@ -81,3 +81,23 @@ def freeze(model: nn.Module) -> nn.Module:
 def load_reference(path: str | os.PathLike):
     """The causal LM at `path`, frozen (eval mode, requires_grad False): the KL reference policy."""
     return freeze(load_policy(path))
+
+
+def save_model_dir(model: nn.Module, path: str | os.PathLike) -> None:
+    """`model.save_pretrained(path)`, from any rank. transformers writes nothing on a rank other than 0
+    once torch.distributed is initialised (a checkpoint is rank 0's to write), so a cache entry built
+    by another rank (its node's own cache, say) would hold no config and no weights: there the config,
+    the generation config and the weights (safetensors, shared tensors once) are written directly."""
+    import torch.distributed as tdist
+
+    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_rank() == 0:
+        model.save_pretrained(path)
+        return
+    from safetensors.torch import save_model
+
+    os.makedirs(path, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(path)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(path)
+    save_model(model, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

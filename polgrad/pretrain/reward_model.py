@@ -251,7 +251,7 @@ def _train_rm(task, policy, train, heldout, options: dict, progress, key_fields,
         save_file(head, os.path.join(tmp, HEAD_FILE))
         decoder.config.save_pretrained(tmp)
     else:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp)  # a ScalarHeadModel: backbone via save_model_dir, head beside it
     tokenizer.save_pretrained(tmp)
     tail = losses[-10:]
     write_info(

@@ -18,6 +18,7 @@ from torch import nn
 
 from polgrad.errors import ConfigError
 from polgrad.models.cache import MODEL_CODE_VERSION, cache_entry, cache_root, digest, write_info
+from polgrad.models.loading import save_model_dir
 from polgrad.models.threads import default_num_threads, torch_threads
 from polgrad.models.tiny import build_tiny, resolved_model_kwargs
 from polgrad.models.tokenizer import encode_sequences
@@ -183,7 +184,7 @@ def warm_start(
             stats, model, tokenizer = _sft(
                 task, mkw, demos, probe, batch_size, lr, target_accuracy, seed, progress, rewards
             )
-        model.save_pretrained(tmp)
+        save_model_dir(model, tmp)  # from any rank (transformers saves from rank 0 only)
         tokenizer.save_pretrained(tmp)
         n_params = sum(p.numel() for p in model.parameters())
         write_info(tmp, {**key_fields, "key": key, "n_params": n_params, "stats": stats})
