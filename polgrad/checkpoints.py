@@ -30,6 +30,9 @@ from pathlib import Path
 from polgrad.errors import DataError
 
 TAG = re.compile(r"step(\d+)")
+# checkpoints/complete.json: {"step": N, "parts": [...]} of the newest checkpoint whose every part (and
+# every rank's files) is written; rank 0 writes it last (polgrad/loop_state.py save_checkpoint).
+COMPLETE = "complete.json"
 _ZERO_SHARD = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import shutil
 from pathlib import Path
@@ -133,13 +134,20 @@ def save_checkpoint(m: Models, out_dir: str, state: LoopState) -> None:
     ckpt, tag = os.path.join(out_dir, "checkpoints"), f"step{state.step}"
     # Async rollouts: the older weights the next steps sample with, first.
     m.sampler.save(os.path.join(ckpt, "sampler"), state.step)
-    for part, engine in (("policy", m.engine), *m.critic.engines()):
+    parts = (("policy", m.engine), *m.critic.engines())
+    for part, engine in parts:
         try:
             dist_lib.save_checkpoint(engine, os.path.join(ckpt, part), tag, client_state)
         except (OSError, RuntimeError) as e:
             where = os.path.join(ckpt, part, tag)
             shutil.rmtree(where, ignore_errors=True)
             raise _checkpoint_write_error(e, where) from e
+    # Written last, once every part's files of every rank are (save_checkpoint ends with a barrier):
+    # a copy of the folder made elsewhere (a Ray node's, polgrad/sweep/ray_sync.py) knows from it
+    # which tags are whole and which parts a whole one has.
+    if collective.rank() == 0:
+        marker = {"step": state.step, "parts": [part for part, _ in parts]}
+        atomic_write_text(os.path.join(ckpt, checkpoints.COMPLETE), json.dumps(marker) + "\n")
 
 
 def _checkpoint_write_error(e: BaseException, where: str) -> PolgradError:

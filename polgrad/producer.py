@@ -308,6 +308,9 @@ def _snapshot(module: torch.nn.Module, version: int) -> Weights:
         weights = {n: t.detach().clone() for n, t in module.state_dict().items()}
     if collective.world_size() > 1:
         digest = _digest(weights)
+        device = next(iter(weights.values())).device
+        if device.type == "cuda":  # nccl reduces CUDA tensors only
+            digest = digest.to(device)
         hi, lo = collective.all_max(digest.clone()), collective.all_min(digest.clone())
         if hi.item() != lo.item():
             raise PolgradError(
@@ -327,11 +330,15 @@ def _digest(weights: Weights) -> Tensor:
     ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
     for i, name in enumerate(sorted(weights)):
         t = weights[name].detach().contiguous().reshape(-1)
-        bits = t.view(ints[t.element_size()]) if t.is_floating_point() else t
-        bits = bits.to(torch.int64)
-        pos = torch.arange(bits.numel(), dtype=torch.int64) % 65521 + 1
-        total += (bits * pos).sum() * (i + 1)
+        flat = t.view(ints[t.element_size()]) if t.is_floating_point() else t
+        for start in range(0, flat.numel(), _DIGEST_CHUNK):  # bounded memory for a large embedding
+            bits = flat[start : start + _DIGEST_CHUNK].to(torch.int64)
+            pos = (torch.arange(bits.numel(), dtype=torch.int64, device=bits.device) + start) % 65521 + 1
+            total += ((bits * pos).sum() * (i + 1)).cpu()
     return total
+
+
+_DIGEST_CHUNK = 1 << 22  # elements per step of `_digest` (32 MiB of int64)
 
 
 def load_saved(directory: str, step: int) -> dict[int, Weights]:

@@ -368,7 +368,10 @@ def test_a_placement_the_cluster_cannot_hold_is_one_line(tmp_path, cluster):
     )  # fmt: skip
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(("error", "Traceback"))]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "Sweep.num_cpus = 3 for a cell of 2 ranks, but the Ray cluster has 2 CPUs" in errors[0]
+    assert (
+        "Sweep.num_cpus = 3 gives each of the 2 ranks 1.5 CPUs, more than any node of the Ray cluster has (1)"
+        in (errors[0])
+    )
 
 
 def test_a_cell_spanning_two_nodes_starts_again_whole_when_one_node_dies(tmp_path, cluster):

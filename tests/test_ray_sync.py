@@ -187,3 +187,28 @@ def test_a_rank_that_failed_because_its_peers_node_died_makes_a_lost_node_not_a_
     other.outcomes, other.deadline = {0: _outcome("failed", "bad loss")}, 100.0
     assert other.judge([], now=101.0) and other.lost is None  # every node alive: the cell failed
     assert other.outcome()["error"] == "rank 0: bad loss"
+
+
+def test_the_trainers_marker_says_which_tags_are_whole_and_which_parts_they_need(tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    policy, critic = run / "checkpoints" / "policy", run / "checkpoints" / "critic"
+    for step in (2, 4, 6):
+        _tag(policy, step, range(1))
+    _tag(critic, 2, range(1))  # the critic's step 4 never reached the driver
+    (run / "checkpoints" / "complete.json").write_text(json.dumps({"step": 4, "parts": ["policy", "critic"]}))
+    moved = usable_checkpoints(run, world=1)
+    # step 4 lacks its critic part; step 6 is newer than the newest whole checkpoint (its files may
+    # look intact yet miss what the trainer had not written when the node died)
+    assert sorted(Path(m).name for m in moved) == ["step4", "step6"]
+    assert [p.name for p in sorted(policy.iterdir()) if p.name.startswith("step")][:1] == ["step2"]
+
+
+def test_without_the_marker_no_tag_is_trusted_beyond_its_latest(tmp_path):
+    run = tmp_path / "run"
+    part = run / "checkpoints" / "policy"
+    _tag(part, 2, range(2))
+    _tag(part, 4, range(2))
+    (part / "latest").write_text("step2")  # step 4's model states arrived, its shards may not have
+    assert [Path(m).name for m in usable_checkpoints(run, world=2)] == ["step4"]

@@ -48,6 +48,7 @@ from polgrad.sweep.ray_sync import (  # noqa: F401 - ATTEMPTS and read_tree are 
     write_tree,
 )
 from polgrad.sweep.slots import GpuSlot
+from polgrad.sweep.validation import ranks_per_cell
 
 # How often a running cell sends what changed in its folder to the driver (seconds).
 SYNC_S = 1.0
@@ -141,7 +142,9 @@ def cell_task(
 
     def body() -> None:
         try:
-            kwargs = {"die_with_parent": signal.SIGKILL, **run, **extra}
+            # a launcher (a GPU cell of several GPUs) passes SIGTERM on to its ranks, not SIGKILL
+            launcher = slot is not None and len(slot.devices) > 1
+            kwargs = {"die_with_parent": signal.SIGTERM if launcher else signal.SIGKILL, **run, **extra}
             outcome = run_cell(cell, local, slot=slot, where=where, **kwargs)
             if rank and outcome.get("returncode") == 0:  # rank 0 alone writes summary.json
                 outcome = {**outcome, "status": "ok", "error": ""}
@@ -203,7 +206,7 @@ def _driver_key(results_root: Path) -> str:
 # After one rank of a cell spanning nodes failed: how long the other ranks get to report, and Ray to
 # report a lost node (its health checks take seconds to tens of seconds), before the attempt is
 # judged: a rank that failed because its peer's node died is a lost node, not the cell's failure.
-LOSS_GRACE_S = 30.0
+LOSS_GRACE_S = 60.0
 
 
 class _Attempt:
@@ -255,7 +258,18 @@ def _check_placement(exp, world: int) -> None:
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    cpus = sum(n.get("Resources", {}).get("CPU", 0.0) for n in nodes)
+    per_node = [n.get("Resources", {}).get("CPU", 0.0) for n in nodes]
+    cpus, biggest = sum(per_node), max(per_node, default=0.0)
+    if exp.num_cpus / world > biggest:
+        raise PolgradError(
+            f"{exp.file}: Sweep.num_cpus = {exp.num_cpus:g} gives each of the {world} ranks "
+            f"{exp.num_cpus / world:g} CPUs, more than any node of the Ray cluster has ({biggest:g})"
+        )
+    if exp.placement == "STRICT_PACK" and exp.num_cpus > biggest:
+        raise PolgradError(
+            f"{exp.file}: Sweep.placement = 'STRICT_PACK' puts the {world} ranks on one node, but no node "
+            f"of the Ray cluster has Sweep.num_cpus = {exp.num_cpus:g} CPUs ({biggest:g} at most)"
+        )
     if exp.num_cpus > cpus:
         raise PolgradError(
             f"{exp.file}: Sweep.num_cpus = {exp.num_cpus:g} for a cell of {world} ranks, but the Ray cluster "
@@ -303,7 +317,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
     def submit(cell: Cell, number: int) -> None:
         run_dir = Path(run_dirs[cell.id])
         run_dir.mkdir(parents=True, exist_ok=True)
-        aside = usable_checkpoints(run_dir, world)
+        aside = usable_checkpoints(run_dir, ranks_per_cell(exp)[0])  # the trainer's ranks, GPU cells too
         if aside:
             names = ", ".join(Path(a).name for a in aside)
             progress.bar.write(f"{cell.id}: checkpoints set aside as incomplete: {names}", file=sys.stderr)
@@ -320,28 +334,38 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         }
         rel = f"{key}/{run_dir.resolve().relative_to(results_root.resolve()).as_posix()}"
         snapshot = ray.put(read_tree(run_dir))
-        pg = None
-        if world > 1:
-            pg = placement_group(
-                [{"CPU": per_rank["num_cpus"]} for _ in range(world)], strategy=exp.placement
-            )
+        pg, refs = None, []
+        try:
+            if world == 1:
+                refs.append(
+                    task(**per_rank).remote(cell, rel, snapshot, run_kwargs, SYNC_S, driver_dir=str(run_dir))
+                )
+            else:
+                bundles = [{"CPU": per_rank["num_cpus"]} for _ in range(world)]
+                pg = placement_group(bundles, strategy=exp.placement)
+                at = [
+                    PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r) for r in range(world)
+                ]
+                # rank 0's address, found once the group is placed; each rank task waits for it (an
+                # ObjectRef argument), so nothing here waits for the group
+                where = ray.remote(rendezvous).options(num_cpus=0, max_retries=0, scheduling_strategy=at[0])
+                master = where.remote()
+                for r in range(world):
+                    refs.append(
+                        task(**per_rank, scheduling_strategy=at[r]).remote(
+                            cell, rel, snapshot, run_kwargs, SYNC_S, r, world, master, str(run_dir)
+                        )
+                    )
+        except BaseException:  # nothing of this attempt may stay behind
+            for ref in refs:
+                ray.cancel(ref, force=True)
+            if pg is not None:
+                remove_placement_group(pg)
+            raise
         att = _Attempt(cell, number, world, pg)
         attempts.append(att)
-        if world == 1:
-            ref = task(**per_rank).remote(cell, rel, snapshot, run_kwargs, SYNC_S, driver_dir=str(run_dir))
-            inflight[ref] = (att, 0)
-        else:
-            at = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r) for r in range(world)]
-            # rank 0's address, found once the group is placed; each rank task waits for it (an
-            # ObjectRef argument), so nothing here waits for the group
-            master = (
-                ray.remote(rendezvous).options(num_cpus=0, max_retries=0, scheduling_strategy=at[0]).remote()
-            )
-            for r in range(world):
-                ref = task(**per_rank, scheduling_strategy=at[r]).remote(
-                    cell, rel, snapshot, run_kwargs, SYNC_S, r, world, master, str(run_dir)
-                )
-                inflight[ref] = (att, r)
+        for r, ref in enumerate(refs):
+            inflight[ref] = (att, r)
         progress.start(cell, run_dir)
 
     def end(att: _Attempt) -> None:
@@ -366,6 +390,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             return
         if att.lost is not None:
             outcome = _failed(cell, f"ray (node lost {att.number} times)", att.lost, limit=300)
+            outcome["world_size"] = ranks_per_cell(exp)[0]
         else:
             outcome = att.outcome()
         _attempt_line(run_dir, {**entry, "status": outcome["status"]})
@@ -407,7 +432,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
                 try:
                     submit(cell, number)
                 except Exception as e:  # noqa: BLE001 - Ray refused the cell: its outcome, not a traceback
-                    outcome = _failed(cell, "ray", e, limit=300)
+                    outcome = {**_failed(cell, "ray", e, limit=300), "world_size": ranks_per_cell(exp)[0]}
                     record(cell, outcome)
                     progress.finish(cell, outcome)
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
@@ -423,6 +448,9 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             ray.cancel(ref, force=True)
         for att in attempts:
             if att.pg is not None:
-                remove_placement_group(att.pg)
+                try:
+                    remove_placement_group(att.pg)
+                except Exception:  # noqa: BLE001 - Ray may be gone already; the job's end frees it
+                    pass
         if started_here:
             ray.shutdown()

@@ -25,8 +25,9 @@ NOT_SYNCED = frozenset({".lock", "trainer.pid", ATTEMPTS})
 
 def _transient(part: str) -> bool:
     """A file or folder name that is written to be renamed or set aside (atomic writes' temp files
-    and folders, `.old-<time>` folders): never synced, or it would be sent, deleted and sent again."""
-    return part.endswith(".tmp") or ".tmp-" in part or ".old-" in part
+    and folders, `.old-<time>` and `.incomplete-<n>` folders set aside): never synced, or it would be
+    sent, deleted and sent again (or sent to every node at every restart)."""
+    return part.endswith(".tmp") or ".tmp-" in part or ".old-" in part or ".incomplete-" in part
 
 
 def _files(root: Path) -> Iterator[tuple[str, Path]]:
@@ -145,16 +146,27 @@ def write_tree(root: Path, files: dict[str, bytes], deleted: list[str] = ()) -> 
 
 def usable_checkpoints(run_dir: Path, world: int) -> list[str]:
     """Before a cell starts again from the driver's copy: set aside (rename `<tag>.incomplete-<n>`) every
-    checkpoint tag that is damaged in any part or lacks the ZeRO shard of one of the `world` ranks (a
-    copy cut short by the loss of its node: ranks stream their files independently), and the whole
-    `checkpoints` folder when no intact tag is left (the cell then starts afresh instead of failing
-    to resume). Nothing is deleted. Returns what was set aside."""
+    checkpoint tag that is not whole there (a copy cut short by the loss of its node: ranks and parts
+    stream their files independently), and the whole `checkpoints` folder when no whole tag is left
+    (the cell then starts afresh instead of failing to resume). Nothing is deleted. A tag is whole
+    when it is not newer than `checkpoints/complete.json` (written last by the trainer: the newest tag
+    of which every part and rank is written), exists in each part that marker names, passes the
+    integrity check (polgrad/checkpoints.py) and has the ZeRO shard of each of the `world` ranks.
+    Without the marker (a run from before it), the parts are the folders present and no tag is
+    trusted beyond its part's `latest`. Returns what was set aside."""
+    import json
+
     from polgrad import checkpoints as ck
 
     ckpt = run_dir / "checkpoints"
     if not ckpt.is_dir():
         return []
-    parts = [p for p in sorted(ckpt.iterdir()) if p.is_dir() and ck.tag_steps(p)]
+    try:
+        marker = json.loads((ckpt / ck.COMPLETE).read_text())
+        newest, names = int(marker["step"]), list(marker["parts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        newest, names = None, [p.name for p in sorted(ckpt.iterdir()) if p.is_dir() and ck.tag_steps(p)]
+    parts = [ckpt / n for n in names]
     moved: list[str] = []
 
     def aside(path: Path) -> None:
@@ -164,19 +176,32 @@ def usable_checkpoints(run_dir: Path, world: int) -> list[str]:
         path.rename(path.with_name(f"{path.name}.incomplete-{n}"))
         moved.append(str(path))
 
-    tags = {t for p in parts for t in ck.tag_steps(p)}
-    for step in sorted(tags):
+    def whole(step: int) -> bool:
         tag = f"step{step}"
-        bad = any(
-            not (p / tag).is_dir() or ck.problem(p, tag) or _missing_shard(p / tag, world) for p in parts
-        )
-        if bad:
-            for p in parts:
-                if (p / tag).is_dir():
-                    aside(p / tag)
-    if parts and not ck.tag_steps(parts[0]):
-        aside(ckpt)
+        for p in parts:
+            latest = ck.TAG.fullmatch(_read(p / "latest"))
+            limit = newest if newest is not None else (int(latest[1]) if latest else -1)
+            if step > limit or not (p / tag).is_dir() or ck.problem(p, tag) or _missing_shard(p / tag, world):
+                return False
+        return True
+
+    present = [p for p in sorted(ckpt.iterdir()) if p.is_dir() and ck.tag_steps(p)]
+    for step in sorted({t for p in present for t in ck.tag_steps(p)}):
+        if not whole(step):
+            for p in present:
+                if (p / f"step{step}").is_dir():
+                    aside(p / f"step{step}")
+    if not any(ck.tag_steps(p) for p in present):
+        if present or (ckpt / ck.COMPLETE).exists():
+            aside(ckpt)
     return moved
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _missing_shard(tag_dir: Path, world: int) -> bool:
