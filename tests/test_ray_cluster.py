@@ -40,7 +40,7 @@ def _require_ray() -> None:
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("ray is not installed; CI must install the ray extra (pip install '.[ray]')")
-        pytest.skip("ray is not installed (pip install 'polgrad[ray]')")
+        pytest.importorskip("ray", reason="ray is not installed (pip install 'polgrad[ray]')")
 
 
 def _base_env() -> dict[str, str]:
