@@ -90,6 +90,7 @@ def test_algorithm_comparison_samples_64_sequences_per_step_in_every_cell():
 DESIGNS = {
     "clip_rules": {"*": 8},
     "kl_ablation": {"*": 8},
+    "kl_ablation_replication": {"*": 8},
     "loss_aggregation": {"*": 8},
     "off_policy": {"*": 8},
     "overoptimization": {"ppo": 64, "grpo": 8},
