@@ -311,11 +311,13 @@ def test_the_md_ends_with_one_answer():
 # ----------------------------------------------------------------- the committed CSVs
 # The over-optimisation analysis's own CSVs (python -m polgrad.sweep.overoptimization) are no sweep's
 ANALYSIS = ("_best_of_n", "_points")
-SWEEP_CSVS = sorted(p for p in (REPO / "results").glob("*.csv") if not p.stem.endswith(ANALYSIS))
+# The campaign's results, and the pilots that planned them (results/pilots/, not the campaign's)
+COMMITTED = [*(REPO / "results").glob("*.csv"), *(REPO / "results" / "pilots").glob("*.csv")]
+SWEEP_CSVS = sorted(p for p in COMMITTED if not p.stem.endswith(ANALYSIS))
 
 
 def test_the_analysis_csvs_sit_beside_their_sweeps_csv():
-    for p in (REPO / "results").glob("*.csv"):
+    for p in COMMITTED:
         if p.stem.endswith(ANALYSIS):
             sweep_csv = p.with_name(p.stem.removesuffix("_best_of_n").removesuffix("_points") + ".csv")
             assert sweep_csv in SWEEP_CSVS, p
@@ -327,7 +329,7 @@ def test_the_committed_csvs_give_mds_without_tied_and_value_init_names_its_colla
     names its collapse; every md ends with its answer."""
     from polgrad.results.store import read_rows
 
-    meta = json.loads((REPO / "results" / csv.stem / "experiment.json").read_text())
+    meta = json.loads((csv.parent / csv.stem / "experiment.json").read_text())
     cells = {c["id"] for c in meta["cells"]}
     rows = [r for r in read_rows(csv) if r.get("cell_id") in cells]
     md = markdown(

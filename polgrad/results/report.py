@@ -15,6 +15,7 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
+from polgrad.results.replication import section as replication_section
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
 from polgrad.results.tuning import section as tuning_section
@@ -141,6 +142,7 @@ def markdown(
     figures: Sequence[str] = (),
     tuning: dict[str, Any] | None = None,
     budget: str = "",
+    replication: Sequence[str] = (),
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     design of warm starts (polgrad.results.warm_starts), one line per
@@ -187,6 +189,11 @@ def markdown(
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
     lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
+    if replication:  # X and X_replication side by side (polgrad/results/replication.py)
+        # before the findings; its last line, the summary, also opens them (the answer stays last)
+        at = stats_lines.index("## Findings") - 1
+        head, tail = stats_lines[:at], stats_lines[at + 3 :]
+        stats_lines = [*head, *replication, "", "## Findings", "", f"- Replication: {replication[-1]}", *tail]
     lines += stats_lines
     lines += _cell_lists(rows)
     return "\n".join(lines) + "\n"
@@ -396,6 +403,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         figures=(png_path.name, curves_path(png_path).name),
         tuning=meta.get("tuning"),
         budget=(meta.get("budget") or {}).get("text") or NO_BUDGET,
+        replication=replication_section(experiment, results_dir),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

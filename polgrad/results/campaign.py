@@ -1,0 +1,134 @@
+"""The results campaign's check: every committed results/*.csv comes from one tagged clean commit,
+with the protocol's seeds and warm starts (`python -m polgrad.results --check-campaign TAG`).
+
+What it checks, per CSV directly under the results folder (pilots and other exploratory runs live in
+a sub-folder, results/pilots/, and are not the campaign's):
+
+- **one commit**: every row's `git_commit` is the commit TAG names (its short or full sha), clean
+  (no `-dirty`, no `git_diff`); a CSV without the column (an analysis CSV such as
+  overoptimization_points.csv) is checked through the sweep CSV it sits beside;
+- **seeds**: in a sweep's CSV (one with results/<name>/experiment.json) that is not a tuning stage
+  (`<name>_tuning`), every configuration (spec + swept columns) has at least `MIN_SEEDS` seeds whose
+  run finished ok;
+- **warm starts**: the rows of one seed share one warm start and different seeds have different ones
+  (the CSV's `warm_start` column), so pairing holds and the spread includes the warm start's.
+
+Raises DataError when TAG names no commit. Returns one line per problem (the CSV, what is wrong and
+how to fix it) and one per CSV that passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from polgrad.errors import DataError
+from polgrad.results.provenance import DIRTY, _git
+from polgrad.results.store import WARM_START, read_rows
+
+MIN_SEEDS = 10
+TUNING = "_tuning"
+# CSVs an analysis writes beside a sweep's CSV (python -m polgrad.sweep.overoptimization), some without
+# a git_commit column: <sweep><suffix>.csv
+ANALYSIS = ("_best_of_n", "_points")
+
+
+def _rows(n: int) -> str:
+    return f"{n} row{'' if n == 1 else 's'}"
+
+
+def tag_commit(tag: str, cwd: str | os.PathLike | None = None) -> str | None:
+    """The full sha of the commit `tag` names in the repository at cwd, or None."""
+    out = _git(["rev-parse", "--verify", "--quiet", f"{tag}^{{commit}}"], cwd)
+    if out is None or out.returncode != 0:
+        return None
+    return out.stdout.decode().strip()
+
+
+def _commit_problems(rows: Sequence[dict[str, str]], sha: str) -> list[str]:
+    wrong = {}
+    for r in rows:
+        commit = (r.get("git_commit") or "").strip()
+        ok = commit and not commit.endswith(DIRTY) and sha.startswith(commit) and len(commit) >= 7
+        if not ok or (r.get("git_diff") or "").strip():
+            wrong[commit or "-"] = wrong.get(commit or "-", 0) + 1
+    return [f"{_rows(n)} from {c}" for c, n in sorted(wrong.items())]
+
+
+def _design_problems(rows: Sequence[dict[str, str]], meta: dict) -> list[str]:
+    group_columns = ["spec", *meta.get("swept_columns", [])]
+    current = {c["id"] for c in meta.get("cells", [])}
+    rows = [r for r in rows if not current or r.get("cell_id") in current]
+    problems = []
+    seeds: dict[tuple, set[str]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            seeds.setdefault(tuple(r.get(c, "") for c in group_columns), set()).add(str(r.get("seed")))
+    for key, got in sorted(seeds.items()):
+        if len(got) < MIN_SEEDS:
+            problems.append(
+                f"{' · '.join(key)} has {len(got)} seeds finished ok (the protocol: ≥ {MIN_SEEDS})"
+            )
+    by_seed: dict[str, set[str]] = {}
+    for r in rows:
+        if (r.get(WARM_START) or "").strip():
+            by_seed.setdefault(str(r.get("seed")), set()).add(r[WARM_START])
+    if not by_seed:
+        problems.append("no warm start recorded (the CSV has no warm_start values)")
+    mixed = sorted(s for s, w in by_seed.items() if len(w) > 1)
+    if mixed:
+        problems.append(f"seeds {', '.join(mixed)} started from more than one warm start")
+    shared = len({w for ws in by_seed.values() for w in ws})
+    if not mixed and len(by_seed) > 1 and shared < len(by_seed):
+        problems.append(
+            f"{len(by_seed)} seeds share {shared} warm starts (each seed its own is the protocol)"
+        )
+    return problems
+
+
+def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[str], list[str]]:
+    """(problems, passes): one line per CSV of results_dir that breaks the campaign's rules, one per
+    CSV that keeps them. Run in the repository whose history holds `tag`."""
+    sha = tag_commit(tag)
+    if sha is None:
+        raise DataError(
+            f"--check-campaign: {tag}: no such tag or commit in this repository (git fetch --tags)"
+        )
+    results = Path(results_dir)
+    problems, passes = [], []
+    failed: set[str] = set()
+    paths = sorted(results.glob("*.csv"))
+    # the CSVs that record their commit first, then the analysis CSVs that rest on their sweep's
+    for path in sorted(paths, key=lambda p: p.stem.endswith(ANALYSIS)):
+        rows = read_rows(path)
+        if not rows:
+            problems.append(f"{path}: no rows")
+            failed.add(path.stem)
+            continue
+        found, vouched = [], ""
+        if "git_commit" in rows[0]:
+            found += _commit_problems(rows, sha)
+        else:
+            owner = next((path.stem.removesuffix(s) for s in ANALYSIS if path.stem.endswith(s)), None)
+            if owner is None or not (results / f"{owner}.csv").is_file():
+                found.append("no git_commit column and no sweep CSV beside it to vouch for it")
+            elif owner in failed:
+                found.append(f"no git_commit column, and its sweep's {owner}.csv fails")
+            else:
+                vouched = f" (no git_commit column: its sweep's {owner}.csv passes)"
+        meta_path = results / path.stem / "experiment.json"
+        if meta_path.is_file() and not path.stem.endswith(TUNING):
+            found += _design_problems(rows, json.loads(meta_path.read_text()))
+        if found:
+            failed.add(path.stem)
+            name = path.stem.removesuffix(TUNING)
+            name = next((name.removesuffix(s) for s in ANALYSIS if name.endswith(s)), name)
+            fix = f"rerun it from a clean clone of {tag} (python -m polgrad.sweep experiments/{name}.gin)"
+            problems.append(f"{path}: " + "; ".join(found) + f": {fix}")
+        else:
+            passes.append(f"{path}: {_rows(len(rows))}" + (vouched or f" from {sha[:7]}"))
+    if not paths:
+        problems.append(f"{results}: no CSV to check")
+    return problems, passes

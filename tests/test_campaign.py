@@ -1,0 +1,108 @@
+"""The campaign's check (`python -m polgrad.results --check-campaign TAG`, polgrad/results/campaign.py):
+every CSV directly under the results folder comes from the commit TAG names, clean, with >= 10 seeds
+per configuration and one warm start per seed; pilots in a sub-folder are not its business."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polgrad.results import campaign
+from polgrad.results.__main__ import main
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository with two commits, the first tagged `camp`; the working directory is in it."""
+    _git(tmp_path, "init", "-q")
+    for n in ("a", "b"):
+        (tmp_path / n).write_text(n)
+        _git(tmp_path, "add", n)
+        _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", n)
+        if n == "a":
+            _git(tmp_path, "tag", "camp")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    return tmp_path
+
+
+def _write(results: Path, name: str, rows: list[dict[str, str]], sweep: bool = True) -> None:
+    with open(results / f"{name}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    if sweep:
+        (results / name).mkdir()
+        meta = {"swept_columns": ["x"], "cells": [{"id": r["cell_id"]} for r in rows]}
+        (results / name / "experiment.json").write_text(json.dumps(meta))
+
+
+def _rows(commit: str, seeds=range(10), configs=("p", "q"), warm=lambda s: f"w{s}") -> list[dict[str, str]]:
+    return [
+        {
+            "cell_id": f"{x}-s{s}",
+            "spec": "grpo",
+            "x": x,
+            "seed": str(s),
+            "status": "ok",
+            "warm_start": warm(s),
+            "git_commit": commit,
+            "git_diff": "",
+        }
+        for x in configs
+        for s in seeds
+    ]
+
+
+def test_a_campaign_of_clean_rows_from_the_tag_passes(repo, capsys):
+    sha = _git(repo, "rev-parse", "camp")
+    _write(repo / "results", "exp", _rows(sha[:7]))
+    _write(repo / "results", "exp_tuning", _rows(sha[:7], seeds=range(100, 103)))  # 3 tuning seeds: fine
+    _write(repo / "results", "exp_points", [{"d": "0.1", "gold": "0.2"}], sweep=False)  # no commit column
+    (repo / "results" / "pilots").mkdir()
+    _write(repo / "results" / "pilots", "pilot", _rows("0123456", seeds=range(2)))  # not the campaign's
+    assert main(["--check-campaign", "camp"]) == 0
+    out = capsys.readouterr().out
+    assert f"ok results/exp.csv: 20 rows from {sha[:7]}" in out
+    assert "ok results/exp_points.csv: 1 row (no git_commit column: its sweep's exp.csv passes)" in out
+    assert "all 3 CSVs of results from camp" in out and "pilot" not in out
+
+
+def test_each_rule_broken_is_one_line_naming_the_csv_and_the_rerun(repo):
+    sha, head = _git(repo, "rev-parse", "camp"), _git(repo, "rev-parse", "HEAD")
+    results = repo / "results"
+    _write(results, "later", _rows(head[:7]))  # a clean commit, but not the tag's
+    dirty = _rows(sha[:7])
+    dirty[3]["git_commit"] = f"{sha[:7]}-dirty"
+    _write(results, "dirty", dirty)
+    _write(results, "few", _rows(sha[:7], seeds=range(9)))
+    _write(results, "shared", _rows(sha[:7], warm=lambda s: "w0"))
+    mixed = _rows(sha[:7])
+    mixed[0]["warm_start"] = "other"  # p-s0 and q-s0 started from different policies
+    _write(results, "mixed", mixed)
+    _write(results, "few_points", [{"d": "0.1"}], sweep=False)
+    problems, passes = campaign.check("camp", "results")
+    by_csv = {line.split(":")[0]: line for line in problems}
+    assert passes == [] and len(problems) == 6
+    assert f"1 row from {sha[:7]}-dirty" in by_csv["results/dirty.csv"]
+    assert f"20 rows from {head[:7]}" in by_csv["results/later.csv"]
+    assert "grpo · p has 9 seeds finished ok (the protocol: ≥ 10)" in by_csv["results/few.csv"]
+    assert "10 seeds share 1 warm starts" in by_csv["results/shared.csv"]
+    assert "seeds 0 started from more than one warm start" in by_csv["results/mixed.csv"]
+    assert "its sweep's few.csv fails" in by_csv["results/few_points.csv"]
+    assert by_csv["results/few_points.csv"].endswith("(python -m polgrad.sweep experiments/few.gin)")
+    assert all("rerun it from a clean clone of camp" in line for line in problems)
+
+
+def test_an_unknown_tag_is_one_line_and_exit_2(repo, capsys):
+    assert main(["--check-campaign", "no-such-tag"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no-such-tag: no such tag or commit" in err
