@@ -41,7 +41,10 @@ def _write(results: Path, name: str, rows: list[dict[str, str]], sweep: bool = T
         w.writerows(rows)
     if sweep:
         (results / name).mkdir()
-        meta = {"swept_columns": ["x"], "cells": [{"id": r["cell_id"]} for r in rows]}
+        cells = [
+            {"id": r["cell_id"], "spec": "grpo", "swept": {"x": r["x"]}, "seed": int(r["seed"])} for r in rows
+        ]
+        meta = {"swept_columns": ["x"], "cells": cells}
         (results / name / "experiment.json").write_text(json.dumps(meta))
 
 
@@ -92,14 +95,47 @@ def test_each_rule_broken_is_one_line_naming_the_csv_and_the_rerun(repo):
     problems, passes = campaign.check("camp", "results")
     by_csv = {line.split(":")[0]: line for line in problems}
     assert passes == [] and len(problems) == 6
-    assert f"1 row from {sha[:7]}-dirty" in by_csv["results/dirty.csv"]
+    assert f"1 row from {sha[:7]} with uncommitted edits" in by_csv["results/dirty.csv"]
     assert f"20 rows from {head[:7]}" in by_csv["results/later.csv"]
-    assert "grpo · p has 9 seeds finished ok (the protocol: ≥ 10)" in by_csv["results/few.csv"]
+    assert "grpo · x=p declares 9 seeds (the protocol: ≥ 10)" in by_csv["results/few.csv"]
+    assert (
+        "experiments/few.gin breaks the protocol: change it, tag a new campaign commit"
+        in by_csv["results/few.csv"]
+    )
     assert "10 seeds share 1 warm starts" in by_csv["results/shared.csv"]
     assert "seeds 0 started from more than one warm start" in by_csv["results/mixed.csv"]
     assert "its sweep's few.csv fails" in by_csv["results/few_points.csv"]
-    assert by_csv["results/few_points.csv"].endswith("(python -m polgrad.sweep experiments/few.gin)")
-    assert all("rerun it from a clean clone of camp" in line for line in problems)
+    assert by_csv["results/few_points.csv"].endswith(
+        "(python -m polgrad.sweep.overoptimization experiments/few.gin)"
+    )
+    assert (
+        "rerun it from a clean clone of camp (python -m polgrad.sweep experiments/dirty.gin)"
+        in by_csv["results/dirty.csv"]
+    )
+
+
+def test_every_declared_cell_must_have_finished_and_recorded_its_warm_start(repo):
+    """A failed or missing cell fails the check (rerun it); an unstable one is an outcome, not a gap."""
+    sha = _git(repo, "rev-parse", "camp")[:7]
+    results = repo / "results"
+    rows = _rows(sha)
+    rows[0]["status"], rows[1]["status"] = "failed", "unstable"
+    _write(results, "failed", rows)
+    rows = _rows(sha)
+    _write(results, "missing", rows[:-1])  # the CSV lacks q-s9, which experiment.json declares
+    meta = json.loads((results / "missing" / "experiment.json").read_text())
+    meta["cells"].append({"id": "q-s9", "spec": "grpo", "swept": {"x": "q"}, "seed": 9})
+    (results / "missing" / "experiment.json").write_text(json.dumps(meta))
+    rows = _rows(sha)
+    for r in rows[2:]:
+        r["warm_start"] = ""
+    _write(results, "partial", rows)
+    problems, passes = campaign.check("camp", "results")
+    by_csv = {line.split(":")[0]: line for line in problems}
+    assert passes == [] and len(problems) == 3
+    assert "1 cells did not finish (p-s0)" in by_csv["results/failed.csv"]
+    assert "1 declared cells have no row (q-s9)" in by_csv["results/missing.csv"]
+    assert "18 rows record no warm start" in by_csv["results/partial.csv"]
 
 
 def test_an_unknown_tag_is_one_line_and_exit_2(repo, capsys):

@@ -19,7 +19,9 @@ PREDICTIONS = [
 ]
 
 
-def _experiment(tmp: Path, name: str, seeds: range, effects: dict[str, float]) -> list[dict[str, str]]:
+def _experiment(
+    tmp: Path, name: str, seeds: range, effects: dict[str, float], predictions=PREDICTIONS, **declared
+) -> list[dict[str, str]]:
     """results tmp/<name>.csv and tmp/<name>/experiment.json: configuration 'base' and `effects` (Δ to
     base in eval_accuracy), one row per seed; the base's accuracy varies with the seed (warm starts)."""
     rows = []
@@ -45,26 +47,102 @@ def _experiment(tmp: Path, name: str, seeds: range, effects: dict[str, float]) -
         "swept_columns": ["Algorithm.kl"],
         "primary_metric": "eval_accuracy",
         "baseline": {"Algorithm.kl": "base"},
-        "predictions": PREDICTIONS,
+        "predictions": predictions,
         "cells": [{"id": r["cell_id"]} for r in rows],
+        **declared,
     }
     (tmp / name / "experiment.json").write_text(json.dumps(meta))
     return rows
 
 
-def test_the_section_says_where_the_two_agree_and_where_not(tmp_path):
-    # 'a' is 0.1 lower in both (confirmed twice); 'b' moves only in the replication (verdicts differ)
+def _row(lines: list[str], claim: str) -> str:
+    return next(line for line in lines if line.startswith(f"| {claim} |"))
+
+
+def test_the_section_says_which_predictions_replicate_and_which_do_not(tmp_path):
+    # 'a' is 0.1 lower in both (confirmed twice); 'b' moves only in the replication (decided in one)
     _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0})
     _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": -0.1})
     for name in ("x", "x_replication"):
         lines = replication.section(name, tmp_path)
         assert lines[1] == "## Replication"
         assert "x: seeds 0-9; x_replication: seeds 20-29" in lines[3]
-        row_a = next(line for line in lines if line.startswith("| a is lower"))
-        row_b = next(line for line in lines if line.startswith("| b is lower"))
+        row_a, row_b = _row(lines, "a is lower"), _row(lines, "b is lower")
         assert row_a.count("| confirmed |") == 2 and row_a.endswith("| yes |")
         assert "| not confirmed (no difference detected" in row_b and row_b.endswith("| no |")
-        assert lines[-1] == "The two agree on 1 of 2 predictions (a is lower); they differ on b is lower."
+        assert lines[-1] == "Of 2 predictions, 1 replicate (a is lower); decided differently: b is lower."
+
+
+def test_two_verdicts_that_decide_nothing_are_not_agreement(tmp_path):
+    _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0})
+    _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": 0.0})
+    lines = replication.section("x", tmp_path)
+    assert _row(lines, "b is lower").endswith("| neither decides |")
+    assert lines[-1] == "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
+
+
+def test_a_confirmation_resting_on_the_t_test_alone_is_still_a_confirmation(tmp_path):
+    """With 5 seeds the sign-flip test cannot reach α (its smallest two-sided p is 1/16), so the
+    replication's verdict reads 'confirmed; this rests on the t-test's normality: ...'."""
+    _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": -0.1})
+    _experiment(tmp_path, "x_replication", range(20, 25), {"a": -0.1, "b": -0.1})
+    lines = replication.section("x_replication", tmp_path)
+    row_a = _row(lines, "a is lower")
+    assert "| confirmed; this rests on the t-test's normality" in row_a and row_a.endswith("| yes |")
+    assert lines[-1] == "Of 2 predictions, 2 replicate."
+    assert (
+        replication.verdict_class("confirmed and different: a significant difference of +0.01") == "confirmed"
+    )
+
+
+def test_predictions_declared_differently_or_in_one_only_are_not_compared(tmp_path):
+    other = [dict(PREDICTIONS[0], margin=0.05, expected="no difference"), dict(PREDICTIONS[0], claim="c")]
+    _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0})
+    _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": 0.0}, [other[0], other[1]])
+    lines = replication.section("x", tmp_path)
+    assert _row(lines, "a is lower").endswith("| declared differently |")
+    assert _row(lines, "b is lower").endswith("| declared in one only |")
+    assert _row(lines, "c").endswith("| declared in one only |")
+    assert lines[-1] == (
+        "Of 3 predictions, 0 replicate; declared differently: a is lower; "
+        "declared in one only: b is lower; c."
+    )
+
+
+def test_a_different_baseline_is_said(tmp_path):
+    _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0}, baseline={"Algorithm.kl": "base"})
+    _experiment(
+        tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": 0.0}, baseline={"Algorithm.kl": "a"}
+    )
+    lines = replication.section("x", tmp_path)
+    assert "The two declare different baseline: their verdicts answer different designs." in lines
+
+
+def test_the_section_judges_as_the_mds_own_predictions_section_does(tmp_path):
+    equal = {"claim": "b equals", "config": {"Algorithm.kl": "b"}, "metric": "eval_accuracy"}
+    predictions = [*PREDICTIONS, dict(equal, expected="no difference", margin=0.05)]
+    rows = _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": -0.004}, predictions)
+    md = markdown(
+        "x",
+        rows,
+        swept_columns=["Algorithm.kl"],
+        primary_metric="eval_accuracy",
+        baseline={"Algorithm.kl": "base"},
+        predictions=predictions,
+    )
+    own = md.split("## Predictions")[1].split("\n## ")[0]
+    meta = {
+        "swept_columns": ["Algorithm.kl"],
+        "baseline": {"Algorithm.kl": "base"},
+        "predictions": predictions,
+    }
+    meta["cells"] = [{"id": r["cell_id"]} for r in rows]
+    judged = replication.verdicts(rows, meta)
+    assert len(judged) == 3 and "90% CI (TOST)" in judged[2][2]
+    for claim, _, delta, n, verdict in judged:
+        assert n == 10
+        row = _row(own.splitlines(), claim)
+        assert row.endswith(f"| {verdict} |") and f"| {delta} |" in row
 
 
 def test_an_original_without_its_replication_has_no_section_and_a_replication_says_what_is_missing(
@@ -82,7 +160,7 @@ def test_the_summary_opens_the_findings_and_the_answer_stays_last(tmp_path):
     rows = _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0})
     _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": 0.0})
     section = replication.section("x", tmp_path)
-    assert section[-1] == "The two agree on 2 of 2 predictions."
+    assert section[-1] == "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
     md = markdown(
         "x",
         rows,
@@ -93,5 +171,5 @@ def test_the_summary_opens_the_findings_and_the_answer_stays_last(tmp_path):
         replication=section,
     ).splitlines()
     assert md.index("## Replication") < md.index("## Findings")
-    assert md[md.index("## Findings") + 2] == "- Replication: The two agree on 2 of 2 predictions."
+    assert md[md.index("## Findings") + 2] == f"- Replication: {section[-1]}"
     assert md[-1].startswith("- **Answer.**") and md.count("## Findings") == 1

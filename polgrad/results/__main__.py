@@ -46,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.check_campaign:
-        if args.experiment:
-            ap.error("--check-campaign checks every CSV of the results folder: give no experiment")
+        if args.experiment or args.check_provenance:
+            ap.error(
+                "--check-campaign checks every CSV of the results folder: "
+                "give no experiment and no --check-provenance"
+            )
         return check_campaign(args.check_campaign, args.results)
     if not args.experiment:
         ap.error("give an experiment (the CSV's stem), or --check-campaign TAG")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from polgrad.errors import DataError
 from polgrad.results.provenance import DIRTY, _git
+from polgrad.results.record import FINISHED
 from polgrad.results.store import WARM_START, read_rows
 
 MIN_SEEDS = 10
@@ -48,35 +49,53 @@ def tag_commit(tag: str, cwd: str | os.PathLike | None = None) -> str | None:
 
 
 def _commit_problems(rows: Sequence[dict[str, str]], sha: str) -> list[str]:
-    wrong = {}
+    wrong: dict[str, int] = {}
     for r in rows:
         commit = (r.get("git_commit") or "").strip()
-        ok = commit and not commit.endswith(DIRTY) and sha.startswith(commit) and len(commit) >= 7
-        if not ok or (r.get("git_diff") or "").strip():
-            wrong[commit or "-"] = wrong.get(commit or "-", 0) + 1
+        edited = commit.endswith(DIRTY) or bool((r.get("git_diff") or "").strip())
+        ours = len(commit) >= 7 and sha.startswith(commit.removesuffix(DIRTY))
+        if not ours or edited:
+            what = (commit.removesuffix(DIRTY) or "no commit") + (" with uncommitted edits" if edited else "")
+            wrong[what] = wrong.get(what, 0) + 1
     return [f"{_rows(n)} from {c}" for c, n in sorted(wrong.items())]
 
 
+def _cells_problems(rows: Sequence[dict[str, str]], meta: dict) -> list[str]:
+    """Every cell the experiment declares has a finished row (ok, or unstable: an outcome)."""
+    status = {r.get("cell_id"): r.get("status") for r in rows}
+    missing = [c["id"] for c in meta.get("cells", []) if c["id"] not in status]
+    failed = [c["id"] for c in meta.get("cells", []) if status.get(c["id"]) not in (None, *FINISHED)]
+    out = []
+    if missing:
+        out.append(f"{len(missing)} declared cells have no row ({_some(missing)})")
+    if failed:
+        out.append(f"{len(failed)} cells did not finish ({_some(failed)})")
+    return out
+
+
+def _some(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:3]) + (" ..." if len(ids) > 3 else "")
+
+
 def _design_problems(rows: Sequence[dict[str, str]], meta: dict) -> list[str]:
-    group_columns = ["spec", *meta.get("swept_columns", [])]
-    current = {c["id"] for c in meta.get("cells", [])}
-    rows = [r for r in rows if not current or r.get("cell_id") in current]
+    """≥ MIN_SEEDS declared seeds per configuration; a warm start on every finished row, one per seed."""
     problems = []
     seeds: dict[tuple, set[str]] = {}
-    for r in rows:
-        if r.get("status") == "ok":
-            seeds.setdefault(tuple(r.get(c, "") for c in group_columns), set()).add(str(r.get("seed")))
+    for c in meta.get("cells", []):
+        key = (c.get("spec", ""), *(f"{k}={v}" for k, v in sorted((c.get("swept") or {}).items())))
+        seeds.setdefault(key, set()).add(str(c.get("seed")))
     for key, got in sorted(seeds.items()):
         if len(got) < MIN_SEEDS:
-            problems.append(
-                f"{' · '.join(key)} has {len(got)} seeds finished ok (the protocol: ≥ {MIN_SEEDS})"
-            )
+            problems.append(f"{' · '.join(key)} declares {len(got)} seeds (the protocol: ≥ {MIN_SEEDS})")
+    current = {c["id"] for c in meta.get("cells", [])}
+    done = [r for r in rows if r.get("cell_id") in current and r.get("status") in FINISHED]
+    unknown = [r for r in done if not (r.get(WARM_START) or "").strip()]
+    if unknown:
+        problems.append(f"{_rows(len(unknown))} record no warm start (the CSV's warm_start column)")
     by_seed: dict[str, set[str]] = {}
-    for r in rows:
+    for r in done:
         if (r.get(WARM_START) or "").strip():
             by_seed.setdefault(str(r.get("seed")), set()).add(r[WARM_START])
-    if not by_seed:
-        problems.append("no warm start recorded (the CSV has no warm_start values)")
     mixed = sorted(s for s, w in by_seed.items() if len(w) > 1)
     if mixed:
         problems.append(f"seeds {', '.join(mixed)} started from more than one warm start")
@@ -119,14 +138,25 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
             else:
                 vouched = f" (no git_commit column: its sweep's {owner}.csv passes)"
         meta_path = results / path.stem / "experiment.json"
-        if meta_path.is_file() and not path.stem.endswith(TUNING):
-            found += _design_problems(rows, json.loads(meta_path.read_text()))
-        if found:
+        design = []
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            found += _cells_problems(rows, meta)
+            if not path.stem.endswith(TUNING):
+                design = _design_problems(rows, meta)
+        if found or design:
             failed.add(path.stem)
             name = path.stem.removesuffix(TUNING)
             name = next((name.removesuffix(s) for s in ANALYSIS if name.endswith(s)), name)
-            fix = f"rerun it from a clean clone of {tag} (python -m polgrad.sweep experiments/{name}.gin)"
-            problems.append(f"{path}: " + "; ".join(found) + f": {fix}")
+            module = "polgrad.sweep.overoptimization" if path.stem.endswith(ANALYSIS) else "polgrad.sweep"
+            command = f"python -m {module} experiments/{name}.gin"
+            fix = f"rerun it from a clean clone of {tag} ({command})"
+            if design:
+                fix = (
+                    f"experiments/{name}.gin breaks the protocol: change it, tag a new campaign commit and "
+                    f"rerun it from a clean clone of that ({command})"
+                )
+            problems.append(f"{path}: " + "; ".join(found + design) + f": {fix}")
         else:
             passes.append(f"{path}: {_rows(len(rows))}" + (vouched or f" from {sha[:7]}"))
     if not paths:

@@ -2,23 +2,29 @@
 seeds (hence other warm starts), e.g. experiments/kl_ablation_replication.gin.
 
 Each md of the pair gets a section "Replication" with, per declared prediction, the verdict and the
-paired difference to the baseline [95% CI] in each experiment (each judged within its own experiment's
-Holm family, as its own Predictions section does) and whether the two agree: the same verdict word
-(confirmed / refuted / undecided / not confirmed / untested). It ends with one sentence saying where
-they agree and where not. The section needs both CSVs and both experiment.json files; when the partner
-has not run (or has no predictions), the md says so in one line instead.
+paired difference to the baseline [CI] in each experiment (each judged within its own experiment's
+Holm family, as its own Predictions section does) and whether it replicates: the same decisive verdict
+(confirmed, or refuted) in both. Two verdicts that decide nothing (undecided, not confirmed) are
+"decided in neither", not agreement. A prediction declared differently in the two (another
+configuration, metric or margin under the same claim), or in one only, is said so, as are different
+baselines, swept columns, primary metric or budget. It ends with one sentence saying which replicate.
+The section needs both CSVs and both experiment.json files; when the partner has not run, the md of a
+replication says so in one line, and the original's has no section.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from polgrad.results.compare import against
+from polgrad.results.compare import ALPHA, against
 from polgrad.results.findings import _delta
-from polgrad.results.predictions import judge
+from polgrad.results.predictions import NO_DIFFERENCE, judge
 from polgrad.results.store import csv_path, read_rows
 
 SUFFIX = "_replication"
@@ -30,17 +36,16 @@ def partner(experiment: str) -> str:
 
 
 def _meta(experiment: str, results_dir: str | os.PathLike) -> dict[str, Any] | None:
-    import json
-
     path = Path(results_dir) / experiment / "experiment.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def verdicts(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[tuple[str, str, str, int, str]]:
-    """(claim, metric, Δ [95% CI] text, paired seeds, verdict) of each declared prediction in `rows`."""
+    """(claim, metric, Δ [CI] text, paired seeds, verdict) of each declared prediction in `rows`, as the
+    md's Predictions section computes them (the 90% CI of TOST for a 'no difference' prediction with a
+    margin, else the 95% CI)."""
     group_columns = ["spec", *meta["swept_columns"]]
-    current = {c["id"] for c in meta["cells"]}
-    rows = [r for r in rows if r.get("cell_id") in current]
+    rows = _current(rows, meta)
 
     def key_of(config: dict[str, Any] | None):
         for r in rows:
@@ -58,15 +63,32 @@ def verdicts(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[tuple
     fams = {m: {c.other: c for c in against(rows, group_columns, m, base)} for m in {p[2] for p in preds}}
     comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in preds]
     out = []
-    for (claim, _, metric, _, _), c, j in zip(preds, comps, judge(preds, comps), strict=True):
+    for (claim, _, metric, expected, margin), c, j in zip(preds, comps, judge(preds, comps), strict=True):
         delta = _delta(c) if c is not None else "–"
+        if c is not None and expected == NO_DIFFERENCE and margin and c.identical_to is None:
+            low, high = c.test.interval(1 - 2 * ALPHA)
+            if not math.isnan(low):
+                delta = f"{c.test.mean:+.3g} [{low:.3g}, {high:.3g}] {1 - 2 * ALPHA:.0%} CI (TOST)"
         out.append((claim, metric, delta, c.test.n if c else 0, j.verdict))
     return out
 
 
-def _word(verdict: str) -> str:
-    word = verdict.split(" ")[0]
-    return "not confirmed" if word == "not" else word
+def _current(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[dict[str, str]]:
+    """The rows of the cells the experiment declares now (a CSV may hold rows of an older grid)."""
+    current = {c["id"] for c in meta["cells"]}
+    return [r for r in rows if r.get("cell_id") in current]
+
+
+def verdict_class(verdict: str) -> str:
+    """confirmed / refuted / undecided / not confirmed / untested: the verdict's leading words (a
+    significant difference inside the margin, 'confirmed and different', is confirmed)."""
+    found = re.match(r"(not confirmed|confirmed|refuted|undecided|untested)", verdict)
+    return found.group(1) if found else verdict
+
+
+DECISIVE = ("confirmed", "refuted")
+# What of the two experiments' declarations must be the same for their verdicts to be compared
+DECLARED = ("baseline", "swept_columns", "primary_metric", "budget")
 
 
 def _seeds(rows: Sequence[dict[str, str]]) -> str:
@@ -74,6 +96,10 @@ def _seeds(rows: Sequence[dict[str, str]]) -> str:
     if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)):
         return f"seeds {seeds[0]}-{seeds[-1]}"
     return "seeds " + ", ".join(map(str, seeds))
+
+
+def _predictions(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["claim"]: p for p in meta.get("predictions", ())}
 
 
 def section(experiment: str, results_dir: str | os.PathLike = "results") -> list[str]:
@@ -87,39 +113,59 @@ def section(experiment: str, results_dir: str | os.PathLike = "results") -> list
         if experiment.endswith(SUFFIX):
             return ["", "## Replication", "", f"The experiment this replicates, {other}, has no results yet."]
         return []
-    rows = {e: read_rows(paths[e]) for e in (original, replica)}
-    judged = {e: verdicts(rows[e], metas[e]) for e in (original, replica)}
+    rows = {e: _current(read_rows(paths[e]), metas[e]) for e in (original, replica)}
+    judged = {e: {claim: rest for claim, *rest in verdicts(rows[e], metas[e])} for e in (original, replica)}
     lines = [
         "",
         "## Replication",
         "",
         f"{replica} runs {original}'s design on other seeds and warm starts ({original}: "
         f"{_seeds(rows[original])}; {replica}: {_seeds(rows[replica])}). Each verdict is judged within "
-        "its own experiment (its own Holm family of the declared predictions); the two agree on a "
-        "prediction when they reach the same verdict.",
-        "",
+        "its own experiment (its own Holm family of the declared predictions). A prediction replicates "
+        "when both reach the same decisive verdict (confirmed, or refuted); two verdicts that decide "
+        "nothing (undecided, not confirmed) agree on nothing.",
     ]
-    if not judged[original] or not judged[replica]:
-        return lines + ["Neither has predictions with a baseline to compare: nothing to replicate."]
-    by_claim = {claim: rest for claim, *rest in judged[replica]}
+    differs = [k for k in DECLARED if metas[original].get(k) != metas[replica].get(k)]
+    if differs:
+        lines.append(
+            f"The two declare different {', '.join(differs)}: their verdicts answer different designs."
+        )
+    lines.append("")
+    preds = {e: _predictions(metas[e]) for e in (original, replica)}
+    claims = [*preds[original], *(c for c in preds[replica] if c not in preds[original])]
+    if not judged[original] and not judged[replica]:
+        return lines + ["Neither has predictions with a baseline to judge: nothing to replicate."]
     lines += [
-        f"| prediction | metric | Δ {original} [95% CI] | verdict {original} | Δ {replica} [95% CI] | "
-        f"verdict {replica} | agree |",
+        f"| prediction | metric | Δ {original} [CI] | verdict {original} | Δ {replica} [CI] | "
+        f"verdict {replica} | replicates |",
         "|---|---|---|---|---|---|---|",
     ]
-    agree, differ = [], []
-    for claim, metric, delta, _, verdict in judged[original]:
-        if claim not in by_claim:
-            lines.append(f"| {claim} | {metric} | {delta} | {verdict} | – | (not declared) | – |")
-            differ.append(claim)
-            continue
-        _, r_delta, _, r_verdict = by_claim[claim]
-        same = _word(verdict) == _word(r_verdict)
-        (agree if same else differ).append(claim)
-        mark = "yes" if same else "no"
-        lines.append(f"| {claim} | {metric} | {delta} | {verdict} | {r_delta} | {r_verdict} | {mark} |")
-    total = len(judged[original])
-    text = f"The two agree on {len(agree)} of {total} predictions"
-    text += f" ({'; '.join(agree)})" if agree and differ else ""
-    text += f"; they differ on {'; '.join(differ)}." if differ else "."
-    return lines + ["", text]
+    outcome: dict[str, list[str]] = {}
+    for claim in claims:
+        a, b = judged[original].get(claim), judged[replica].get(claim)
+        metric = (a or b or ("–",))[0]
+        if a is None or b is None:
+            word = "declared in one only"
+        elif preds[original][claim] != preds[replica][claim]:
+            word = "declared differently"
+        else:
+            ca, cb = verdict_class(a[3]), verdict_class(b[3])
+            if ca in DECISIVE and ca == cb:
+                word = "yes"
+            elif ca in DECISIVE or cb in DECISIVE:
+                word = "no"
+            else:
+                word = "neither decides"
+        outcome.setdefault(word, []).append(claim)
+        cells = [f"{x[1]} | {x[3]}" if x else "– | (not judged)" for x in (a, b)]
+        lines.append(f"| {claim} | {metric} | {cells[0]} | {cells[1]} | {word} |")
+    text = f"Of {len(claims)} predictions, {len(outcome.get('yes', []))} replicate"
+    text += f" ({'; '.join(outcome['yes'])})" if outcome.get("yes") and len(outcome) > 1 else ""
+    parts = {
+        "no": "decided differently",
+        "neither decides": "decided in neither",
+        "declared differently": "declared differently",
+        "declared in one only": "declared in one only",
+    }
+    text += "".join(f"; {what}: {'; '.join(outcome[k])}" for k, what in parts.items() if outcome.get(k))
+    return lines + ["", text + "."]
