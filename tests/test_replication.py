@@ -62,7 +62,7 @@ def _row(lines: list[str], claim: str) -> str:
 def test_the_section_says_which_predictions_replicate_and_which_do_not(tmp_path):
     # 'a' is 0.1 lower in both (confirmed twice); 'b' moves only in the replication (decided in one)
     _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0})
-    _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": -0.1})
+    _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": -0.12})
     for name in ("x", "x_replication"):
         lines = replication.section(name, tmp_path)
         assert lines[1] == "## Replication"
@@ -70,7 +70,18 @@ def test_the_section_says_which_predictions_replicate_and_which_do_not(tmp_path)
         row_a, row_b = _row(lines, "a is lower"), _row(lines, "b is lower")
         assert row_a.count("| confirmed |") == 2 and row_a.endswith("| yes |")
         assert "| not confirmed (no difference detected" in row_b and row_b.endswith("| no |")
-        assert lines[-1] == "Of 2 predictions, 1 replicate (a is lower); decided differently: b is lower."
+        assert lines[-1].startswith(
+            "Of 2 predictions, 1 replicate (a is lower); decided differently: b is lower. "
+        )
+        # the comparisons with the baseline side by side, predicted or not
+        assert _row(lines, "grpo · a").endswith("| lower | yes |")
+        row_b = _row(lines, "grpo · b")
+        assert "| no difference detected | -0.12 [" in row_b and row_b.endswith("| lower | no |")
+        assert lines[-1].endswith(
+            "Of 2 comparisons with the baseline, 1 show the same significant difference in both, 0 none "
+            "in either, and 1 differ: grpo · b in eval_accuracy (x: no difference detected; "
+            "x_replication: lower)."
+        )
 
 
 def test_two_verdicts_that_decide_nothing_are_not_agreement(tmp_path):
@@ -78,7 +89,10 @@ def test_two_verdicts_that_decide_nothing_are_not_agreement(tmp_path):
     _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": 0.0})
     lines = replication.section("x", tmp_path)
     assert _row(lines, "b is lower").endswith("| neither decides |")
-    assert lines[-1] == "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
+    assert lines[-1].startswith(
+        "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower. "
+    )
+    assert _row(lines, "grpo · b").endswith("| neither detects |")
 
 
 def test_a_confirmation_resting_on_the_t_test_alone_is_still_a_confirmation(tmp_path):
@@ -89,7 +103,7 @@ def test_a_confirmation_resting_on_the_t_test_alone_is_still_a_confirmation(tmp_
     lines = replication.section("x_replication", tmp_path)
     row_a = _row(lines, "a is lower")
     assert "| confirmed; this rests on the t-test's normality" in row_a and row_a.endswith("| yes |")
-    assert lines[-1] == "Of 2 predictions, 2 replicate."
+    assert lines[-1].startswith("Of 2 predictions, 2 replicate. ")
     assert (
         replication.verdict_class("confirmed and different: a significant difference of +0.01") == "confirmed"
     )
@@ -103,9 +117,9 @@ def test_predictions_declared_differently_or_in_one_only_are_not_compared(tmp_pa
     assert _row(lines, "a is lower").endswith("| declared differently |")
     assert _row(lines, "b is lower").endswith("| declared in one only |")
     assert _row(lines, "c").endswith("| declared in one only |")
-    assert lines[-1] == (
+    assert lines[-1].startswith(
         "Of 3 predictions, 0 replicate; declared differently: a is lower; "
-        "declared in one only: b is lower; c."
+        "declared in one only: b is lower; c. "
     )
 
 
@@ -160,7 +174,9 @@ def test_the_summary_opens_the_findings_and_the_answer_stays_last(tmp_path):
     rows = _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": 0.0})
     _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": 0.0})
     section = replication.section("x", tmp_path)
-    assert section[-1] == "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
+    assert section[-1].startswith(
+        "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
+    )
     md = markdown(
         "x",
         rows,

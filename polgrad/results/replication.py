@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from polgrad.results.compare import ALPHA, against
-from polgrad.results.findings import _delta
+from polgrad.results.compare import ALPHA, Comparison, against
+from polgrad.results.findings import _delta, kl_metric
 from polgrad.results.predictions import NO_DIFFERENCE, judge
 from polgrad.results.store import csv_path, read_rows
 
@@ -168,4 +168,75 @@ def section(experiment: str, results_dir: str | os.PathLike = "results") -> list
         "declared in one only": "declared in one only",
     }
     text += "".join(f"; {what}: {'; '.join(outcome[k])}" for k, what in parts.items() if outcome.get(k))
-    return lines + ["", text + "."]
+    table, sentence = _comparisons(original, replica, rows, metas)
+    return lines + table + ["", text + ". " + sentence]
+
+
+def _word_of(c: Comparison | None) -> str:
+    if c is None or c.test.n < 2:
+        return "untested"
+    if c.identical_to is not None:
+        return "identical"
+    if c.significant:
+        return "lower" if c.test.mean < 0 else "higher"
+    return "no difference detected"
+
+
+def _comparisons(
+    original: str, replica: str, rows: dict[str, list[dict[str, str]]], metas: dict[str, dict[str, Any]]
+) -> tuple[list[str], str]:
+    """Every configuration − the baseline in the md's outcome metrics (the primary, the KL, held-out
+    accuracy), each experiment's own Holm family per metric: the table and one sentence."""
+    meta = metas[original]
+    group_columns = ["spec", *meta["swept_columns"]]
+    both = rows[original] + rows[replica]
+    metrics = [m for m in dict.fromkeys([meta["primary_metric"], kl_metric(both), "eval_accuracy"])]
+    metrics = [m for m in metrics if any(str(r.get(m, "")).strip() for r in both)]
+    comps, bases = {}, {}
+    for e in (original, replica):
+        base = next(
+            (
+                tuple(r[c] for c in group_columns)
+                for r in rows[e]
+                if all(r.get(c) == str(v) for c, v in (metas[e].get("baseline") or {}).items())
+            ),
+            None,
+        )
+        bases[e] = base
+        comps[e] = {m: {c.other: c for c in against(rows[e], group_columns, m, base)} for m in metrics}
+    if bases[original] is None or bases[original] != bases[replica]:
+        return [], "The two have no common baseline to compare the other configurations with."
+    lines = [
+        "",
+        "Every configuration − the baseline, as each md's baseline section tests it (Holm within each metric "
+        "over its own comparisons; not declared in advance, so a difference here is a finding to confirm, "
+        "not a confirmation). 'no' means one experiment detects a difference and the other does not; "
+        "that alone is not evidence that the effects differ (compare the two intervals).",
+        "",
+        f"| configuration | metric | Δ {original} [95% CI] | {original} | Δ {replica} [95% CI] | {replica} | "
+        "replicates |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    outcome: dict[str, int] = {}
+    differ = []
+    for m in metrics:
+        for key in comps[original][m]:
+            a, b = comps[original][m][key], comps[replica][m].get(key)
+            wa, wb = _word_of(a), _word_of(b)
+            if wa in ("lower", "higher") and wa == wb:
+                word = "yes"
+            elif "lower" in (wa, wb) or "higher" in (wa, wb):
+                word = "no"
+                differ.append(f"{' · '.join(key)} in {m} ({original}: {wa}; {replica}: {wb})")
+            else:
+                word = "neither detects" if wa == wb == "no difference detected" else "–"
+            outcome[word] = outcome.get(word, 0) + 1
+            deltas = [_delta(x) if x is not None else "–" for x in (a, b)]
+            lines.append(f"| {' · '.join(key)} | {m} | {deltas[0]} | {wa} | {deltas[1]} | {wb} | {word} |")
+    total = sum(outcome.values())
+    sentence = (
+        f"Of {total} comparisons with the baseline, {outcome.get('yes', 0)} show the same significant "
+        f"difference in both, {outcome.get('neither detects', 0)} none in either"
+    )
+    sentence += f", and {len(differ)} differ: " + "; ".join(differ) + "." if differ else "."
+    return lines, sentence
