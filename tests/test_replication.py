@@ -55,6 +55,19 @@ def _experiment(
     return rows
 
 
+def _md(rows, predictions, **kw) -> str:
+    """The md of experiment 'x' (configurations of Algorithm.kl against 'base')."""
+    return markdown(
+        "x",
+        rows,
+        swept_columns=["Algorithm.kl"],
+        primary_metric="eval_accuracy",
+        baseline={"Algorithm.kl": "base"},
+        predictions=predictions,
+        **kw,
+    )
+
+
 def _row(lines: list[str], claim: str) -> str:
     return next(line for line in lines if line.startswith(f"| {claim} |"))
 
@@ -136,14 +149,7 @@ def test_the_section_judges_as_the_mds_own_predictions_section_does(tmp_path):
     equal = {"claim": "b equals", "config": {"Algorithm.kl": "b"}, "metric": "eval_accuracy"}
     predictions = [*PREDICTIONS, dict(equal, expected="no difference", margin=0.05)]
     rows = _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": -0.004}, predictions)
-    md = markdown(
-        "x",
-        rows,
-        swept_columns=["Algorithm.kl"],
-        primary_metric="eval_accuracy",
-        baseline={"Algorithm.kl": "base"},
-        predictions=predictions,
-    )
+    md = _md(rows, predictions)
     own = md.split("## Predictions")[1].split("\n## ")[0]
     meta = {
         "swept_columns": ["Algorithm.kl"],
@@ -177,15 +183,7 @@ def test_the_summary_opens_the_findings_and_the_answer_stays_last(tmp_path):
     assert section[-1].startswith(
         "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
     )
-    md = markdown(
-        "x",
-        rows,
-        swept_columns=["Algorithm.kl"],
-        primary_metric="eval_accuracy",
-        baseline={"Algorithm.kl": "base"},
-        predictions=PREDICTIONS,
-        replication=section,
-    ).splitlines()
+    md = _md(rows, PREDICTIONS, replication=section).splitlines()
     assert md.index("## Replication") < md.index("## Findings")
     assert md[md.index("## Findings") + 2] == f"- Replication: {section[-1]}"
     assert md[-1].startswith("- **Answer.**") and md.count("## Findings") == 1
