@@ -46,7 +46,7 @@ def _rows(configs: dict[str, dict[str, list[float]]], status: dict | None = None
     return rows
 
 
-def _md(rows, predictions=(), baseline="base", primary="eval_accuracy"):
+def _md(rows, predictions=(), baseline="base", primary="eval_accuracy", tuning=None):
     """The md of `rows`; predictions as (claim, (spec, name), metric, expected, margin), as `judge` takes."""
     predictions = [
         {"claim": c, "config": {"Algorithm.kl": k[1]}, "metric": m, "expected": e, "margin": mg}
@@ -59,6 +59,7 @@ def _md(rows, predictions=(), baseline="base", primary="eval_accuracy"):
         primary_metric=primary,
         baseline={"Algorithm.kl": baseline},
         predictions=predictions,
+        tuning=tuning,
     )
 
 
@@ -351,3 +352,32 @@ def test_the_committed_csvs_give_mds_without_tied_and_name_their_collapses(csv):
     failed = health.failed_keys(rows, ["spec", *meta["swept_columns"]])
     if failed:
         assert health.HEADING in md and " failed: " in md.split("## Findings")[1], csv.stem
+
+
+def test_a_difference_between_configurations_at_different_tuned_values_says_so():
+    """A tuning stage chose lr 3e-5 for 'a' and 1e-4 for the baseline and for 'b': a significant
+    difference (or a decided prediction) of 'a' says it compares each at its own tuned value; 'b''s
+    does not."""
+    noise = [0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.005, -0.005, 0.0]
+    base = [0.3 + 0.01 * i for i in range(10)]
+    rows = _rows(
+        {
+            "base": {"eval_accuracy": base},
+            "a": {"eval_accuracy": [b - 0.1 + n for b, n in zip(base, noise, strict=True)]},
+            "b": {"eval_accuracy": [b - 0.1 - n for b, n in zip(base, noise, strict=True)]},
+        }
+    )
+    chosen = {"base": "0.0001", "a": "3e-05", "b": "0.0001"}
+    configurations = [
+        {"config": {"spec": "grpo", "Algorithm.kl": k}, "chosen": {"train.lr": v}, "values": []}
+        for k, v in chosen.items()
+    ]
+    tuning = {"experiment": "x_tuning", "grid": {"train.lr": ["3e-05", "0.0001"]}, "seeds": [100]}
+    tuning["metric"] = "eval_accuracy"
+    tuning["configurations"] = configurations
+    md = _md(rows, [("a is lower", ("grpo", "a"), "eval_accuracy", "lower", None)], tuning=tuning)
+    findings = md.split("## Findings")[1].splitlines()
+    note = "The two ran at different tuned values (train.lr = 3e-05 against 0.0001)"
+    assert sum(note in line for line in findings) == 2  # 'a' against the baseline, and its prediction
+    assert all("tuned values" not in line for line in findings if line.startswith("- grpo · Algorithm.kl=b"))
+    assert any(line.startswith("- grpo · Algorithm.kl=b: eval_accuracy lower") for line in findings)

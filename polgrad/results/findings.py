@@ -233,7 +233,22 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
     return lines, best, starred
 
 
-def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
+def tuned_note(tuned: dict[Key, dict[str, str]] | None, key: Key, baseline: Key) -> str:
+    """' The two ran at different tuned values (...) ...' when a tuning stage chose different values for
+    `key` and the baseline, else ''. A difference (or an equivalence) found between them is then one of
+    each configuration at its own tuned value: the protocol's comparison, and worth saying."""
+    if not tuned or tuned.get(key) == tuned.get(baseline):
+        return ""
+    mine, base = tuned.get(key) or {}, tuned.get(baseline) or {}
+    names = [n for n in dict.fromkeys([*mine, *base]) if mine.get(n) != base.get(n)]
+    values = "; ".join(f"{n} = {mine.get(n, 'untuned')} against {base.get(n, 'untuned')}" for n in names)
+    return (
+        f" The two ran at different tuned values ({values}): this compares each configuration at its own "
+        "tuned value, not the configuration alone."
+    )
+
+
+def _baseline_lines(rows, group_columns, label, primary, baseline, findings, tuned=None):
     metrics = list(dict.fromkeys([primary, kl_metric(rows), "eval_accuracy"]))
     fams = {m: {c.other: c for c in against(rows, group_columns, m, baseline)} for m in metrics}
     others = list(fams[primary])
@@ -287,6 +302,7 @@ def _baseline_lines(rows, group_columns, label, primary, baseline, findings):
                     f"over {'all ' if c.m > 1 else ''}{_n(c.m, 'comparison')} with the baseline in {m}: "
                     f"p = {_p(c.p_holm)}, sign-flip p = {_p(c.p_perm_holm)}; {_rule(c, label)})"
                     + _normality(c)
+                    + tuned_note(tuned, c.other, baseline)
                 )
         if comps and not members:
             findings.append(_no_statistics(m, "the baseline", comps, cause))
@@ -319,6 +335,7 @@ def sections(
     higher_is_better: bool,
     baseline: Key | None,
     predictions: Sequence[tuple[str, Key | None, str, str, float | None]] = (),
+    tuned: dict[Key, dict[str, str]] | None = None,
 ) -> tuple[list[str], Key | None, bool]:
     """Markdown lines of the rules, leader, baseline, failed-runs and predictions sections and the
     findings ending in the answer; the leader and its ★."""
@@ -330,11 +347,11 @@ def sections(
     )
     lines += leader_lines
     if baseline is not None:
-        lines += _baseline_lines(rows, group_columns, label, primary, baseline, findings)
+        lines += _baseline_lines(rows, group_columns, label, primary, baseline, findings, tuned)
     lines += failed_lines
     judged = []
     if baseline is not None and predictions:
-        pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings)
+        pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
         lines += pred_lines
     findings.append(_answer(rows, group_columns, label, primary, higher_is_better, predictions, judged))
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings]
@@ -375,7 +392,7 @@ def _untested(k: int) -> str:
     return f"; {k} other{'s' if k > 1 else ''} with fewer than 2 paired seeds could not be tested."
 
 
-def _predictions(rows, group_columns, label, baseline, predictions, findings):
+def _predictions(rows, group_columns, label, baseline, predictions, findings, tuned=None):
     fams: dict[str, dict[Key, Comparison]] = {}
     for _, _key, metric, _, _ in predictions:
         if metric not in fams:
@@ -414,8 +431,12 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings):
             f"| {claim} | {where} | {metric} | {expected} | {delta} | {_p(j.p_difference)} | "
             f"{_p(j.p_equivalence)} | {_p(j.p_outside)} | {rule} | {j.verdict} |"
         )
+        decided = j.verdict.startswith(("confirmed", "refuted"))
+        note = tuned_note(tuned, key, baseline) if c and key is not None and decided else ""
         findings.append(
-            f"Prediction '{claim}': {j.verdict}" + (f" (Δ {metric} = {delta}; {family})." if c else ".")
+            f"Prediction '{claim}': {j.verdict}"
+            + (f" (Δ {metric} = {delta}; {family})." if c else ".")
+            + note
         )
     return lines, judged
 

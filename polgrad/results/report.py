@@ -172,6 +172,7 @@ def markdown(
     preds = [
         (p["claim"], key_of(p["config"]), p["metric"], p["expected"], p.get("margin")) for p in predictions
     ]
+    tuned = {key_of(c["config"]): c.get("chosen") or {} for c in (tuning or {}).get("configurations", [])}
     stats_lines, best_key, starred = sections(
         rows,
         group_columns,
@@ -180,6 +181,7 @@ def markdown(
         higher_is_better=higher_is_better,
         baseline=base_key,
         predictions=preds,
+        tuned={k: v for k, v in tuned.items() if k is not None},
     )
     lines = _header(experiment, rows, question=question, command=command, budget=budget)
     lines += _overview(rows, len(board), primary_metric, higher_is_better, figures, missing_cells, stale_rows)
