@@ -312,8 +312,8 @@ def test_the_md_ends_with_one_answer():
 # ----------------------------------------------------------------- the committed CSVs
 # The over-optimisation analysis's own CSVs (python -m polgrad.sweep.overoptimization) are no sweep's
 ANALYSIS = ("_best_of_n", "_points")
-# The campaign's results, and the pilots that planned them (results/pilots/, not the campaign's)
-COMMITTED = [*(REPO / "results").glob("*.csv"), *(REPO / "results" / "pilots").glob("*.csv")]
+# The campaign's results, the pilots that planned them and the results it has not rerun yet
+COMMITTED = [p for d in ("", "pilots", "pre_campaign") for p in (REPO / "results" / d).glob("*.csv")]
 SWEEP_CSVS = sorted(p for p in COMMITTED if not p.stem.endswith(ANALYSIS))
 
 
