@@ -42,6 +42,7 @@ from polgrad.results.compare import (
 )
 from polgrad.results.predictions import judge
 from polgrad.results.stats import min_signflip_p
+from polgrad.results.tuning import tuned_note
 
 LEADER_HEADING = "## Is the leader better than every other configuration?"
 BASELINE_HEADING = "## Paired differences to the baseline"
@@ -231,21 +232,6 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
             text += f"; {len(quiet) - len(clean)} of these comparisons rest on failed runs {_SEE}"
         findings.append(text + _untested(sum(c.test.n < 2 for c in comps)))
     return lines, best, starred
-
-
-def tuned_note(tuned: dict[Key, dict[str, str]] | None, key: Key, baseline: Key) -> str:
-    """' The two ran at different tuned values (...) ...' when a tuning stage chose different values for
-    `key` and the baseline, else ''. A difference (or an equivalence) found between them is then one of
-    each configuration at its own tuned value: the protocol's comparison, and worth saying."""
-    if not tuned or tuned.get(key) == tuned.get(baseline):
-        return ""
-    mine, base = tuned.get(key) or {}, tuned.get(baseline) or {}
-    names = [n for n in dict.fromkeys([*mine, *base]) if mine.get(n) != base.get(n)]
-    values = "; ".join(f"{n} = {mine.get(n, 'untuned')} against {base.get(n, 'untuned')}" for n in names)
-    return (
-        f" The two ran at different tuned values ({values}): this compares each configuration at its own "
-        "tuned value, not the configuration alone."
-    )
 
 
 def _baseline_lines(rows, group_columns, label, primary, baseline, findings, tuned=None):

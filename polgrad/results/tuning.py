@@ -3,13 +3,14 @@
 `section(record)` formats experiment.json's "tuning" (written by polgrad/sweep/tuning.py: the grid, the
 tuning seeds and metric, and per configuration the values tuned, the chosen ones and the mean over
 the tuning seeds of every value); an experiment without a tuning stage gets no section.
+`tuned_note` is the sentence the findings add where two configurations ran at different tuned values.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["section"]
+__all__ = ["section", "tuned_note"]
 
 
 def _mean(v: dict[str, Any]) -> str:
@@ -50,3 +51,20 @@ def section(record: dict[str, Any] | None) -> list[str]:
         means = "; ".join(f"{_values(v['values'])}: {_mean(v)}" for v in c["values"])
         lines.append(f"| {label} | {chosen} | {means} |".replace("\n", " "))
     return lines
+
+
+def tuned_note(
+    tuned: dict[tuple[str, ...], dict[str, str]] | None, key: tuple[str, ...], baseline: tuple[str, ...]
+) -> str:
+    """' The two ran at different tuned values (...) ...' when a tuning stage chose different values for
+    `key` and the baseline, else ''. A difference (or an equivalence) found between them is then one of
+    each configuration at its own tuned value: the protocol's comparison, and worth saying."""
+    if not tuned or tuned.get(key) == tuned.get(baseline):
+        return ""
+    mine, base = tuned.get(key) or {}, tuned.get(baseline) or {}
+    names = [n for n in dict.fromkeys([*mine, *base]) if mine.get(n) != base.get(n)]
+    values = "; ".join(f"{n} = {mine.get(n, 'untuned')} against {base.get(n, 'untuned')}" for n in names)
+    return (
+        f" The two ran at different tuned values ({values}): this compares each configuration at its own "
+        "tuned value, not the configuration alone."
+    )
