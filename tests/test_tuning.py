@@ -318,3 +318,35 @@ def test_with_a_budget_the_choice_reads_the_tuning_cells_that_ran(tmp_path):
     record = tuning.choose(exp, rows)
     assert record["configurations"][0]["chosen"] == {"train.lr": "0.0001"}
     assert record["configurations"][0]["note"] == ""
+
+
+def test_a_choice_at_an_edge_of_a_numeric_grid_is_marked_and_said():
+    """The md's Tuning section marks a chosen value that is the smallest or largest of a numeric axis of
+    >= 3 values (its optimum may lie beyond), and only those: not an interior value, not a 2-value axis,
+    not a non-numeric one."""
+    from polgrad.results.tuning import section
+
+    def config(name, chosen):
+        return {"config": {"spec": "grpo", "x": name}, "chosen": chosen, "values": []}
+
+    record = {
+        "experiment": "e_tuning",
+        "seeds": [100],
+        "metric": "eval_accuracy",
+        "grid": {"train.lr": ["3e-05", "0.0001", "0.0003"], "b": ["0.01", "0.04"], "c": ["@a", "@b", "@c"]},
+        "configurations": [
+            config("low", {"train.lr": "3e-05"}),
+            config("mid", {"train.lr": "0.0001", "b": "0.04", "c": "@c"}),
+            config("high", {"train.lr": "0.0003"}),
+        ],
+    }
+    lines = section(record)
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| grpo")}
+    assert rows["| grpo · x=low"].count("(at the grid's edge)") == 1
+    assert rows["| grpo · x=high"].count("(at the grid's edge)") == 1
+    assert "edge" not in rows["| grpo · x=mid"]
+    assert lines[-1] == (
+        "2 of 3 configurations chose a value at an edge of its numeric grid: grpo · x=low (train.lr = 3e-05, "
+        "the smallest); grpo · x=high (train.lr = 0.0003, the largest). Their best value may lie beyond the "
+        "grid; a grid extended past that edge would say."
+    )

@@ -43,14 +43,41 @@ def section(record: dict[str, Any] | None) -> list[str]:
         f"| configuration | chosen | mean {record['metric']} per value (tuning seeds) |",
         "|---|---|---|",
     ]
+    edges = []
     for c in record["configurations"]:
         label = " · ".join(
             [c["config"]["spec"], *(f"{k}={v}" for k, v in c["config"].items() if k != "spec")]
         )
+        at_edge = _edges(record["grid"], c["chosen"])
+        if at_edge:
+            edges.append(f"{label} ({', '.join(at_edge)})")
         chosen = _values(c["chosen"]) + (f" ({c['note']})" if c.get("note") else "")
+        chosen += " (at the grid's edge)" if at_edge else ""
         means = "; ".join(f"{_values(v['values'])}: {_mean(v)}" for v in c["values"])
         lines.append(f"| {label} | {chosen} | {means} |".replace("\n", " "))
+    if edges:
+        lines += [
+            "",
+            f"{len(edges)} of {len(record['configurations'])} configurations chose a value at an edge of its "
+            f"numeric grid: {'; '.join(edges)}. Their best value may lie beyond the grid; a grid extended "
+            "past that edge would say.",
+        ]
     return lines
+
+
+def _edges(grid: dict[str, list[str]], chosen: dict[str, str]) -> list[str]:
+    """'train.lr = 3e-05, the smallest' for each chosen value that is the smallest or largest of a
+    numeric grid axis of at least 3 values (with 2 every choice is an edge, and says nothing)."""
+    out = []
+    for name, value in chosen.items():
+        try:
+            values = sorted(float(v) for v in grid.get(name, []))
+            x = float(value)
+        except (TypeError, ValueError):
+            continue
+        if len(values) >= 3 and x in (values[0], values[-1]):
+            out.append(f"{name} = {value}, the {'smallest' if x == values[0] else 'largest'}")
+    return out
 
 
 def tuned_note(
