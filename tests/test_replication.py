@@ -187,3 +187,16 @@ def test_the_summary_opens_the_findings_and_the_answer_stays_last(tmp_path):
     assert md.index("## Replication") < md.index("## Findings")
     assert md[md.index("## Findings") + 2] == f"- Replication: {section[-1]}"
     assert md[-1].startswith("- **Answer.**") and md.count("## Findings") == 1
+
+
+def test_comparisons_that_are_not_tests_are_counted_as_not_compared(tmp_path):
+    """'b' gives the same runs as 'a' (same effect, same noise) in both: not a test, so not compared, and
+    the sentence's parts add up to its total."""
+    _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": -0.1})
+    _experiment(tmp_path, "x_replication", range(20, 30), {"a": -0.1, "b": -0.1})
+    lines = replication.section("x", tmp_path)
+    assert _row(lines, "grpo · b").endswith("| identical | not compared |")
+    assert lines[-1].endswith(
+        "Of 2 comparisons with the baseline, 1 show the same significant difference in both, 0 none "
+        "in either, 1 not compared."
+    )

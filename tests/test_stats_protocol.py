@@ -381,3 +381,20 @@ def test_a_difference_between_configurations_at_different_tuned_values_says_so()
     assert sum(note in line for line in findings) == 2  # 'a' against the baseline, and its prediction
     assert all("tuned values" not in line for line in findings if line.startswith("- grpo · Algorithm.kl=b"))
     assert any(line.startswith("- grpo · Algorithm.kl=b: eval_accuracy lower") for line in findings)
+
+
+def test_a_leader_not_better_than_all_names_those_it_is_significantly_better_than():
+    """The leader beats 'b' significantly but not 'a': the finding says so, naming 'b' with its Δ."""
+    noise = [0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.005, -0.005, 0.0]
+    base = [0.3 + 0.01 * i for i in range(10)]
+    rows = _rows(
+        {
+            "base": {"eval_accuracy": base},
+            "a": {"eval_accuracy": [b - 0.001 + n for b, n in zip(base, noise, strict=True)]},
+            "b": {"eval_accuracy": [b - 0.1 - n for b, n in zip(base, noise, strict=True)]},
+        }
+    )
+    head = "- No configuration is significantly better"
+    line = next(x for x in _md(rows).splitlines() if x.startswith(head))
+    assert "between the leader grpo · Algorithm.kl=base and 1 of 2 tested others, no difference" in line
+    assert "; the leader is significantly better than grpo · Algorithm.kl=b (that − the leader: -0.1 " in line

@@ -333,7 +333,8 @@ def test_a_choice_at_an_edge_of_a_numeric_grid_is_marked_and_said():
         "experiment": "e_tuning",
         "seeds": [100],
         "metric": "eval_accuracy",
-        "grid": {"train.lr": ["3e-05", "0.0001", "0.0003"], "b": ["0.01", "0.04"], "c": ["@a", "@b", "@c"]},
+        # declared out of numeric order: the edges are the numerically smallest and largest
+        "grid": {"train.lr": ["0.0001", "3e-05", "0.0003"], "b": ["0.01", "0.04"], "c": ["@a", "@b", "@c"]},
         "configurations": [
             config("low", {"train.lr": "3e-05"}),
             config("mid", {"train.lr": "0.0001", "b": "0.04", "c": "@c"}),
@@ -350,3 +351,16 @@ def test_a_choice_at_an_edge_of_a_numeric_grid_is_marked_and_said():
         "the smallest); grpo · x=high (train.lr = 0.0003, the largest). Their best value may lie beyond the "
         "grid; a grid extended past that edge would say."
     )
+
+
+def test_the_tuned_note_names_only_bindings_both_configurations_read():
+    """β tuned for a spec with a KL term only is no difference of tuned values with a spec without one;
+    a configuration without a tuning record gets no note; equal values none either."""
+    from polgrad.results.tuning import tuned_note
+
+    tuned = {("grpo",): {"train.lr": "1e-4", "kl": "0.04"}, ("rloo",): {"train.lr": "1e-4"}}
+    tuned[("ppo",)] = {"train.lr": "3e-5", "kl": "0.01"}
+    assert tuned_note(tuned, ("rloo",), ("grpo",)) == ""
+    assert tuned_note(tuned, ("dpo",), ("grpo",)) == ""
+    note = tuned_note(tuned, ("ppo",), ("grpo",))
+    assert "(train.lr = 3e-5 against 1e-4; kl = 0.01 against 0.04)" in note

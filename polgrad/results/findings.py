@@ -42,7 +42,7 @@ from polgrad.results.compare import (
 )
 from polgrad.results.predictions import judge
 from polgrad.results.stats import min_signflip_p
-from polgrad.results.tuning import tuned_note
+from polgrad.results.tuning import tuned_note, tuned_values
 
 LEADER_HEADING = "## Is the leader better than every other configuration?"
 BASELINE_HEADING = "## Paired differences to the baseline"
@@ -179,7 +179,7 @@ def rules_lines(
     return lines
 
 
-def _leader_lines(rows, group_columns, label, primary, higher_is_better, findings):
+def _leader_lines(rows, group_columns, label, primary, higher_is_better, findings, tuned=None):
     best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
     if best is None or not comps:
         return [], best, starred
@@ -230,6 +230,14 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
         text += _undetected(clean, cause) if clean else "no difference was detected"
         if len(clean) < len(quiet):
             text += f"; {len(quiet) - len(clean)} of these comparisons rest on failed runs {_SEE}"
+        loud = [c for c in members if c.significant]
+        if loud:  # named, each with what it compares (the leader was picked by these same data)
+            text += "; the leader is significantly better than " + "; ".join(
+                f"{label(c.other)} (that − the leader: {_delta(c)}, Holm p = {_p(c.p_decision)}"
+                + (f"; each at its own tuned value, {v}" if (v := tuned_values(tuned, c.other, best)) else "")
+                + ")"
+                for c in loud
+            )
         findings.append(text + _untested(sum(c.test.n < 2 for c in comps)))
     return lines, best, starred
 
@@ -329,7 +337,7 @@ def sections(
     metrics = [primary, kl_metric(rows), "eval_accuracy", *(p[2] for p in predictions)]
     lines = rules_lines(rows, group_columns, label, metrics if baseline is not None else [primary])
     leader_lines, best, starred = _leader_lines(
-        rows, group_columns, label, primary, higher_is_better, findings
+        rows, group_columns, label, primary, higher_is_better, findings, tuned
     )
     lines += leader_lines
     if baseline is not None:

@@ -179,6 +179,8 @@ def _word_of(c: Comparison | None) -> str:
         return "identical"
     if c.significant:
         return "lower" if c.test.mean < 0 else "higher"
+    if c.reason == "failed runs":
+        return "no verdict (failed runs)"
     return "no difference detected"
 
 
@@ -210,8 +212,9 @@ def _comparisons(
         "",
         "Every configuration − the baseline, as each md's baseline section tests it (Holm within each metric "
         "over its own comparisons; not declared in advance, so a difference here is a finding to confirm, "
-        "not a confirmation). 'no' means one experiment detects a difference and the other does not; "
-        "that alone is not evidence that the effects differ (compare the two intervals).",
+        "not a confirmation). 'no' means their verdicts differ (a difference detected in one only, or "
+        "opposite ones); a difference detected in one only is not evidence that the effects differ "
+        "(compare the two intervals). 'not compared': identical runs, too few seeds or failed runs.",
         "",
         f"| configuration | metric | Δ {original} [95% CI] | {original} | Δ {replica} [95% CI] | {replica} | "
         "replicates |",
@@ -229,7 +232,7 @@ def _comparisons(
                 word = "no"
                 differ.append(f"{' · '.join(key)} in {m} ({original}: {wa}; {replica}: {wb})")
             else:
-                word = "neither detects" if wa == wb == "no difference detected" else "–"
+                word = "neither detects" if wa == wb == "no difference detected" else "not compared"
             outcome[word] = outcome.get(word, 0) + 1
             deltas = [_delta(x) if x is not None else "–" for x in (a, b)]
             lines.append(f"| {' · '.join(key)} | {m} | {deltas[0]} | {wa} | {deltas[1]} | {wb} | {word} |")
@@ -238,5 +241,7 @@ def _comparisons(
         f"Of {total} comparisons with the baseline, {outcome.get('yes', 0)} show the same significant "
         f"difference in both, {outcome.get('neither detects', 0)} none in either"
     )
+    if outcome.get("not compared"):
+        sentence += f", {outcome['not compared']} not compared"
     sentence += f", and {len(differ)} differ: " + "; ".join(differ) + "." if differ else "."
     return lines, sentence

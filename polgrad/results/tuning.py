@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["section", "tuned_note"]
+__all__ = ["section", "tuned_note", "tuned_values"]
 
 
 def _mean(v: dict[str, Any]) -> str:
@@ -84,14 +84,24 @@ def tuned_note(
     tuned: dict[tuple[str, ...], dict[str, str]] | None, key: tuple[str, ...], baseline: tuple[str, ...]
 ) -> str:
     """' The two ran at different tuned values (...) ...' when a tuning stage chose different values for
-    `key` and the baseline, else ''. A difference (or an equivalence) found between them is then one of
-    each configuration at its own tuned value: the protocol's comparison, and worth saying."""
-    if not tuned or tuned.get(key) == tuned.get(baseline):
+    `key` and the baseline in a binding both read, else ''. A difference (or an equivalence) found
+    between them is then one of each configuration at its own tuned value: the protocol's comparison,
+    and worth saying. A binding only one of them reads (β for a spec with a KL term against one without)
+    is no difference of tuned values: the other has no such setting."""
+    values = tuned_values(tuned, key, baseline)
+    if not values:
         return ""
-    mine, base = tuned.get(key) or {}, tuned.get(baseline) or {}
-    names = [n for n in dict.fromkeys([*mine, *base]) if mine.get(n) != base.get(n)]
-    values = "; ".join(f"{n} = {mine.get(n, 'untuned')} against {base.get(n, 'untuned')}" for n in names)
     return (
         f" The two ran at different tuned values ({values}): this compares each configuration at its own "
         "tuned value, not the configuration alone."
     )
+
+
+def tuned_values(
+    tuned: dict[tuple[str, ...], dict[str, str]] | None, key: tuple[str, ...], baseline: tuple[str, ...]
+) -> str:
+    """'train.lr = 3e-05 against 0.0001': the tuned bindings both read whose chosen values differ."""
+    if not tuned or key not in tuned or baseline not in tuned:
+        return ""
+    mine, base = tuned[key], tuned[baseline]
+    return "; ".join(f"{n} = {mine[n]} against {base[n]}" for n in mine if n in base and mine[n] != base[n])
