@@ -354,19 +354,24 @@ def test_the_committed_csvs_give_mds_without_tied_and_name_their_collapses(csv):
         assert health.HEADING in md and " failed: " in md.split("## Findings")[1], csv.stem
 
 
+def _shifted(a: float, b: float) -> list[dict[str, str]]:
+    """'base' (accuracy rising with the seed), 'a' = base + a + noise, 'b' = base + b - noise: 10 seeds."""
+    noise = [0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.005, -0.005, 0.0]
+    base = [0.3 + 0.01 * i for i in range(10)]
+    return _rows(
+        {
+            "base": {"eval_accuracy": base},
+            "a": {"eval_accuracy": [x + a + n for x, n in zip(base, noise, strict=True)]},
+            "b": {"eval_accuracy": [x + b - n for x, n in zip(base, noise, strict=True)]},
+        }
+    )
+
+
 def test_a_difference_between_configurations_at_different_tuned_values_says_so():
     """A tuning stage chose lr 3e-5 for 'a' and 1e-4 for the baseline and for 'b': a significant
     difference (or a decided prediction) of 'a' says it compares each at its own tuned value; 'b''s
     does not."""
-    noise = [0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.005, -0.005, 0.0]
-    base = [0.3 + 0.01 * i for i in range(10)]
-    rows = _rows(
-        {
-            "base": {"eval_accuracy": base},
-            "a": {"eval_accuracy": [b - 0.1 + n for b, n in zip(base, noise, strict=True)]},
-            "b": {"eval_accuracy": [b - 0.1 - n for b, n in zip(base, noise, strict=True)]},
-        }
-    )
+    rows = _shifted(a=-0.1, b=-0.1)
     chosen = {"base": "0.0001", "a": "3e-05", "b": "0.0001"}
     configurations = [
         {"config": {"spec": "grpo", "Algorithm.kl": k}, "chosen": {"train.lr": v}, "values": []}
@@ -385,15 +390,7 @@ def test_a_difference_between_configurations_at_different_tuned_values_says_so()
 
 def test_a_leader_not_better_than_all_names_those_it_is_significantly_better_than():
     """The leader beats 'b' significantly but not 'a': the finding says so, naming 'b' with its Δ."""
-    noise = [0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.005, -0.005, 0.0]
-    base = [0.3 + 0.01 * i for i in range(10)]
-    rows = _rows(
-        {
-            "base": {"eval_accuracy": base},
-            "a": {"eval_accuracy": [b - 0.001 + n for b, n in zip(base, noise, strict=True)]},
-            "b": {"eval_accuracy": [b - 0.1 - n for b, n in zip(base, noise, strict=True)]},
-        }
-    )
+    rows = _shifted(a=-0.001, b=-0.1)
     head = "- No configuration is significantly better"
     line = next(x for x in _md(rows).splitlines() if x.startswith(head))
     assert "between the leader grpo · Algorithm.kl=base and 1 of 2 tested others, no difference" in line

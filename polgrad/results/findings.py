@@ -40,7 +40,9 @@ from polgrad.results.compare import (
     missing_values,
     ranking_seeds,
 )
-from polgrad.results.predictions import judge
+from polgrad.results.predictions import delta_text as _delta
+from polgrad.results.predictions import judge, prediction_delta
+from polgrad.results.predictions import num as _num
 from polgrad.results.stats import min_signflip_p
 from polgrad.results.tuning import tuned_note, tuned_values
 
@@ -55,23 +57,8 @@ def kl_metric(rows: Sequence[dict[str, Any]]) -> str:
     return "kl_exact" if any(str(r.get("kl_exact", "")).strip() for r in rows) else "kl"
 
 
-def _num(x: float) -> str:
-    return "–" if x is None or math.isnan(x) else f"{x:.3g}"
-
-
 def _p(x: float) -> str:
     return "–" if x is None or math.isnan(x) else (f"{x:.2g}" if x >= 1e-4 else "<1e-4")
-
-
-def _delta(c: Comparison) -> str:
-    t = c.test
-    if c.identical_to is not None:
-        return f"{t.mean:+.3g} (identical)"
-    if t.n < 2:
-        return f"{t.mean:+.3g} (n={t.n})"
-    if t.no_spread:
-        return f"{t.mean:+.3g} (no spread)"
-    return f"{t.mean:+.3g} [{_num(t.low)}, {_num(t.high)}]"
 
 
 def _rule(c: Comparison, label) -> str:
@@ -417,10 +404,7 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings, tu
     ]
     for (claim, key, metric, expected, margin), c, j in zip(predictions, comps, judged, strict=True):
         where = label(key) if key is not None else "(no such configuration)"
-        delta, rule = (_delta(c), _rule(c, label)) if c else ("–", "–")
-        if c and margin and c.identical_to is None and not math.isnan(c.test.low):
-            low, high = c.test.interval(1 - 2 * ALPHA)
-            delta = f"{c.test.mean:+.3g} [{_num(low)}, {_num(high)}] {tost}"
+        delta, rule = prediction_delta(c, margin), (_rule(c, label) if c else "–")
         lines.append(
             f"| {claim} | {where} | {metric} | {expected} | {delta} | {_p(j.p_difference)} | "
             f"{_p(j.p_equivalence)} | {_p(j.p_outside)} | {rule} | {j.verdict} |"

@@ -46,6 +46,32 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def num(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:.3g}"
+
+
+def delta_text(c: Comparison) -> str:
+    """Δ [95% CI] of a comparison, or why it has none (identical runs, one pair, no spread)."""
+    t = c.test
+    if c.identical_to is not None:
+        return f"{t.mean:+.3g} (identical)"
+    if t.n < 2:
+        return f"{t.mean:+.3g} (n={t.n})"
+    if t.no_spread:
+        return f"{t.mean:+.3g} (no spread)"
+    return f"{t.mean:+.3g} [{num(t.low)}, {num(t.high)}]"
+
+
+def prediction_delta(c: Comparison | None, margin: float | None) -> str:
+    """A prediction's Δ: with a margin, the 1 − 2α interval TOST uses; else the 95% CI (`_delta`)."""
+    if c is None:
+        return "–"
+    if margin and c.identical_to is None and not math.isnan(c.test.low):
+        low, high = c.test.interval(1 - 2 * ALPHA)
+        return f"{c.test.mean:+.3g} [{num(low)}, {num(high)}] {1 - 2 * ALPHA:.0%} CI (TOST)"
+    return delta_text(c)
+
+
 def verdict(
     expected: str,
     c: Comparison | None,

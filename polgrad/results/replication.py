@@ -15,16 +15,16 @@ replication says so in one line, and the original's has no section.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from polgrad.results.compare import ALPHA, Comparison, against
-from polgrad.results.findings import _delta, kl_metric
-from polgrad.results.predictions import NO_DIFFERENCE, judge
+from polgrad.results.compare import Comparison, against
+from polgrad.results.findings import kl_metric
+from polgrad.results.predictions import NO_DIFFERENCE, judge, prediction_delta
+from polgrad.results.predictions import delta_text as _delta
 from polgrad.results.store import csv_path, read_rows
 
 SUFFIX = "_replication"
@@ -47,15 +47,9 @@ def verdicts(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[tuple
     group_columns = ["spec", *meta["swept_columns"]]
     rows = _current(rows, meta)
 
-    def key_of(config: dict[str, Any] | None):
-        for r in rows:
-            if config and all(r.get(c) == str(v) for c, v in config.items()):
-                return tuple(r[c] for c in group_columns)
-        return None
-
-    base = key_of(meta.get("baseline"))
+    base = _key_of(rows, group_columns, meta.get("baseline"))
     preds = [
-        (p["claim"], key_of(p["config"]), p["metric"], p["expected"], p.get("margin"))
+        (p["claim"], _key_of(rows, group_columns, p["config"]), p["metric"], p["expected"], p.get("margin"))
         for p in meta.get("predictions", ())
     ]
     if base is None or not preds:
@@ -64,13 +58,17 @@ def verdicts(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[tuple
     comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in preds]
     out = []
     for (claim, _, metric, expected, margin), c, j in zip(preds, comps, judge(preds, comps), strict=True):
-        delta = _delta(c) if c is not None else "–"
-        if c is not None and expected == NO_DIFFERENCE and margin and c.identical_to is None:
-            low, high = c.test.interval(1 - 2 * ALPHA)
-            if not math.isnan(low):
-                delta = f"{c.test.mean:+.3g} [{low:.3g}, {high:.3g}] {1 - 2 * ALPHA:.0%} CI (TOST)"
+        delta = prediction_delta(c, margin if expected == NO_DIFFERENCE else None)
         out.append((claim, metric, delta, c.test.n if c else 0, j.verdict))
     return out
+
+
+def _key_of(rows: Sequence[dict[str, str]], group_columns: Sequence[str], config: dict[str, Any] | None):
+    """The configuration key of the first row matching `config` (column -> value), or None."""
+    for r in rows:
+        if config and all(r.get(c) == str(v) for c, v in config.items()):
+            return tuple(r[c] for c in group_columns)
+    return None
 
 
 def _current(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[dict[str, str]]:
@@ -196,15 +194,7 @@ def _comparisons(
     metrics = [m for m in metrics if any(str(r.get(m, "")).strip() for r in both)]
     comps, bases = {}, {}
     for e in (original, replica):
-        base = next(
-            (
-                tuple(r[c] for c in group_columns)
-                for r in rows[e]
-                if all(r.get(c) == str(v) for c, v in (metas[e].get("baseline") or {}).items())
-            ),
-            None,
-        )
-        bases[e] = base
+        bases[e] = base = _key_of(rows[e], group_columns, metas[e].get("baseline"))
         comps[e] = {m: {c.other: c for c in against(rows[e], group_columns, m, base)} for m in metrics}
     if bases[original] is None or bases[original] != bases[replica]:
         return [], "The two have no common baseline to compare the other configurations with."
