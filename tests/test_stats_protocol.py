@@ -391,7 +391,10 @@ def test_a_difference_between_configurations_at_different_tuned_values_says_so()
 def test_a_leader_not_better_than_all_names_those_it_is_significantly_better_than():
     """The leader beats 'b' significantly but not 'a': the finding says so, naming 'b' with its Δ."""
     rows = _shifted(a=-0.001, b=-0.1)
-    head = "- No configuration is significantly better"
+    head = "- No configuration is significantly higher"
     line = next(x for x in _md(rows).splitlines() if x.startswith(head))
     assert "between the leader grpo · Algorithm.kl=base and 1 of 2 tested others, no difference" in line
-    assert "; the leader is significantly better than grpo · Algorithm.kl=b (that − the leader: -0.1 " in line
+    assert (
+        "; the leader (picked by these data) is significantly higher than grpo · Algorithm.kl=b "
+        "(that − the leader: -0.1 " in line
+    )

@@ -666,7 +666,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
     assert len(body) == 8  # groups: 2 specs × 2 kl × 2 eval_every, 2 seeds each
     # the ★ is given only where the leader section's corrected p-values support it
     starred = any("★" in ln for ln in body)
-    assert starred == ("significantly better than each other configuration" in md)
+    assert starred == ("significantly higher than each other configuration" in md)
     assert "A-PO" in md and "B-PO" in md and "clip(r·A)" in md
     assert " ± " in body[0]  # two seeds: a CI
     # Sorted by the primary metric, best first.

@@ -63,6 +63,7 @@ from polgrad.results.provenance import (
     environment,
     git_commit,
     outputs,
+    portable_command,
     repo_relative,
     repo_root,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "read_metrics",
     "read_rows",
     "reconcile",
+    "portable_command",
     "repo_relative",
     "repo_root",
     "t_cdf",

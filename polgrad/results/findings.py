@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from polgrad.results import health
+from polgrad.results import gains, health
 from polgrad.results.compare import (
     ALPHA,
     NORMALITY_ALPHA,
@@ -201,7 +201,7 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
     if starred:
         findings.append(
             f"{name} has the {'highest' if higher_is_better else 'lowest'} {primary}: significantly "
-            f"better than each other configuration (paired by seed; largest deciding Holm-corrected p = "
+            f"{direction} than each other configuration (paired by seed; largest deciding Holm-corrected p = "
             f"{_p(max(c.p_decision for c in members))})."
         )
     elif not members:
@@ -211,7 +211,7 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
         quiet = [c for c in members if not c.significant]
         clean = [c for c in quiet if c.other not in failed and best not in failed]
         text = (
-            f"No configuration is significantly better than all others in {primary}: between the leader "
+            f"No configuration is significantly {direction} in {primary} than all others: between the leader "
             f"{label(best)} and {len(quiet)} of {len(members)} tested others, "
         )
         text += _undetected(clean, cause) if clean else "no difference was detected"
@@ -219,7 +219,7 @@ def _leader_lines(rows, group_columns, label, primary, higher_is_better, finding
             text += f"; {len(quiet) - len(clean)} of these comparisons rest on failed runs {_SEE}"
         loud = [c for c in members if c.significant]
         if loud:  # named, each with what it compares (the leader was picked by these same data)
-            text += "; the leader is significantly better than " + "; ".join(
+            text += f"; the leader (picked by these data) is significantly {direction} than " + "; ".join(
                 f"{label(c.other)} (that − the leader: {_delta(c)}, Holm p = {_p(c.p_decision)}"
                 + (f"; each at its own tuned value, {v}" if (v := tuned_values(tuned, c.other, best)) else "")
                 + ")"
@@ -269,8 +269,9 @@ def _baseline_lines(rows, group_columns, label, primary, baseline, findings, tun
     if identical:
         findings.append(
             "; ".join(f"{label(c.other)} is identical to {label(c.identical_to)}" for c in identical)
-            + " in every outcome metric, seed by seed: the same runs (these settings compute the same thing "
-            "here), not tested and not counted in Holm's m."
+            + " in every outcome metric, seed by seed: the same runs (at the values these ran with, the "
+            "bindings that differ changed nothing; identical as measured, not by construction), not tested "
+            "and not counted in Holm's m."
         )
     for m in metrics:
         comps = [c for c in fams[m].values() if c.identical_to is None]
@@ -317,6 +318,7 @@ def sections(
     baseline: Key | None,
     predictions: Sequence[tuple[str, Key | None, str, str, float | None]] = (),
     tuned: dict[Key, dict[str, str]] | None = None,
+    at_edge: int = 0,
 ) -> tuple[list[str], Key | None, bool]:
     """Markdown lines of the rules, leader, baseline, failed-runs and predictions sections and the
     findings ending in the answer; the leader and its ★."""
@@ -330,11 +332,15 @@ def sections(
     if baseline is not None:
         lines += _baseline_lines(rows, group_columns, label, primary, baseline, findings, tuned)
     lines += failed_lines
+    gain_lines, gain_findings = gains.section(rows, group_columns, label)  # against the warm start
+    lines += gain_lines
+    findings += gain_findings
     judged = []
     if baseline is not None and predictions:
         pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
         lines += pred_lines
-    findings.append(_answer(rows, group_columns, label, primary, higher_is_better, predictions, judged))
+    answer = _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge)
+    findings.append(answer)
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings]
     return lines, best, starred
 
@@ -419,8 +425,10 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings, tu
     return lines, judged
 
 
-def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged) -> str:
-    """One sentence: the question answered, or why not and what would answer it."""
+def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge=0) -> str:
+    """One sentence: the question answered, or why not and what would answer it (more seeds; and a
+    tuning grid extended past its edge where `at_edge` configurations chose an edge value)."""
+    edge = f" and a tuning grid extended past the edge {at_edge} configuration(s) chose" if at_edge else ""
     failed = sorted(health.failed_keys(rows, group_columns))
     names = "; ".join(label(k) for k in failed)
     configs = {health.config_key(r, group_columns) for r in rows if r.get("status") == "ok"}
@@ -447,7 +455,7 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
         )
         cause = drop_cause(rows, group_columns, label)
         if "not decided" in groups:
-            text += f"; {cause}" if cause else ", and more paired seeds would decide the rest"
+            text += f"; {cause}" if cause else f", and more paired seeds{edge} would decide the rest"
         fragile = sum("rests on the t-test's normality" in j.verdict for j in judged)
         if fragile:
             text += (
@@ -468,11 +476,12 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
     now = f" (now it detects differences ≥ {_span(reach)} at {POWER:.0%} power)" if reach else ""
     return (
         f"**Answer.** This design cannot say which configuration is best in {primary}: the leader "
-        f"{label(best)} is not significantly better than every other one, and "
+        f"{label(best)} is not significantly {'higher' if higher_is_better else 'lower'} than every "
+        "other, and "
         + (
             cause
             if cause
-            else f"more paired seeds would be needed{now}, the detectable difference shrinking about as 1/√n"
+            else f"more paired seeds{edge} would be needed{now}, the detectable difference shrinking as 1/√n"
         )
         + tail
         + "."

@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -96,6 +97,23 @@ def repo_relative(path: str | os.PathLike, root: str | os.PathLike | None = None
         return Path(path).resolve().relative_to(base).as_posix()
     except ValueError:
         return str(path)
+
+
+def portable_command(argv: Sequence[str], root: str | os.PathLike | None = None) -> str:
+    """A command line as a tracked file records it: each absolute path inside `root` made relative to
+    it, one outside shown as `<dir>/` + its last part (no machine's folders in a committed file), also
+    in `--flag=/path` form; shell-quoted otherwise."""
+
+    def show(arg: str) -> str:
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if not os.path.isabs(value):
+            return shlex.quote(arg)
+        rel = repo_relative(value, root)
+        if os.path.isabs(rel):
+            return (shlex.quote(flag + eq) if flag else "") + f"<dir>/{shlex.quote(Path(value).name)}"
+        return shlex.quote(flag + eq + rel)
+
+    return " ".join(map(show, argv))
 
 
 def outputs(experiment: str, results_dir: str | os.PathLike) -> list[Path]:

@@ -7,6 +7,7 @@ import datetime as _dt
 import json
 import math
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,12 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
+from polgrad.results.provenance import portable_command
+from polgrad.results.replication import SUFFIX as REPLICATION_SUFFIX
 from polgrad.results.replication import section as replication_section
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
+from polgrad.results.tuning import edge_count
 from polgrad.results.tuning import section as tuning_section
 from polgrad.results.warm_starts import warm_start_paragraph
 
@@ -182,6 +186,7 @@ def markdown(
         baseline=base_key,
         predictions=preds,
         tuned={k: v for k, v in tuned.items() if k is not None},
+        at_edge=edge_count(tuning),
     )
     lines = _header(experiment, rows, question=question, command=command, budget=budget)
     lines += _overview(rows, len(board), primary_metric, higher_is_better, figures, missing_cells, stale_rows)
@@ -196,6 +201,12 @@ def markdown(
         at = stats_lines.index("## Findings") - 1
         head, tail = stats_lines[:at], stats_lines[at + 3 :]
         stats_lines = [*head, *replication, "", "## Findings", "", f"- Replication: {replication[-1]}", *tail]
+        if experiment.endswith(REPLICATION_SUFFIX):  # its question is whether the original's verdicts hold
+            answer = stats_lines[-1].removeprefix("- **Answer.** ")
+            stats_lines[-1] = (
+                f"- **Answer.** As a replication of {experiment.removesuffix(REPLICATION_SUFFIX)}: "
+                f"{replication[-1]} This run alone: {answer}"
+            )
     lines += stats_lines
     lines += _cell_lists(rows)
     return "\n".join(lines) + "\n"
@@ -372,6 +383,14 @@ def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: se
     return " · ".join(parts)
 
 
+def _portable(command: str) -> str:
+    """A recorded command without a machine's folders (a record written before the sweep did this)."""
+    try:
+        return portable_command(shlex.split(command))
+    except ValueError:  # unbalanced quotes: shown as recorded
+        return command
+
+
 def experiment_meta(experiment: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
     path = Path(results_dir) / experiment / "experiment.json"
     if not path.exists():
@@ -396,7 +415,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         swept_columns=meta["swept_columns"],
         primary_metric=meta["primary_metric"],
         higher_is_better=meta.get("higher_is_better", True),
-        command=meta.get("command", ""),
+        command=_portable(meta.get("command", "")),
         stale_rows=len(all_rows) - len(rows),
         missing_cells=(len(current - {r.get("cell_id") for r in rows}), len(current)),
         baseline=meta.get("baseline"),

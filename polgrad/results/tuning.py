@@ -65,6 +65,11 @@ def section(record: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def edge_count(record: dict[str, Any] | None) -> int:
+    """How many configurations of a tuning record chose a value at an edge of a numeric grid axis."""
+    return sum(bool(_edges(record["grid"], c["chosen"])) for c in (record or {}).get("configurations", []))
+
+
 def _edges(grid: dict[str, list[str]], chosen: dict[str, str]) -> list[str]:
     """'train.lr = 3e-05, the smallest' for each chosen value that is the smallest or largest of a
     numeric grid axis of at least 3 values (with 2 every choice is an edge, and says nothing)."""

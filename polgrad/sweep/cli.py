@@ -15,7 +15,6 @@ import contextlib
 import datetime as _dt
 import json
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -364,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             print(tuning.format_stages(exp, cells))
             return 0
         root = _results.repo_root(Path(args.experiment).resolve().parent)
-        shown = [_results.repo_relative(a, root) if os.path.isabs(a) else a for a in argv]
-        command = shlex.join(["python", "-m", "polgrad.sweep", *shown])
+        command = _results.portable_command(["python", "-m", "polgrad.sweep", *argv], root)
         return run(
             exp,
             cells,
