@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from scipy import stats
+from scipy import optimize, stats
 
 from polgrad.results import markdown, portable_command
 from polgrad.results.gains import section
@@ -66,23 +66,83 @@ def test_each_configuration_is_tested_against_its_own_warm_start_holm_over_the_c
     assert up[3] == f"+{0.043:.3g} [+{0.043 - half:.3g}, +{0.043 + half:.3g}]"
     assert float(up[4]) == float(f"{min(1.0, 3 * p_up):.2g}")  # up and down tie: both × 3
     assert up[6] == "7 / 2" and up[-1].startswith("above its warm start")
+    # the exact sign-flip p by enumeration of the 2^10 sign patterns (two-sided: |mean| at least the
+    # observed), Holm × 3 as the t-test's
+    flips = [sum(x if (b >> i) & 1 else -x for i, x in enumerate(RISE)) for b in range(2**10)]
+    p_flip = sum(abs(f) >= abs(sum(RISE)) - 1e-12 for f in flips) / 2**10
+    assert float(up[5]) == float(f"{min(1.0, 3 * p_flip):.2g}")
     assert _table_row(lines, "down")[-1].startswith("below its warm start")
     flat = _table_row(lines, "flat")
     assert float(flat[4]) == float(f"{min(1.0, p_flat):.2g}")  # the largest p: × 1
-    assert flat[-1].startswith("no change detected (detects ≥ ")
     assert findings[0].startswith(
-        "Against its own warm start (eval_accuracy − eval_accuracy_init, Holm over 3 configurations): "
-        "1 end above it, 1 below it, 1 no change detected; below: down (-0.043 ["
+        "Against its own warm start (eval_accuracy − eval_accuracy_init, Holm over 3 configuration(s)): "
+        "1 end above it, 1 end below it, 1 no change detected; below it: down (-0.043 ["
     )
 
 
-def test_a_configuration_with_collapsed_runs_needs_the_sign_flip_test_too():
-    # seed 4's warm start (0.20) falls to 0: a collapse, so both tests decide; 10 seeds, m = 1: the
-    # sign-flip floor 2/2^10 is reachable, and 9 of 10 differences positive keeps p small
-    d = list(UP)
+def _mde(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """The mean difference a two-sided paired t-test at level alpha detects with `power`, from the
+    noncentral t (independent of polgrad.results.stats)."""
+
+    def gap(delta):
+        nc = delta / (sd / math.sqrt(n))
+        crit = stats.t.ppf(1 - alpha / 2, n - 1)
+        return stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc) - power
+
+    return optimize.brentq(gap, 1e-9, 10 * sd)
+
+
+def test_no_change_detected_gives_what_the_design_detects_at_holms_strictest_level():
+    rows = _rows({"up": RISE, "down": [-x for x in RISE], "flat": NOISE})
+    flat = _table_row(section(rows, G, _label)[0], "flat")[-1]
+    x = _mde(stats.tstd(NOISE), 10, 0.05 / 3)  # m = 3: alpha / 3
+    assert flat == f"no change detected (this design detects ≥ {x:.3g} at 80% power) |"
+    # a design whose detectable change exceeds what an accuracy allows says so instead of a number
+    tiny = _rows({"a": [0.2, -0.2, 0.0]}, init=[0.5, 0.5, 0.5])  # sd 0.2, 3 runs: X > 0.5
+    assert "cannot detect any change its accuracy allows" in _table_row(section(tiny, G, _label)[0], "a")[-1]
+
+
+def test_where_both_tests_decide_a_significant_t_test_alone_is_no_verdict():
+    # one outlier: Shapiro-Wilk rejects normality, so the sign-flip test must agree; t p ~0.004, but
+    # with 5 runs the sign-flip p cannot go below 2/2^5 = 0.0625: no verdict, neither above nor 'no change'
+    d = [0.100, 0.101, 0.102, 0.103, 0.2]
+    row = _table_row(section(_rows({"a": d}, init=INIT[:5]), G, _label)[0], "a")
+    assert stats.ttest_1samp(d, 0).pvalue < 0.01 and stats.shapiro(d).pvalue < 0.05
+    assert row[-1] == "no verdict possible: with 5 runs the sign-flip p cannot go below 0.062 (× 1 by Holm) |"
+
+
+def test_collapsed_runs_need_the_sign_flip_test_and_are_never_no_change():
+    # seed 4's warm start (0.20) falls to 0: a collapse; the rest rise a little, not significantly
+    d = list(NOISE)
     d[4] = -0.20
-    lines, _ = section(_rows({"a": d}), G, _label)
-    assert "t-test and sign-flip (failed runs)" in _table_row(lines, "a")[7]
+    lines, findings = section(_rows({"a": d}), G, _label)
+    row = _table_row(lines, "a")
+    assert "t-test and sign-flip (failed runs)" in row[8]
+    assert row[-1] == "not significant; rests on failed runs (see Failed and flagged runs) |"
+    assert "1 not significant, resting on failed runs" in findings[0]
+
+
+def test_identical_single_and_missing_configurations_are_not_tested_nor_in_holms_m():
+    rows = _rows({"up": RISE, "twin": RISE})
+    rows += _rows({"one": [0.1]})  # one run
+    rows += [dict(r, eval_accuracy_init="") for r in _rows({"blank": RISE})]  # no warm-start accuracy
+    lines, findings = section(rows, G, _label)
+    assert _table_row(lines, "twin")[-1] == "identical to up: the same runs, not tested |"
+    assert _table_row(lines, "one")[-1] == "not tested (fewer than 2 runs with both accuracies) |"
+    blank = _table_row(lines, "blank")
+    assert blank[1:4] == ["–", "–", "– [–, –]"] and blank[-1].startswith("not tested")
+    # one configuration tested: its Holm p is its own p
+    assert float(_table_row(lines, "up")[4]) == float(f"{stats.ttest_1samp(RISE, 0).pvalue:.2g}")
+    assert "Holm over 1 configuration(s)): 1 end above it" in findings[0]
+    assert "3 not tested (identical to another, or fewer than 2 runs)" in findings[0]
+
+
+def test_runs_that_are_not_ok_are_counted_beside_the_verdict():
+    rows = _rows({"a": RISE})
+    rows[3]["status"] = "unstable"
+    rows[7]["status"] = "failed"
+    row = _table_row(section(rows, G, _label)[0], "a")
+    assert row[7] == "2" and row[6] == "5 / 2"  # 8 ok runs: RISE without seeds 3 (+0.09) and 7 (+0.10)
 
 
 def test_weak_warm_starts_are_named_with_their_change_beside_the_other_seeds():
@@ -165,8 +225,8 @@ def test_an_undecided_answer_names_the_tuning_grid_edge_its_configurations_chose
 
     edge = _md(rows, predictions=preds, tuning=tuning([("base", "3e-05"), ("a", "0.0003")])).splitlines()[-1]
     assert (
-        "more paired seeds and a tuning grid extended past the edge 2 configuration(s) chose would decide"
-        in edge
+        "more paired seeds would decide the rest (2 configuration(s) chose a value at the tuning grid's "
+        "edge, so a wider grid may change the tuned values compared)" in edge
     )
     inside = _md(rows, predictions=preds, tuning=tuning([("base", "0.0001"), ("a", "0.0001")])).splitlines()[
         -1
@@ -219,6 +279,21 @@ def test_a_recorded_command_has_no_machines_folder(tmp_path):
         "--results=r --results=<dir>/'c d'"
     )
     assert portable_command(["--parallel", "2", "it's"], root) == "--parallel 2 'it'\"'\"'s'"
+    # a record already shown so renders the same again (the md regenerates identical)
+    shown = portable_command([*argv, "--results", "/srv/out/results", "--x=/a b/c"], root)
+    assert portable_command(shlex.split(shown), root) == shown
+
+
+def test_a_tuning_stages_md_has_no_warm_start_section_and_the_overview_follows_the_metric():
+    rows = _rows({"base": UP, "a": RISE})
+    assert "## Change from the warm start" not in _md(rows, name="x_tuning")
+    md = _md(
+        rows,
+        name="x",
+        primary="kl",
+        higher=False,
+    )
+    assert "★ marks a group significantly lower in kl than every other one" in md
 
 
 @pytest.mark.parametrize(

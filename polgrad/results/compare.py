@@ -207,6 +207,19 @@ def _identical(tables: dict[str, dict[Key, dict]], a: Key, b: Key) -> bool:
     return compared > 0
 
 
+def twins(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> dict[Key, Key]:
+    """{configuration: the earlier configuration (row order) whose runs it repeats}: every outcome
+    metric equal seed by seed, as `against` finds them (the same runs, not a test)."""
+    tables = {m: t for m in OUTCOMES if (t := by_seed(rows, group_columns, m))}
+    keys = list(dict.fromkeys(config_key(r, group_columns) for r in rows if r.get("status") == "ok"))
+    out: dict[Key, Key] = {}
+    for i, k in enumerate(keys):
+        same = next((e for e in keys[:i] if e not in out and _identical(tables, e, k)), None)
+        if same is not None:
+            out[k] = same
+    return out
+
+
 def against(
     rows: Sequence[dict[str, Any]], group_columns: Sequence[str], metric: str, reference: Key
 ) -> list[Comparison]:

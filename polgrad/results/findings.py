@@ -46,7 +46,7 @@ from polgrad.results.predictions import num as _num
 from polgrad.results.stats import min_signflip_p
 from polgrad.results.tuning import tuned_note, tuned_values
 
-LEADER_HEADING = "## Is the leader better than every other configuration?"
+LEADER_HEADING = "## Does the leader differ significantly from every other configuration?"
 BASELINE_HEADING = "## Paired differences to the baseline"
 RULES_HEADING = "## How the tests decide"
 _SEE = f"(see {health.HEADING[3:]})"
@@ -319,6 +319,7 @@ def sections(
     predictions: Sequence[tuple[str, Key | None, str, str, float | None]] = (),
     tuned: dict[Key, dict[str, str]] | None = None,
     at_edge: int = 0,
+    warm_start: bool = True,
 ) -> tuple[list[str], Key | None, bool]:
     """Markdown lines of the rules, leader, baseline, failed-runs and predictions sections and the
     findings ending in the answer; the leader and its ★."""
@@ -332,7 +333,7 @@ def sections(
     if baseline is not None:
         lines += _baseline_lines(rows, group_columns, label, primary, baseline, findings, tuned)
     lines += failed_lines
-    gain_lines, gain_findings = gains.section(rows, group_columns, label)  # against the warm start
+    gain_lines, gain_findings = gains.section(rows, group_columns, label) if warm_start else ([], [])
     lines += gain_lines
     findings += gain_findings
     judged = []
@@ -428,7 +429,12 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings, tu
 def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge=0) -> str:
     """One sentence: the question answered, or why not and what would answer it (more seeds; and a
     tuning grid extended past its edge where `at_edge` configurations chose an edge value)."""
-    edge = f" and a tuning grid extended past the edge {at_edge} configuration(s) chose" if at_edge else ""
+    edge = (
+        f" ({at_edge} configuration(s) chose a value at the tuning grid's edge, so a wider grid may change "
+        "the tuned values compared)"
+        if at_edge
+        else ""
+    )
     failed = sorted(health.failed_keys(rows, group_columns))
     names = "; ".join(label(k) for k in failed)
     configs = {health.config_key(r, group_columns) for r in rows if r.get("status") == "ok"}
@@ -455,7 +461,7 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
         )
         cause = drop_cause(rows, group_columns, label)
         if "not decided" in groups:
-            text += f"; {cause}" if cause else f", and more paired seeds{edge} would decide the rest"
+            text += f"; {cause}" if cause else f", and more paired seeds would decide the rest{edge}"
         fragile = sum("rests on the t-test's normality" in j.verdict for j in judged)
         if fragile:
             text += (
@@ -474,15 +480,9 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
         c.mde for c in comps if c.identical_to is None and c.test.n >= 2 and c.reachable and not c.significant
     ]
     now = f" (now it detects differences ≥ {_span(reach)} at {POWER:.0%} power)" if reach else ""
+    seeds = f"more paired seeds would be needed{now}{edge}, the detectable difference shrinking about as 1/√n"
     return (
         f"**Answer.** This design cannot say which configuration is best in {primary}: the leader "
         f"{label(best)} is not significantly {'higher' if higher_is_better else 'lower'} than every "
-        "other, and "
-        + (
-            cause
-            if cause
-            else f"more paired seeds{edge} would be needed{now}, the detectable difference shrinking as 1/√n"
-        )
-        + tail
-        + "."
+        f"other, and {cause or seeds}{tail}."
     )

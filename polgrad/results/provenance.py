@@ -106,6 +106,8 @@ def portable_command(argv: Sequence[str], root: str | os.PathLike | None = None)
 
     def show(arg: str) -> str:
         flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if value.startswith("<dir>/"):  # shown so already
+            return arg
         if not os.path.isabs(value):
             return shlex.quote(arg)
         rel = repo_relative(value, root)

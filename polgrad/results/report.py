@@ -16,7 +16,7 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
-from polgrad.results.provenance import portable_command
+from polgrad.results.provenance import STAGES, portable_command, repo_root
 from polgrad.results.replication import SUFFIX as REPLICATION_SUFFIX
 from polgrad.results.replication import section as replication_section
 from polgrad.results.stats import format_mean_ci, mean_ci
@@ -187,6 +187,7 @@ def markdown(
         predictions=preds,
         tuned={k: v for k, v in tuned.items() if k is not None},
         at_edge=edge_count(tuning),
+        warm_start=not experiment.endswith(TUNING),  # a tuning grid's 3-seed cells: no verdict to give
     )
     lines = _header(experiment, rows, question=question, command=command, budget=budget)
     lines += _overview(rows, len(board), primary_metric, higher_is_better, figures, missing_cells, stale_rows)
@@ -262,15 +263,16 @@ def _overview(
 ) -> list[str]:
     """How many cells finished, how the table is sorted and read, the figures, what the CSV lacks."""
     direction = "higher is better" if higher_is_better else "lower is better"
+    word = "higher" if higher_is_better else "lower"
     n_ok = sum(r.get("status") == "ok" for r in rows)
     n_unstable = sum(r.get("status") == UNSTABLE for r in rows)
     lines = [
         f"{len(rows)} cells ({n_ok} finished, "
         + (f"{n_unstable} unstable: listed below, not ranked, " if n_unstable else "")
         + f"{len(rows) - n_ok - n_unstable} failed) in {n_groups} groups (spec + swept "
-        f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly better than "
-        "every other one (paired by seed, Holm-corrected: see below), so no group has ★ when no "
-        "configuration is significantly better than every other. Each value is "
+        f"bindings). Sorted by **{primary_metric}** ({direction}); ★ marks a group significantly {word} in "
+        f"{primary_metric} than every other one (paired by seed, Holm-corrected: see below), so no group has "
+        f"★ when no configuration is significantly {word} than every other. Each value is "
         "the mean over seeds ± the half-width of its 95% confidence interval (Student t, n−1 degrees of "
         "freedom); `(n=1)` means a single seed, so no interval.",
     ]
@@ -383,10 +385,14 @@ def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: se
     return " · ".join(parts)
 
 
-def _portable(command: str) -> str:
-    """A recorded command without a machine's folders (a record written before the sweep did this)."""
+TUNING = STAGES[1]  # X_tuning: a tuning stage's experiment
+
+
+def _portable(command: str, results_dir: str | os.PathLike) -> str:
+    """A recorded command without a machine's folders (a record written before the sweep did this),
+    paths inside the checkout that holds `results_dir` relative to it."""
     try:
-        return portable_command(shlex.split(command))
+        return portable_command(shlex.split(command), repo_root(Path(results_dir).resolve()))
     except ValueError:  # unbalanced quotes: shown as recorded
         return command
 
@@ -415,7 +421,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         swept_columns=meta["swept_columns"],
         primary_metric=meta["primary_metric"],
         higher_is_better=meta.get("higher_is_better", True),
-        command=_portable(meta.get("command", "")),
+        command=_portable(meta.get("command", ""), results_dir),
         stale_rows=len(all_rows) - len(rows),
         missing_cells=(len(current - {r.get("cell_id") for r in rows}), len(current)),
         baseline=meta.get("baseline"),
