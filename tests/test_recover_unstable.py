@@ -151,7 +151,7 @@ def test_an_unstable_cell_is_recorded_listed_apart_and_not_ranked(tmp_path, caps
     table = [ln for ln in md.splitlines() if ln.startswith("| ") and "`0." in ln]
     assert "`0.2`" in table[0] or "`0.3`" in table[0]  # the leader is an ok configuration
     assert "0 (2 unstable)" in next(ln for ln in table if "`0.1`" in ln)
-    stats = md.split("## Is the leader", 1)[1].split("## Unstable cells", 1)[0]
+    stats = md.split("## Does the leader", 1)[1].split("## Unstable cells", 1)[0]
     assert "fake_train.lr=0.1" not in stats and "fake_train.lr=0.3" in stats  # in no comparison
 
     # A re-run skips the unstable cells like the ok ones (their result does not change).
