@@ -303,3 +303,30 @@ def test_committed_records_name_no_machines_folder(path):
     """A tracked record reads the same from any machine: its command names no absolute path."""
     args = shlex.split(json.loads(path.read_text()).get("command", ""))
     assert not [a for a in args if os.path.isabs(a.partition("=")[2] if a.startswith("--") else a)]
+
+
+def test_an_answer_without_predictions_says_what_the_runs_learned():
+    rows = _rows({"base": UP, "a": [-x for x in RISE]})
+    assert (
+        _md(rows)
+        .splitlines()[-1]
+        .endswith("; 1 of the 2 configurations tested end above their warm starts, 1 below.")
+    )
+    flat = _rows({"base": UP, "a": NOISE})
+    assert (
+        _md(flat)
+        .splitlines()[-1]
+        .endswith(
+            "; 1 of the 2 configurations tested end above their warm starts, 0 below, 1 with no change shown."
+        )
+    )
+    # with declared predictions the answer is about them alone
+    preds = [
+        {
+            "claim": "a is lower",
+            "config": {"Algorithm.kl": "a"},
+            "metric": "eval_accuracy",
+            "expected": "lower",
+        }
+    ]
+    assert "warm starts" not in _md(rows, predictions=preds).splitlines()[-1]

@@ -341,6 +341,8 @@ def sections(
         pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
         lines += pred_lines
     answer = _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge)
+    if not judged and (clause := gains.answer_clause(gain_findings)):  # what the runs learned, too
+        answer = f"{answer.removesuffix('.')}; {clause}."
     findings.append(answer)
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings]
     return lines, best, starred

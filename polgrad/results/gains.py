@@ -31,6 +31,7 @@ from any test, and the threshold was not declared before the data.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -121,6 +122,19 @@ def section(
         findings.append(text + " (see Change from the warm start).")
     weak_lines, weak = _weak_warm_starts(pairs)
     return lines + weak_lines, findings + weak
+
+
+def answer_clause(findings: Sequence[str]) -> str:
+    """The warm-start finding of `section` (its counts) in words for the md's answer; '' without one."""
+    head = next((f for f in findings if f.startswith("Against its own warm start")), "")
+    found = re.search(r"Holm over (\d+) configuration\(s\)\): (\d+) end above it, (\d+) end below it", head)
+    if not found:
+        return ""
+    m, above, below = (int(x) for x in found.groups())
+    rest = m - above - below
+    return f"{above} of the {m} configurations tested end above their warm starts, {below} below" + (
+        f", {rest} with no change shown" if rest else ""
+    )
 
 
 ABOVE, BELOW, NONE = "end above it", "end below it", "no change detected"
