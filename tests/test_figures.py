@@ -522,3 +522,26 @@ def test_a_list_of_tuples_groups_by_the_binding_it_nests_by(tmp_path):
         "kl=k3 · coef=0.5",
         "kl=k1 · place=reward · coef=0.5",
     ]
+
+
+def test_collapsed_and_identical_comparisons_are_marked_as_in_the_md(tmp_path):
+    # 'crash' collapses on seed 1 (accuracy 0); 'twin' repeats the baseline's runs exactly
+    configs = {
+        "base": ([0.0, 0.0, 0.0], [0.10, 0.10, 0.10]),
+        "up": ([0.10, 0.20, 0.30], [0.20, 0.30, 0.40]),
+        "crash": ([0.05, -0.50, 0.04], [0.12, 0.90, 0.11]),
+        "twin": ([0.0, 0.0, 0.0], [0.10, 0.10, 0.10]),
+    }
+    figs = _plot(tmp_path, _rows(configs, run_dirs=False))
+    panel = _panels(figs)[0]
+    shapes = {ln.get_gid().split("|")[1]: ln.get_marker() for ln in panel.lines if ln.get_gid()}
+    assert shapes["crash"] == "X" and shapes["up"] == "o"
+    right = {t.get_text() for t in figs.forest_figure.axes[len(figs.metrics)].get_yticklabels()}
+    assert any(t.endswith("  failed runs") for t in right) and "identical (same runs)" in right
+    assert sum(t.endswith("failed runs") for t in right) == 1  # 'up' and 'twin' rest on no collapse
+    # a collapsed baseline: every comparison with it rests on failed runs
+    configs["base"] = ([0.0, -0.50, 0.0], [0.10, 0.90, 0.10])
+    del configs["twin"]
+    figs = _plot(tmp_path, _rows(configs, run_dirs=False))
+    right = [t.get_text() for t in figs.forest_figure.axes[len(figs.metrics)].get_yticklabels()]
+    assert right and all(t.endswith("failed runs") for t in right if t)

@@ -55,6 +55,7 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
     seed_curves,
 )
 from polgrad.results.findings import kl_metric
+from polgrad.results.health import failed_keys
 from polgrad.results.store import unread_columns
 
 KL_METRICS = ("kl", "kl_exact")  # lower = closer to the reference policy, not "better"
@@ -187,6 +188,7 @@ def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[
     """The forest plot's rows: `against(reference)` per metric (the md's numbers, its
     `significant`), and the labels of `keys` (grid order) but the reference's, in that order."""
     table = []
+    failed = failed_keys(rows, group_columns)
     for m in metrics:
         for c in against(rows, group_columns, m, reference):
             t = c.test
@@ -195,6 +197,7 @@ def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[
             table.append(
                 {"label": label(c.other), "metric": m, "mean": t.mean, "low": t.low, "high": t.high}
                 | {"p_holm": c.p_decision, "n": t.n, "significant": c.significant}  # the deciding p
+                | {"failed": bool({c.other, c.reference} & failed), "identical": c.identical_to is not None}
             )
     return table, [label(k) for k in keys if tuple(k) != tuple(reference)]
 
@@ -297,6 +300,14 @@ def _groups(keys, group_columns, factor, unread) -> list[tuple[str, list[Key]]]:
     return list(out.items())
 
 
+def _right_text(r: dict[str, Any]) -> str:
+    """A row's right-hand text: Δ and the deciding p, 'identical' for the same runs, and whether the
+    comparison rests on collapsed runs (not evidence of no difference)."""
+    if r.get("identical"):
+        return "identical (same runs)"
+    return f"{_fmt(r['mean'])}  {_p(r['p_holm'])}" + ("  failed runs" if r.get("failed") else "")
+
+
 def _fmt(x: float) -> str:
     return "–" if x is None or math.isnan(x) else f"{x:+.3g}"
 
@@ -368,7 +379,8 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
             if not math.isnan(r["low"]):
                 ax.plot([r["low"], r["high"]], [y, y], color=c, lw=2.0, zorder=2)
             face = c if r["significant"] else "white"
-            ax.plot([r["mean"]], [y], "o", ms=7, zorder=3, color=c, markerfacecolor=face, gid=f"{m}|{lab}")
+            shape = "X" if r.get("failed") else "o"  # a comparison resting on collapsed runs
+            ax.plot([r["mean"]], [y], shape, ms=7, zorder=3, color=c, markerfacecolor=face, gid=f"{m}|{lab}")
         ax.set_ylim(-0.7, max(n, 1) - 0.3)
         ax.grid(axis="x", alpha=0.3)
         ax.locator_params(axis="x", nbins=6)  # a narrow panel's tick labels must not run together
@@ -381,13 +393,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         right.set_yticks([y for y, _, _ in ticks])
         right.set_yticklabels(
             [
-                ""
-                if not lab
-                else (
-                    f"{_fmt(rows[lab]['mean'])}  {_p(rows[lab]['p_holm'])}"
-                    if lab in rows
-                    else "– (no values)"
-                )
+                "" if not lab else (_right_text(rows[lab]) if lab in rows else "– (no values)")
                 for _, _, lab in ticks
             ],
             fontsize=8.5,
@@ -414,7 +420,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
     fig.suptitle(
         f"{experiment}: each configuration − {ref}, paired by seed (mean, 95% CI)\n"
         f"rows in grid order{grouped}; filled = significant after Holm's correction (as in the md), "
-        "hollow = not; right: Δ and the deciding p (Holm)",
+        "hollow = not; ✕ = rests on collapsed runs; right: Δ and the deciding p (Holm)",
         fontsize=11,
     )
     fig.tight_layout()
