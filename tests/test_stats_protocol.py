@@ -313,7 +313,7 @@ def test_the_md_ends_with_one_answer():
 # The over-optimisation analysis's own CSVs (python -m polgrad.sweep.overoptimization) are no sweep's
 ANALYSIS = ("_best_of_n", "_points")
 # The campaign's results, the pilots that planned them and the results it has not rerun yet
-COMMITTED = [p for d in ("", "pilots", "pre_campaign") for p in (REPO / "results" / d).glob("*.csv")]
+COMMITTED = [p for d in ("", "pilots") for p in (REPO / "results" / d).glob("*.csv")]
 SWEEP_CSVS = sorted(p for p in COMMITTED if not p.stem.endswith(ANALYSIS))
 
 
