@@ -537,7 +537,8 @@ def test_collapsed_and_identical_comparisons_are_marked_as_in_the_md(tmp_path):
     shapes = {ln.get_gid().split("|")[1]: ln.get_marker() for ln in panel.lines if ln.get_gid()}
     assert shapes["crash"] == "X" and shapes["up"] == "o"
     right = {t.get_text() for t in figs.forest_figure.axes[len(figs.metrics)].get_yticklabels()}
-    assert any(t.endswith("  failed runs") for t in right) and "identical (same runs)" in right
+    assert any(t.endswith("  failed runs") for t in right) and "+0  same runs as the reference" in right
+    assert "✕ = involves collapsed runs" in figs.forest_figure._suptitle.get_text()
     assert sum(t.endswith("failed runs") for t in right) == 1  # 'up' and 'twin' rest on no collapse
     # a collapsed baseline: every comparison with it rests on failed runs
     configs["base"] = ([0.0, -0.50, 0.0], [0.10, 0.90, 0.10])
@@ -545,3 +546,12 @@ def test_collapsed_and_identical_comparisons_are_marked_as_in_the_md(tmp_path):
     figs = _plot(tmp_path, _rows(configs, run_dirs=False))
     right = [t.get_text() for t in figs.forest_figure.axes[len(figs.metrics)].get_yticklabels()]
     assert right and all(t.endswith("failed runs") for t in right if t)
+    # a twin of another configuration (not the reference) says which, beside its own Δ; no ✕ legend
+    # where nothing collapsed
+    configs = {k: v for k, v in configs.items() if k != "crash"}
+    configs["base"] = ([0.0, 0.0, 0.0], [0.10, 0.10, 0.10])
+    configs["copy"] = configs["up"]
+    figs = _plot(tmp_path, _rows(configs, run_dirs=False))
+    right = [t.get_text() for t in figs.forest_figure.axes[len(figs.metrics)].get_yticklabels()]
+    assert "+0.2  same runs as up" in right
+    assert "✕" not in figs.forest_figure._suptitle.get_text()

@@ -55,7 +55,7 @@ def _table_row(lines, name):
 
 def test_each_configuration_is_tested_against_its_own_warm_start_holm_over_the_configurations():
     rows = _rows({"up": RISE, "down": [-x for x in RISE], "flat": NOISE})
-    lines, findings = section(rows, G, _label)
+    lines, findings, _ = section(rows, G, _label)
     # the expected numbers from scipy directly: a paired t-test of end against start per configuration,
     # Holm over the 3 (sorted p: the smallest × 3, the next × 2, capped and made monotone)
     end = {n: [INIT[s] + d[s] for s in range(10)] for n, d in (("up", RISE), ("flat", NOISE))}
@@ -87,9 +87,10 @@ def _mde(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
     def gap(delta):
         nc = delta / (sd / math.sqrt(n))
         crit = stats.t.ppf(1 - alpha / 2, n - 1)
-        return stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc) - power
+        lower = stats.nct.cdf(-crit, n - 1, nc)  # the wrong-sign tail: ~0, NaN where scipy underflows
+        return stats.nct.sf(crit, n - 1, nc) + (0.0 if math.isnan(lower) else lower) - power
 
-    return optimize.brentq(gap, 1e-9, 10 * sd)
+    return optimize.brentq(gap, 1e-9, 4 * sd)  # 4 sd over √10: power ~1, the root lies below
 
 
 def test_no_change_detected_gives_what_the_design_detects_at_holms_strictest_level():
@@ -115,7 +116,7 @@ def test_collapsed_runs_need_the_sign_flip_test_and_are_never_no_change():
     # seed 4's warm start (0.20) falls to 0: a collapse; the rest rise a little, not significantly
     d = list(NOISE)
     d[4] = -0.20
-    lines, findings = section(_rows({"a": d}), G, _label)
+    lines, findings, _ = section(_rows({"a": d}), G, _label)
     row = _table_row(lines, "a")
     assert "t-test and sign-flip (failed runs)" in row[8]
     assert row[-1] == "not significant; rests on failed runs (see Failed and flagged runs) |"
@@ -126,7 +127,7 @@ def test_identical_single_and_missing_configurations_are_not_tested_nor_in_holms
     rows = _rows({"up": RISE, "twin": RISE})
     rows += _rows({"one": [0.1]})  # one run
     rows += [dict(r, eval_accuracy_init="") for r in _rows({"blank": RISE})]  # no warm-start accuracy
-    lines, findings = section(rows, G, _label)
+    lines, findings, _ = section(rows, G, _label)
     assert _table_row(lines, "twin")[-1] == "identical to up: the same runs, not tested |"
     assert _table_row(lines, "one")[-1] == "not tested (fewer than 2 runs with both accuracies) |"
     blank = _table_row(lines, "blank")
@@ -148,7 +149,7 @@ def test_runs_that_are_not_ok_are_counted_beside_the_verdict():
 def test_weak_warm_starts_are_named_with_their_change_beside_the_other_seeds():
     init = [0.05, 0.02, *INIT[2:]]  # seeds 0 and 1 start below 0.1
     changes = {"a": [0.0, 0.01, *UP[2:]], "b": [0.01, 0.0, *UP[2:]]}
-    lines, findings = section(_rows(changes, init), G, _label)
+    lines, findings, _ = section(_rows(changes, init), G, _label)
     weak = 0.02 / 4  # (0.0 + 0.01 + 0.01 + 0.0) / 4 runs
     other = 2 * sum(UP[2:]) / 16
     assert findings[-1].startswith(
@@ -163,7 +164,7 @@ def test_weak_warm_starts_are_named_with_their_change_beside_the_other_seeds():
 
 def test_no_section_without_the_warm_starts_accuracy():
     rows = [{k: v for k, v in r.items() if k != "eval_accuracy_init"} for r in _rows({"a": UP})]
-    assert section(rows, G, _label) == ([], [])
+    assert section(rows, G, _label) == ([], [], "")
 
 
 def _md(rows, name="x", primary="eval_accuracy", higher=True, **kw):
@@ -191,6 +192,9 @@ def test_a_leader_is_described_by_its_metrics_direction_not_as_better():
     md = _md(_rows({"base": UP, "a": UP}, kl=kl), primary="kl", higher=False)
     line = next(x for x in md.splitlines() if "has the lowest kl" in x)
     assert "significantly lower than each other configuration" in line and "better" not in line
+    assert md.splitlines()[-1].startswith(
+        "- **Answer.** grpo · Algorithm.kl=a has the significantly lowest kl"
+    )
     # without ★, neither the finding nor the answer calls anything better
     kl = {"base": [0.3 + x for x in NOISE], "a": [0.3 - x for x in NOISE]}
     md = _md(_rows({"base": UP, "a": UP}, kl=kl), primary="kl", higher=False)
@@ -310,16 +314,25 @@ def test_an_answer_without_predictions_says_what_the_runs_learned():
     assert (
         _md(rows)
         .splitlines()[-1]
-        .endswith("; 1 of the 2 configurations tested end above their warm starts, 1 below.")
+        .endswith(
+            "; of the 2 configuration(s) tested against their warm starts, 1 end above their warm starts, "
+            "1 end below them."
+        )
     )
     flat = _rows({"base": UP, "a": NOISE})
+    x = _mde(stats.tstd(NOISE), 10, 0.05 / 2)  # m = 2
     assert (
         _md(flat)
         .splitlines()[-1]
         .endswith(
-            "; 1 of the 2 configurations tested end above their warm starts, 0 below, 1 with no change shown."
+            f", 1 end above their warm starts, 1 show no change detected (this design detects ≥ {x:.2g})."
         )
     )
+    # collapsed runs are named as such, never as 'no change'
+    d = list(NOISE)
+    d[4] = -0.20
+    crash = _md(_rows({"base": UP, "a": d})).splitlines()[-1]
+    assert crash.endswith(", 1 end above their warm starts, 1 are not significant and rest on failed runs.")
     # with declared predictions the answer is about them alone
     preds = [
         {

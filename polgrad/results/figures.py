@@ -197,7 +197,7 @@ def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[
             table.append(
                 {"label": label(c.other), "metric": m, "mean": t.mean, "low": t.low, "high": t.high}
                 | {"p_holm": c.p_decision, "n": t.n, "significant": c.significant}  # the deciding p
-                | {"failed": bool({c.other, c.reference} & failed), "identical": c.identical_to is not None}
+                | {"failed": bool({c.other, c.reference} & failed), "twin": _twin(c, label)}
             )
     return table, [label(k) for k in keys if tuple(k) != tuple(reference)]
 
@@ -300,11 +300,18 @@ def _groups(keys, group_columns, factor, unread) -> list[tuple[str, list[Key]]]:
     return list(out.items())
 
 
+def _twin(c, label) -> str:
+    """'' unless the configuration repeats another's runs: then which ('the reference' or its label)."""
+    if c.identical_to is None:
+        return ""
+    return "the reference" if c.identical_to == c.reference else label(c.identical_to)
+
+
 def _right_text(r: dict[str, Any]) -> str:
-    """A row's right-hand text: Δ and the deciding p, 'identical' for the same runs, and whether the
-    comparison rests on collapsed runs (not evidence of no difference)."""
-    if r.get("identical"):
-        return "identical (same runs)"
+    """A row's right-hand text: Δ and the deciding p; for the same runs as another configuration,
+    which (not tested); and whether the comparison involves collapsed runs."""
+    if r.get("twin"):
+        return f"{_fmt(r['mean'])}  same runs as {r['twin']}"
     return f"{_fmt(r['mean'])}  {_p(r['p_holm'])}" + ("  failed runs" if r.get("failed") else "")
 
 
@@ -420,7 +427,9 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
     fig.suptitle(
         f"{experiment}: each configuration − {ref}, paired by seed (mean, 95% CI)\n"
         f"rows in grid order{grouped}; filled = significant after Holm's correction (as in the md), "
-        "hollow = not; ✕ = rests on collapsed runs; right: Δ and the deciding p (Holm)",
+        "hollow = not; "
+        + ("✕ = involves collapsed runs; " if any(r.get("failed") for r in figs.forest) else "")
+        + "right: Δ and the deciding p (Holm)",
         fontsize=11,
     )
     fig.tight_layout()

@@ -333,7 +333,9 @@ def sections(
     if baseline is not None:
         lines += _baseline_lines(rows, group_columns, label, primary, baseline, findings, tuned)
     lines += failed_lines
-    gain_lines, gain_findings = gains.section(rows, group_columns, label) if warm_start else ([], [])
+    gain_lines, gain_findings, clause = ([], [], "")
+    if warm_start:  # against the warm start (not in a tuning stage's md)
+        gain_lines, gain_findings, clause = gains.section(rows, group_columns, label)
     lines += gain_lines
     findings += gain_findings
     judged = []
@@ -341,7 +343,7 @@ def sections(
         pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
         lines += pred_lines
     answer = _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge)
-    if not judged and (clause := gains.answer_clause(gain_findings)):  # what the runs learned, too
+    if not judged and clause:  # what the runs learned, too
         answer = f"{answer.removesuffix('.')}; {clause}."
     findings.append(answer)
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings]
@@ -476,7 +478,8 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
         return "**Answer.** None: no configuration has a finished run" + tail + "."
     if starred:
         twins = "".join(f" (the same runs as {label(c.other)})" for c in comps if c.identical_to == best)
-        return f"**Answer.** {label(best)}{twins} is the best configuration in {primary}" + tail + "."
+        word = "highest" if higher_is_better else "lowest"
+        return f"**Answer.** {label(best)}{twins} has the significantly {word} {primary}" + tail + "."
     cause = drop_cause(rows, group_columns, label)
     reach = [
         c.mde for c in comps if c.identical_to is None and c.test.n >= 2 and c.reachable and not c.significant

@@ -31,7 +31,6 @@ from any test, and the threshold was not declared before the data.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,8 +57,9 @@ def _g(x: float) -> str:
 
 def section(
     rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label: Callable[[Key], str]
-) -> tuple[list[str], list[str]]:
-    """(md lines, findings) of the change from the warm start; nothing when no ok run has both columns."""
+) -> tuple[list[str], list[str], str]:
+    """(md lines, findings, the answer's clause) of the change from the warm start; nothing when no ok
+    run has both columns."""
     pairs: dict[Key, dict[str, tuple[float, float]]] = {}
     not_ok: dict[Key, int] = {}
     for r in rows:
@@ -73,7 +73,7 @@ def section(
         else:
             pairs.setdefault(key, {})
     if not any(pairs.values()):
-        return [], []
+        return [], [], ""
     same = twins(rows, group_columns)
     tests = {
         k: paired({sd: v[0] for sd, v in p.items()}, {sd: v[1] for sd, v in p.items()})
@@ -98,12 +98,14 @@ def section(
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     kinds: dict[str, list[str]] = {}
+    detects: list[float] = []  # X of each 'no change detected' that has one
     for k, t in tests.items():
         starts = [v[0] for v in pairs[k].values()]
         start = sum(starts) / len(starts) if starts else math.nan
         end = sum(v[1] for v in pairs[k].values()) / len(starts) if starts else math.nan
         rule, why = rule_of(t, k in failed)
-        kind, verdict = _verdict(k, t, rule, p_t, p_perm, m, k in failed, same, start, label)
+        kind, verdict, mde = _verdict(k, t, rule, p_t, p_perm, m, k in failed, same, start, label)
+        detects += [mde] if kind == NONE and math.isfinite(mde) else []
         kinds.setdefault(kind, []).append(f"{label(k)} ({_g(t.mean)} [{_g(t.low)}, {_g(t.high)}])")
         lines.append(
             f"| {label(k)} | {_f(start)} | {_f(end)} | {_g(t.mean)} [{_g(t.low)}, {_g(t.high)}] | "
@@ -121,20 +123,24 @@ def section(
             text += "; below it: " + "; ".join(kinds[BELOW])
         findings.append(text + " (see Change from the warm start).")
     weak_lines, weak = _weak_warm_starts(pairs)
-    return lines + weak_lines, findings + weak
+    return lines + weak_lines, findings + weak, _clause(kinds, m, detects)
 
 
-def answer_clause(findings: Sequence[str]) -> str:
-    """The warm-start finding of `section` (its counts) in words for the md's answer; '' without one."""
-    head = next((f for f in findings if f.startswith("Against its own warm start")), "")
-    found = re.search(r"Holm over (\d+) configuration\(s\)\): (\d+) end above it, (\d+) end below it", head)
-    if not found:
+def _clause(kinds: dict[str, list[str]], m: int, detects: list[float]) -> str:
+    """The verdicts' counts in words, for the md's answer ('' when nothing was tested)."""
+    if not m:
         return ""
-    m, above, below = (int(x) for x in found.groups())
-    rest = m - above - below
-    return f"{above} of the {m} configurations tested end above their warm starts, {below} below" + (
-        f", {rest} with no change shown" if rest else ""
-    )
+    low, high = (min(detects), max(detects)) if detects else (0.0, 0.0)
+    span = f"{low:.2g}" + (f"-{high:.2g}" if high > low else "")
+    words = {
+        ABOVE: "end above their warm starts",
+        BELOW: "end below them",
+        NONE: "show no change detected" + (f" (this design detects ≥ {span})" if detects else ""),
+        FAILED: "are not significant and rest on failed runs",
+        NO_VERDICT: "can get no verdict with these runs",
+    }
+    parts = [f"{len(kinds[w])} {text}" for w, text in words.items() if kinds.get(w)]
+    return f"of the {m} configuration(s) tested against their warm starts, " + ", ".join(parts)
 
 
 ABOVE, BELOW, NONE = "end above it", "end below it", "no change detected"
@@ -142,28 +148,29 @@ FAILED, NO_VERDICT = "not significant, resting on failed runs", "no verdict poss
 NOT_TESTED = "not tested (identical to another, or fewer than 2 runs)"
 
 
-def _verdict(k, t, rule, p_t, p_perm, m, failed, same, start, label) -> tuple[str, str]:
-    """(kind, the table's verdict text) of one configuration."""
+def _verdict(k, t, rule, p_t, p_perm, m, failed, same, start, label) -> tuple[str, str, float]:
+    """(kind, the table's verdict text, the detectable change where 'no change detected' has one)."""
+    nan = math.nan
     if k in same:
-        return NOT_TESTED, f"identical to {label(same[k])}: the same runs, not tested"
+        return NOT_TESTED, f"identical to {label(same[k])}: the same runs, not tested", nan
     if k not in p_t:
-        return NOT_TESTED, "not tested (fewer than 2 runs with both accuracies)"
+        return NOT_TESTED, "not tested (fewer than 2 runs with both accuracies)", nan
     p = decide(rule, p_t[k], p_perm[k])
     if p < ALPHA:
-        return (ABOVE, "above its warm start") if t.mean > 0 else (BELOW, "below its warm start")
+        return (ABOVE, "above its warm start", nan) if t.mean > 0 else (BELOW, "below its warm start", nan)
     if failed:
-        return FAILED, "not significant; rests on failed runs (see Failed and flagged runs)"
-    if rule != RULE_T and m * min_signflip_p(t.n) >= ALPHA:
-        return NO_VERDICT, (
-            f"no verdict possible: with {t.n} runs the sign-flip p cannot go below "
-            f"{min_signflip_p(t.n):.2g} (× {m} by Holm)"
-        )
+        return FAILED, "not significant; rests on failed runs (see Failed and flagged runs)", nan
+    if rule != RULE_T and m * min_signflip_p(t.n) >= ALPHA:  # the bound compare's `reachable` uses
+        floor = min_signflip_p(t.n)
+        text = f"no verdict possible: with {t.n} runs the sign-flip p cannot go below {floor:.2g}"
+        text += f" (× {m} by Holm)"
+        return NO_VERDICT, text, nan
     mde = t.mde(ALPHA / m, POWER)
     if not (math.isfinite(mde) and mde > 0):
-        return NONE, "no change detected"
+        return NONE, "no change detected", nan
     if mde > max(start, 1 - start):
-        return NONE, "no change detected (this design cannot detect any change its accuracy allows)"
-    return NONE, f"no change detected (this design detects ≥ {mde:.3g} at {POWER:.0%} power)"
+        return NONE, "no change detected (this design cannot detect any change its accuracy allows)", nan
+    return NONE, f"no change detected (this design detects ≥ {mde:.3g} at {POWER:.0%} power)", mde
 
 
 def _f(x: float) -> str:
