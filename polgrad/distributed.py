@@ -78,6 +78,7 @@ it, so nothing is compiled, nothing is cached outside the repo and nothing of De
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
@@ -162,6 +163,10 @@ def setup(seed: int | None = None) -> DistInfo:
         backend = "nccl" if cuda else "gloo"
         if launched:
             tdist.init_process_group(backend)  # env:// from the launcher
+            # Destroyed before the interpreter tears down: a gloo group left to finalization can
+            # abort the process (SIGABRT, "terminate called without an active exception") when its
+            # worker threads outlive the interpreter (pytorch/pytorch#190489), failing a finished run.
+            atexit.register(_destroy_group)
         else:
             tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
 
@@ -192,6 +197,14 @@ def setup(seed: int | None = None) -> DistInfo:
         torch.manual_seed(seed)  # also seeds every CUDA device
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     return DistInfo(tdist.get_rank(), tdist.get_world_size(), local_rank, device)
+
+
+def _destroy_group() -> None:
+    """At exit: destroy the launcher's process group if it is still up (idempotent)."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
 
 
 @contextlib.contextmanager

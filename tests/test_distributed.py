@@ -425,3 +425,26 @@ def test_world_size_2_matches_world_size_1(tmp_path):
             for res in results:
                 for n, (full, local) in res["numel"].items():
                     assert local == math.ceil(full / 2) < full, n
+
+
+def test_a_launched_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
+    """Under a launcher (RANK and WORLD_SIZE set) setup registers the group's destruction at exit: a
+    gloo group left to interpreter finalization can abort a finished run (SIGABRT). atexit runs its
+    handlers last-registered first, so a checker registered before setup runs after it and sees the
+    group gone."""
+    from polgrad.sweep.slots import free_port
+
+    script = (
+        "import atexit, sys, torch.distributed as tdist\n"
+        "from polgrad import distributed\n"
+        "atexit.register(lambda: print('up at exit:', tdist.is_initialized(), flush=True))\n"
+        "distributed.setup()\n"
+        "print('up after setup:', tdist.is_initialized(), flush=True)\n"
+    )
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    env["MASTER_PORT"] = str(free_port())
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-2:] == ["up after setup: True", "up at exit: False"], proc.stdout
