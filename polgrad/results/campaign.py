@@ -25,12 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polgrad.errors import DataError
-from polgrad.results.provenance import DIRTY, _git
+from polgrad.results.provenance import DIRTY, TUNING, _git
 from polgrad.results.record import FINISHED
 from polgrad.results.store import WARM_START, read_rows
 
 MIN_SEEDS = 10
-TUNING = "_tuning"
 # CSVs an analysis writes beside a sweep's CSV (python -m polgrad.sweep.overoptimization), some without
 # a git_commit column: <sweep><suffix>.csv
 ANALYSIS = ("_best_of_n", "_points")

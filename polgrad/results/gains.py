@@ -67,11 +67,10 @@ def section(
         if r.get("status") != "ok":
             not_ok[key] = not_ok.get(key, 0) + 1
             continue
+        runs = pairs.setdefault(key, {})  # a configuration with ok runs has a row, paired or not
         s, e = _value(r, START), _value(r, END)
         if math.isfinite(s) and math.isfinite(e):
-            pairs.setdefault(key, {})[str(r.get("seed", ""))] = (s, e)
-        else:
-            pairs.setdefault(key, {})
+            runs[str(r.get("seed", ""))] = (s, e)
     if not any(pairs.values()):
         return [], [], ""
     same = twins(rows, group_columns)

@@ -35,7 +35,8 @@ from polgrad.machine import cpu_label
 
 DIRTY = "-dirty"
 # The stages of an experiment whose outputs sit beside its own: results/<experiment><stage>.csv, ...
-STAGES = ("", "_tuning")
+TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X
+STAGES = ("", TUNING)
 # The files a sweep writes per stage, beside the folder results/<experiment><stage>/.
 OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
 # ... and the over-optimisation analysis's (python -m polgrad.sweep.overoptimization)

@@ -16,7 +16,7 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
-from polgrad.results.provenance import STAGES, portable_command, repo_root
+from polgrad.results.provenance import TUNING, portable_command, repo_root
 from polgrad.results.replication import SUFFIX as REPLICATION_SUFFIX
 from polgrad.results.replication import section as replication_section
 from polgrad.results.stats import format_mean_ci, mean_ci
@@ -383,9 +383,6 @@ def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: se
         if c not in (unread or ()):
             parts.append(f"{c.split('/')[-1]}={group[c]}")
     return " · ".join(parts)
-
-
-TUNING = STAGES[1]  # X_tuning: a tuning stage's experiment
 
 
 def _portable(command: str, results_dir: str | os.PathLike) -> str:
