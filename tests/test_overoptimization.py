@@ -82,6 +82,21 @@ def test_the_paired_peak_difference():
     assert oo.peak_difference(shifted, early, init, init, bootstrap=20)[0] != pytest.approx(2.0, abs=1e-3)
 
 
+def test_shape_names_where_a_fit_stops_rising():
+    """The words behind a "rises monotonically" verdict. y = d (alpha - beta d) has y' = alpha - 2 beta d:
+    alpha = -0.4, beta = -1.6 (convex) falls to alpha^2 / (4 beta) = 0.16 / -6.4 = -0.025 at
+    d = alpha / (2 beta) = 0.125, then rises; alpha = 0.2, beta = 0.1 peaks at d = 1; alpha = 1,
+    beta = -1 rises from d = 0; alpha = -1, beta = 1 never rises."""
+    low = oo.shape(-0.4, -1.6, 0.3, 5.0)
+    assert "first falls (alpha -0.4 <= 0) to -0.025 at d = 0.125, below the smallest d measured (0.3)" in low
+    assert "inside the measured range (smallest d 0.1)" in oo.shape(-0.4, -1.6, 0.1, 5.0)
+    assert "to its peak at d = 1, inside the data" in oo.shape(0.2, 0.1, 0.3, 5.0)
+    assert "over the whole measured range" in oo.shape(0.2, 0.1, 0.3, 0.9)  # the peak lies beyond d max
+    assert "over the whole measured range" in oo.shape(1.0, -1.0, 0.3, 5.0)
+    assert "never rises" in oo.shape(-1.0, 1.0, 0.3, 5.0)
+    assert oo.shape(math.nan, 1.0, 0.3, 5.0) == "the fit is undetermined"
+
+
 def test_spearman():
     assert oo.spearman([1, 2, 3, 4], [10, 20, 25, 40]) == pytest.approx(1.0)
     assert math.isnan(oo.spearman([1, 2], [1, 2]))
@@ -166,6 +181,8 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
     # each configuration's proxy minus its own start (1.1 single, -2.9 ensemble): both rise as d - 0.1;
     # the single model's start under the ensemble would make it d - 4.1, which does not rise
     assert md.count("proxy rises monotonically with KL — holds") == 2
+    # the proxy, d - 0.1 after its start, fits a curve rising over the data: the verdict says why
+    assert md.count("the fit rises from d = 0 over the whole measured range (alpha ") == 2
     assert md.count("the fitted peak and its 95% CI lie inside (0, d max)") == 2
     assert "the ensemble's gold peaks at a larger KL — supported (d* difference 2," in md
     # best-of-4: the sampled KL 0.318 (half the bound log 4 - 3/4 = 0.636), d = sqrt(0.318) = 0.564

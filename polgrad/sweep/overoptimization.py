@@ -348,8 +348,9 @@ def _markdown(
         lines.append(
             f"- **{f}**: proxy rises monotonically with KL — "
             + ("holds" if proxy_ok else "does not hold")
-            + f" (proxy fit peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; "
-            f"Spearman rho(d, proxy) {_f(rho)})."
+            + " (the declared test: the fit rises from d = 0, alpha > 0, with no peak inside the data; "
+            f"{oo.shape(pf.alpha, pf.beta, min(p['d'] for p in by_family[f]), pf.d_max)}; "
+            f"proxy fit peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; Spearman rho(d, proxy) {_f(rho)})."
             + " Gold peaks at an intermediate KL — "
             + (
                 "supported: the fitted peak and its 95% CI lie inside (0, d max)"
