@@ -88,8 +88,10 @@ def test_shape_names_where_a_fit_stops_rising():
     d = alpha / (2 beta) = 0.125, then rises; alpha = 0.2, beta = 0.1 peaks at d = 1; alpha = 1,
     beta = -1 rises from d = 0; alpha = -1, beta = 1 never rises."""
     low = oo.shape(-0.4, -1.6, 0.3, 5.0)
-    assert "first falls (alpha -0.4 <= 0) to -0.025 at d = 0.125, below the smallest d measured (0.3)" in low
-    assert "inside the measured range (smallest d 0.1)" in oo.shape(-0.4, -1.6, 0.1, 5.0)
+    assert (
+        "first falls (alpha -0.4 <= 0) to -0.025 at d = 0.125, below the smallest d > 0 measured (0.3)" in low
+    )
+    assert "inside the measured range (smallest d > 0: 0.1)" in oo.shape(-0.4, -1.6, 0.1, 5.0)
     assert "to its peak at d = 1, inside the data" in oo.shape(0.2, 0.1, 0.3, 5.0)
     assert "over the whole measured range" in oo.shape(0.2, 0.1, 0.3, 0.9)  # the peak lies beyond d max
     assert "over the whole measured range" in oo.shape(1.0, -1.0, 0.3, 5.0)

@@ -91,9 +91,10 @@ def peak(alpha: float, beta: float) -> float:
 
 def shape(alpha: float, beta: float, d_min: float, d_max: float) -> str:
     """In words, how the fitted y = d (alpha - beta d) moves over d >= 0 and where that sits against the
-    measured range [d_min, d_max]: a verdict of "rises monotonically" (alpha > 0 and no peak inside the
-    data) names what failed. y' = alpha - 2 beta d, so with beta < 0 (convex) a fit with alpha < 0 first
-    falls to its minimum alpha^2 / (4 beta) (negative) at d = alpha / (2 beta) > 0, then rises."""
+    measured range [d_min, d_max], d_min the smallest d > 0 (a run's first step is at d = 0): a verdict
+    of "rises monotonically" (alpha > 0 and no peak inside the data) names what failed.
+    y' = alpha - 2 beta d, so with beta < 0 (convex) a fit with alpha < 0 first falls to its minimum
+    alpha^2 / (4 beta) (negative) at d = alpha / (2 beta) > 0, then rises."""
     if math.isnan(alpha) or math.isnan(beta):
         return "the fit is undetermined"
     if alpha > 0 or (alpha == 0 and beta < 0):
@@ -104,9 +105,9 @@ def shape(alpha: float, beta: float, d_min: float, d_max: float) -> str:
     if beta < 0:
         low = alpha / (2.0 * beta)
         where = (
-            f"below the smallest d measured ({d_min:.3g}), so over the measured range it rises"
+            f"below the smallest d > 0 measured ({d_min:.3g}), where no point lies, so from there on it rises"
             if low < d_min
-            else f"inside the measured range (smallest d {d_min:.3g})"
+            else f"inside the measured range (smallest d > 0: {d_min:.3g})"
         )
         return (
             f"the fit first falls (alpha {alpha:.3g} <= 0) to {alpha * alpha / (4.0 * beta):.3g} at "

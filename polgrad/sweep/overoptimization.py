@@ -345,11 +345,12 @@ def _markdown(
             [p["d"] for p in by_family[f]], [p["proxy"] - starts[f][p["seed"]]["proxy"] for p in by_family[f]]
         )
         proxy_ok = pf.alpha > 0 and not pf.interior  # rises at first, and no peak inside the data
+        d_min = min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan)
         lines.append(
             f"- **{f}**: proxy rises monotonically with KL — "
             + ("holds" if proxy_ok else "does not hold")
             + " (the declared test: the fit rises from d = 0, alpha > 0, with no peak inside the data; "
-            f"{oo.shape(pf.alpha, pf.beta, min(p['d'] for p in by_family[f]), pf.d_max)}; "
+            f"{oo.shape(pf.alpha, pf.beta, d_min, pf.d_max)}; "
             f"proxy fit peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; Spearman rho(d, proxy) {_f(rho)})."
             + " Gold peaks at an intermediate KL — "
             + (
