@@ -285,3 +285,54 @@ def test_the_points_of_a_run_start_at_its_first_step(tmp_path):
     # steps 1-5: kl (0 + 0.2 + 0.3 + 0.4 + 0.5) / 5 = 0.28, proxy mean 3
     assert pts[1]["kl"] == pytest.approx(0.28, abs=1e-12) and pts[1]["proxy"] == 3.0
     assert (tmp_path / "oo_points.csv").read_text().count("\n") == 4  # header + 3 points
+
+
+def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
+    """Ten seeds: the md's last sentence gives each declared prediction's verdict per family. The gold of
+    the single reward model peaks at d* = 0.2 / (2 * 0.1) = 1 and the ensemble's at 0.6 / 0.2 = 3, inside
+    d max = 5 (noiseless, so every resample's d* is the same and the CI is [1, 1] or [3, 3]); the ensemble's
+    peak is 2 later; the proxy rises as d - 0.1 (single) and as -0.2 d + 0.1 d^2 (the ensemble: the fit
+    alpha = -0.2, beta = -0.1 falls first, to -0.1 at d = 1, inside the data)."""
+    from types import SimpleNamespace
+
+    from polgrad.sweep.overoptimization import report
+
+    exp = SimpleNamespace(name="oo", question="q?", swept_columns=["train.rm_ensemble"])
+    points, rows, bon = [], [], []
+    for seed in range(10):
+        for ens, alpha in (("1", 0.2), ("4", 0.6)):
+            cell = f"ppo-{ens}-s{seed}"
+            rows.append({"cell_id": cell, "seed": seed, "status": "ok", "git_commit": "abc1234"})
+            for i, d in enumerate((0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0)):
+                proxy = d - 0.1 if ens == "1" else -0.2 * d + 0.1 * d * d
+                points.append(
+                    {
+                        "cell_id": cell,
+                        "spec": "ppo",
+                        "seed": seed,
+                        "train.rm_ensemble": ens,
+                        "step": 5 * i,
+                        "kl": d * d,
+                        "d": d,
+                        "proxy": proxy,
+                        "gold": d * (alpha - 0.1 * d),
+                    }
+                )
+            bon.append({"seed": seed, "train.rm_ensemble": ens, "n": 1, "kl": 0, "sqrt_kl": 0, "kl_bound": 0,
+                        "proxy": 0.0, "gold": 0.0, "git_commit": "abc1234"})  # fmt: skip
+    _write(tmp_path / "oo.csv", rows)
+    _write(tmp_path / "oo_points.csv", points)
+    _write(tmp_path / "oo_best_of_n.csv", bon)
+    md = report(exp, tmp_path, bootstrap=20).read_text()
+    (answer,) = (ln for ln in md.splitlines() if ln.startswith("**Answer.**"))
+    assert (
+        "The gold peaks at an intermediate KL: supported for ppo · rm_ensemble 1 (d* 1, CI [1, 1]), "
+        "ppo · rm_ensemble 4 (d* 3, CI [3, 3])." in answer
+    )
+    assert "moves the peak to a larger KL (d* difference, 95% CI): supported for ppo (2 [2, 2])." in answer
+    assert (
+        "by the declared test: holds for ppo · rm_ensemble 1; does not hold for ppo · rm_ensemble 4."
+        in answer
+    )
+    assert "first falls (alpha -0.2 <= 0) to -0.1 at d = 1, inside the measured range" in md
+    assert "is not answered here: each fit pools its family's KL controls" in answer

@@ -327,3 +327,27 @@ def test_world_size_and_zero_stage_columns_and_a_csv_from_before_them(tmp_path):
     md = results.markdown("e", mixed, swept_columns=["Algorithm.kl"], primary_metric="eval_accuracy")
     line = next(ln.split(" | ") for ln in md.splitlines() if ln.startswith("| 1 "))
     assert line[col : col + 2] == ["1, 2", "0, 3"]
+
+
+def test_the_md_quotes_the_answer_of_the_experiments_own_analysis(tmp_path):
+    """An analysis md beside the sweep's (e.g. overoptimization_gao.md) with an Answer: the sweep's md keeps
+    its own Answer as its last line and quotes the analysis's after it; a tuning stage's, a replication's
+    and an md without an Answer are not analyses of these runs."""
+    from polgrad.results.report import companions
+
+    (tmp_path / "kl_gao.md").write_text("# gao\n\n**Answer.** The gold peaks at d = 1.\n\n![x](x.png)\n")
+    (tmp_path / "kl_tuning.md").write_text("- **Answer.** lr 1e-4.\n")
+    (tmp_path / "kl_replication.md").write_text("- **Answer.** As a replication of kl: holds.\n")
+    (tmp_path / "kl_notes.md").write_text("no answer here\n")
+    found = companions("kl", tmp_path)
+    assert found == [("kl_gao.md", "The gold peaks at d = 1.")]
+    md = results.markdown(
+        "kl", _rows(), swept_columns=["Algorithm.kl"], primary_metric="eval_accuracy", companions=found
+    )
+    (last,) = (ln for ln in md.splitlines() if ln.startswith("- **Answer.** "))  # the findings' last line
+    assert last.endswith(
+        " By its own declared method, [kl_gao.md](kl_gao.md) answers: The gold peaks at d = 1."
+    )
+    plain = results.markdown("kl", _rows(), swept_columns=["Algorithm.kl"], primary_metric="eval_accuracy")
+    (own,) = (ln for ln in plain.splitlines() if ln.startswith("- **Answer.** "))
+    assert last.startswith(own) and last != own  # its own answer first, unchanged

@@ -147,6 +147,7 @@ def markdown(
     tuning: dict[str, Any] | None = None,
     budget: str = "",
     replication: Sequence[str] = (),
+    companions: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     design of warm starts (polgrad.results.warm_starts), one line per
@@ -154,7 +155,8 @@ def markdown(
     group's Table-5 columns (read
     from the rows' table5_* columns, "n/a" where they have none), the paired comparisons with the
     leader and with the `baseline` (column -> value text) and the findings they support
-    (polgrad.results.findings), and the failed cells."""
+    (polgrad.results.findings), and the failed cells. `companions` ((md file name, its Answer)) are the
+    experiment's own analyses of the same runs; the Answer quotes theirs after its own."""
     group_columns = ["spec", *swept_columns]
     board = leaderboard(rows, group_columns, primary_metric, higher_is_better)
     unread = unread_columns(rows, group_columns)
@@ -208,6 +210,8 @@ def markdown(
                 f"- **Answer.** As a replication of {experiment.removesuffix(REPLICATION_SUFFIX)}: "
                 f"{replication[-1]} This run alone: {answer}"
             )
+    for name, answer in companions:  # the answer stays the last line of the findings
+        stats_lines[-1] += f" By its own declared method, [{name}]({name}) answers: {answer}"
     lines += stats_lines
     lines += _cell_lists(rows)
     return "\n".join(lines) + "\n"
@@ -401,6 +405,24 @@ def experiment_meta(experiment: str, results_dir: str | os.PathLike = "results")
     return json.loads(path.read_text())
 
 
+def companions(experiment: str, results_dir: str | os.PathLike = "results") -> list[tuple[str, str]]:
+    """(file name, its Answer sentence) of each analysis md of `experiment` beside its own in `results_dir`
+    (e.g. overoptimization_gao.md, written by polgrad.sweep.overoptimization from the same runs): a
+    `<experiment>_*.md` with a line starting "**Answer.**" that is not a tuning stage or a replication."""
+    found = []
+    for md in sorted(Path(results_dir).glob(f"{experiment}_*.md")):
+        if md.stem.endswith((TUNING, REPLICATION_SUFFIX)):
+            continue
+        answers = [
+            line.strip().removeprefix("- ").removeprefix("**Answer.** ")
+            for line in md.read_text().splitlines()
+            if line.strip().removeprefix("- ").startswith("**Answer.**")
+        ]
+        if answers:
+            found.append((md.name, answers[-1]))
+    return found
+
+
 def write_report(experiment: str, results_dir: str | os.PathLike = "results") -> tuple[Path, Path]:
     """Write results_dir/<experiment>.md, .png (forest plot) and _curves.png (learning curves) from the
     CSV, the sweep's experiment.json and the run folders; return the md's and the forest plot's paths."""
@@ -428,6 +450,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         tuning=meta.get("tuning"),
         budget=(meta.get("budget") or {}).get("text") or NO_BUDGET,
         replication=replication_section(experiment, results_dir),
+        companions=companions(experiment, results_dir),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)
