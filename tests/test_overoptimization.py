@@ -99,6 +99,15 @@ def test_shape_names_where_a_fit_stops_rising():
     assert oo.shape(math.nan, 1.0, 0.3, 5.0) == "the fit is undetermined"
 
 
+def test_the_free_intercept_fit_recovers_an_offset_curve():
+    """y = 0.1 + 0.2 d - 0.1 d^2 (noiseless): (c, alpha, beta) = (0.1, 0.2, 0.1) to float rounding of a
+    3-column least squares on 6 points (1e-12), its maximiser 0.2 / 0.2 = 1; fewer than 3 distinct d: nan."""
+    d = [0.0, 0.5, 1.0, 2.0, 3.0, 4.0]
+    c, a, b = oo.fit_with_intercept(d, [0.1 + 0.2 * x - 0.1 * x * x for x in d])
+    assert (c, a, b) == pytest.approx((0.1, 0.2, 0.1), abs=1e-12) and oo.peak(a, b) == pytest.approx(1.0)
+    assert all(math.isnan(v) for v in oo.fit_with_intercept([0.0, 1.0, 1.0], [0.0, 1.0, 2.0]))
+
+
 def test_spearman():
     assert oo.spearman([1, 2, 3, 4], [10, 20, 25, 40]) == pytest.approx(1.0)
     assert math.isnan(oo.spearman([1, 2], [1, 2]))
@@ -138,7 +147,8 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
                         "cell_id": cell,
                         "seed": seed,
                         "status": "ok",
-                        "rm_heldout_accuracy": 0.9,
+                        "train.rm_ensemble": ens,
+                        "rm_heldout_accuracy": 0.9 if ens == "1" else 0.95 + 0.01 * seed,
                         "git_commit": "abc1234",
                         "cpu": "AMD EPYC · AVX512",
                     }
@@ -182,7 +192,9 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
     assert "| ppo · rm_ensemble 4 | 2 | 18 | 0.6 | 0.1 | 3 | 9 | [3, 3] | 5 | yes |" in md
     # each configuration's proxy minus its own start (1.1 single, -2.9 ensemble): both rise as d - 0.1;
     # the single model's start under the ensemble would make it d - 4.1, which does not rise
-    assert md.count("proxy rises monotonically with KL — holds") == 2
+    assert md.count("proxy rises monotonically with KL — as the gin words the test") == 2
+    assert md.count("no peak inside the measured range): holds; as the report code also requires") == 2
+    assert md.count("(the fit rising from d = 0, alpha > 0): holds (") == 2
     # the proxy, d - 0.1 after its start, fits a curve rising over the data: the verdict says why
     assert md.count("the fit rises from d = 0 over the whole measured range (alpha ") == 2
     assert md.count("the fitted peak and its 95% CI lie inside (0, d max)") == 2
@@ -191,7 +203,9 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
     assert "| rm_ensemble 1 | 4 | 0.318 | 0.636 | 0.564 | 0.3 | 0.05 |" in md
     assert "| rm_ensemble 4 | 4 | 0.318 | 0.636 | 0.564 | 0.3 | 0.05 |" in md
     assert "the start used here: best-of-1 (" in md
-    assert "seed 0 0.900, seed 1 0.900" in md and "commits abc1234" in md
+    # each reward-model configuration's accuracy apart: the ensemble's members are not the single model
+    assert "rm_ensemble 1: seed 0 0.900, seed 1 0.900 (mean 0.900); rm_ensemble 4: seed 0 0.950, " in md
+    assert "seed 1 0.960 (mean 0.955)" in md and "commits abc1234" in md
     assert "**Answer.** These 2 seeds cannot answer the question" in md  # a 2-seed design says so
     # a run whose gold ends below its start while its proxy rose is named: the single reward model's
     # unpenalised runs end at d = 5, gold = start + 5 (0.2 - 0.5) = start - 1.5; proxy 1.1 -> 6
@@ -291,8 +305,10 @@ def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
     """Ten seeds: the md's last sentence gives each declared prediction's verdict per family. The gold of
     the single reward model peaks at d* = 0.2 / (2 * 0.1) = 1 and the ensemble's at 0.6 / 0.2 = 3, inside
     d max = 5 (noiseless, so every resample's d* is the same and the CI is [1, 1] or [3, 3]); the ensemble's
-    peak is 2 later; the proxy rises as d - 0.1 (single) and as -0.2 d + 0.1 d^2 (the ensemble: the fit
-    alpha = -0.2, beta = -0.1 falls first, to -0.1 at d = 1, inside the data)."""
+    peak is 2 later; the proxy rises as d - 0.1 (single) and as -0.05 d + 0.1 d^2 (the ensemble: the fit
+    alpha = -0.05, beta = -0.1 falls first, to 0.0025 / -0.4 = -0.00625 at d = 0.05 / 0.2 = 0.25, between
+    the first step's d = 0 and the first trained point, d = 0.5). Its fit has no peak inside the data,
+    so it holds as the gin words P1 and not by the report code's stricter test."""
     from types import SimpleNamespace
 
     from polgrad.sweep.overoptimization import report
@@ -304,7 +320,7 @@ def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
             cell = f"ppo-{ens}-s{seed}"
             rows.append({"cell_id": cell, "seed": seed, "status": "ok", "git_commit": "abc1234"})
             for i, d in enumerate((0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0)):
-                proxy = d - 0.1 if ens == "1" else -0.2 * d + 0.1 * d * d
+                proxy = d - 0.1 if ens == "1" else -0.05 * d + 0.1 * d * d
                 points.append(
                     {
                         "cell_id": cell,
@@ -330,9 +346,56 @@ def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
         "ppo · rm_ensemble 4 (d* 3, CI [3, 3])." in answer
     )
     assert "moves the peak to a larger KL (d* difference, 95% CI): supported for ppo (2 [2, 2])." in answer
-    assert (
-        "by the declared test: holds for ppo · rm_ensemble 1; does not hold for ppo · rm_ensemble 4."
-        in answer
-    )
-    assert "first falls (alpha -0.2 <= 0) to -0.1 at d = 1, inside the measured range" in md
+    gin = "(the gin's test of a proxy rising with KL): holds for ppo · rm_ensemble 1, ppo · rm_ensemble 4;"
+    assert gin in answer
+    strict = "(the report code's stricter test): holds for ppo · rm_ensemble 1; does not hold for ppo · "
+    strict += "rm_ensemble 4."
+    assert strict in answer
+    dip = "first falls (alpha -0.05 <= 0) to -0.00625 at d = 0.25, below the smallest d > 0 measured (0.5)"
+    assert dip in md
     assert "is not answered here: each fit pools its family's KL controls" in answer
+    # the post-hoc free-intercept fit finds the same peaks on curves through the start
+    section = md.split("## Sensitivity, added after the data (not declared)")[1].split(
+        "## Per configuration"
+    )[0]
+    rows = {ln.split(" | ")[0]: ln.split(" | ")[3:] for ln in section.splitlines() if ln.startswith("| ppo")}
+    assert rows["| ppo · rm_ensemble 1"] == ["0.2", "0.1", "1", "yes |"]  # alpha, beta, maximiser (c ~ 1e-16)
+    assert rows["| ppo · rm_ensemble 4"] == ["0.6", "0.1", "3", "yes |"]
+
+
+def test_the_answer_groups_every_verdict_word():
+    """oo.answer groups each claim's families by verdict, whatever the words, and says 'not tested' for a
+    claim without verdicts (no ensemble family to compare)."""
+    text = oo.answer(
+        {
+            "gold": ["supported: a (d* 1)", "not established: b (d* 2)", "not seen: c (d* inf)"],
+            "proxy_gin": ["holds: a", "undetermined: b"],
+            "proxy": ["does not hold: a", "undetermined: b"],
+        }
+    )
+    assert (
+        "The gold peaks at an intermediate KL: supported for a (d* 1); not established for b (d* 2); " in text
+    )
+    assert "not seen for c (d* inf)." in text
+    assert "(d* difference, 95% CI): not tested." in text
+    assert "KL): holds for a; undetermined for b;" in text
+    assert "test): does not hold for a; undetermined for b." in text
+
+
+def test_the_analysis_rewrites_the_sweeps_md_when_the_sweep_has_one(tmp_path, monkeypatch):
+    """python -m polgrad.sweep.overoptimization --report-only: after its own md it rewrites the sweep's
+    (which quotes its answer), and only where the sweep's experiment.json exists."""
+    from types import SimpleNamespace
+
+    import polgrad.sweep.overoptimization as cli
+
+    calls = []
+    monkeypatch.setattr(cli, "load_experiment", lambda path: SimpleNamespace(name="oo"))
+    monkeypatch.setattr(cli, "report", lambda exp, results_dir, bootstrap: results_dir / "oo_gao.md")
+    monkeypatch.setattr(cli, "write_report", lambda name, results_dir: calls.append((name, results_dir)))
+    assert cli.main(["x.gin", "--results", str(tmp_path), "--report-only"]) == 0
+    assert calls == []  # no sweep md to rewrite
+    (tmp_path / "oo").mkdir()
+    (tmp_path / "oo" / "experiment.json").write_text("{}")
+    assert cli.main(["x.gin", "--results", str(tmp_path), "--report-only"]) == 0
+    assert calls == [("oo", tmp_path)]

@@ -331,14 +331,23 @@ def test_world_size_and_zero_stage_columns_and_a_csv_from_before_them(tmp_path):
 
 def test_the_md_quotes_the_answer_of_the_experiments_own_analysis(tmp_path):
     """An analysis md beside the sweep's (e.g. overoptimization_gao.md) with an Answer: the sweep's md keeps
-    its own Answer as its last line and quotes the analysis's after it; a tuning stage's, a replication's
-    and an md without an Answer are not analyses of these runs."""
+    its own Answer as its last line and quotes the analysis's after it; a tuning stage's, a replication's,
+    a pilot's, another experiment's whose name starts with this one's and an md without an Answer are not
+    analyses of these runs."""
     from polgrad.results.report import companions
 
     (tmp_path / "kl_gao.md").write_text("# gao\n\n**Answer.** The gold peaks at d = 1.\n\n![x](x.png)\n")
     (tmp_path / "kl_tuning.md").write_text("- **Answer.** lr 1e-4.\n")
     (tmp_path / "kl_replication.md").write_text("- **Answer.** As a replication of kl: holds.\n")
     (tmp_path / "kl_notes.md").write_text("no answer here\n")
+    for other in (
+        "kl_pilot_gao",
+        "kl_replication_gao",
+        "kl_ablation_gao",
+        "kl_pilot",
+    ):  # other runs' analyses
+        (tmp_path / f"{other}.md").write_text("**Answer.** not these runs.\n")
+    assert companions("kl_ablation", tmp_path) == [("kl_ablation_gao.md", "not these runs.")]
     found = companions("kl", tmp_path)
     assert found == [("kl_gao.md", "The gold peaks at d = 1.")]
     md = results.markdown(

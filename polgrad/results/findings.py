@@ -448,9 +448,14 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
             f"failed ({names}; see {health.HEADING[3:]}), so their differences compare failures: runs that "
             "do not collapse would answer it, more seeds of these runs would only count the collapses."
         )
+    which = "the configurations" if len(failed) > 1 else "the configuration"
     tail = (
-        f", and for {'the configurations' if len(failed) > 1 else 'the configuration'} whose runs failed "
-        f"({names}) it answers nothing until runs that do not collapse are compared"
+        (  # a verdict stands, but on those runs as they ran, collapses included
+            f"; its verdicts on {which} whose runs failed ({names}) describe those runs, collapses included"
+            if judged
+            else f", and for {which} whose runs failed ({names}) it answers nothing until runs that do not "
+            "collapse are compared"
+        )
         if failed
         else ""
     )

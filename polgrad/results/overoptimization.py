@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+SUFFIX = "_gao"  # results/<experiment>_gao.md and .png: this analysis of the experiment's runs
 WINDOW = 5  # steps per point: 60-step runs give 12 points each
 BOOTSTRAP = 2000  # resamples of the seeds
 LEVEL = 0.95
@@ -74,6 +75,23 @@ def fit_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     design = np.stack([d_arr, -(d_arr**2)], axis=1)
     (alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
     return float(alpha), float(beta)
+
+
+def fit_with_intercept(d: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
+    """(c, alpha, beta) of y = c + alpha d - beta d^2 by least squares: the declared fit (fit_curve) without
+    its pass through the start, a sensitivity check of where the peak lies when the points at d = 0 (a
+    run's first step) sit off the start; (nan, nan, nan) with fewer than 3 distinct d. Its maximiser over
+    d >= 0 is peak(alpha, beta), as for the declared fit."""
+    d_arr, y_arr = np.asarray(d, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if d_arr.shape != y_arr.shape or d_arr.ndim != 1:
+        raise ValueError(
+            f"fit_with_intercept: d and y must be 1-d of one length, got {d_arr.shape}, {y_arr.shape}"
+        )
+    if len(np.unique(d_arr)) < 3:
+        return math.nan, math.nan, math.nan
+    design = np.stack([np.ones_like(d_arr), d_arr, -(d_arr**2)], axis=1)
+    (c, alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
+    return float(c), float(alpha), float(beta)
 
 
 def peak(alpha: float, beta: float) -> float:
@@ -283,3 +301,25 @@ def draw(
     )
     fig.suptitle(title, fontsize=10)
     save_png(fig, path)
+
+
+def answer(verdicts: Mapping[str, Sequence[str]]) -> str:
+    """The md's last sentence, from the declared predictions' verdicts ("verdict: family (numbers)" per
+    claim): each claim's families grouped by verdict. The fits pool a family's KL controls, so the
+    answer says that how a KL penalty or controller moves the peak is not what they test."""
+
+    def grouped(claim: str) -> str:
+        by: dict[str, list[str]] = {}
+        for v in verdicts.get(claim, ()):
+            word, _, what = v.partition(": ")
+            by.setdefault(word, []).append(what)
+        return "; ".join(f"{word} for {', '.join(whats)}" for word, whats in by.items()) or "not tested"
+
+    return (
+        f"**Answer.** The gold peaks at an intermediate KL: {grouped('gold')}. A reward-model ensemble "
+        f"moves the peak to a larger KL (d* difference, 95% CI): {grouped('ensemble')}. The proxy's fit "
+        f"has no peak inside the data (the gin's test of a proxy rising with KL): {grouped('proxy_gin')}; "
+        f"it also rises from d = 0 (the report code's stricter test): {grouped('proxy')}. Whether a KL "
+        "penalty or the target-KL controller moves the peak is not answered here: each fit pools its "
+        "family's KL controls (the sweep's leaderboard tests how the KL coefficient changes the final KL)."
+    )

@@ -16,6 +16,7 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
+from polgrad.results.overoptimization import SUFFIX as GAO_SUFFIX
 from polgrad.results.provenance import TUNING, portable_command, repo_root
 from polgrad.results.replication import SUFFIX as REPLICATION_SUFFIX
 from polgrad.results.replication import section as replication_section
@@ -389,6 +390,10 @@ def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: se
     return " · ".join(parts)
 
 
+# The analyses of an experiment's own runs whose answers its md quotes (see companions)
+ANALYSES = (GAO_SUFFIX,)
+
+
 def _portable(command: str, results_dir: str | os.PathLike) -> str:
     """A recorded command without a machine's folders (a record written before the sweep did this),
     paths inside the checkout that holds `results_dir` relative to it."""
@@ -406,12 +411,15 @@ def experiment_meta(experiment: str, results_dir: str | os.PathLike = "results")
 
 
 def companions(experiment: str, results_dir: str | os.PathLike = "results") -> list[tuple[str, str]]:
-    """(file name, its Answer sentence) of each analysis md of `experiment` beside its own in `results_dir`
-    (e.g. overoptimization_gao.md, written by polgrad.sweep.overoptimization from the same runs): a
-    `<experiment>_*.md` with a line starting "**Answer.**" that is not a tuning stage or a replication."""
+    """(file name, its Answer sentence) of each analysis md of `experiment`'s own runs beside its md in
+    `results_dir`: <experiment><suffix>.md for each suffix of ANALYSES (overoptimization_gao.md, written by
+    polgrad.sweep.overoptimization from the same CSV) that has a line starting "**Answer.**". By exact
+    name, so a pilot's (X_pilot_gao.md), a replication's or another experiment's with a longer name is
+    never quoted."""
     found = []
-    for md in sorted(Path(results_dir).glob(f"{experiment}_*.md")):
-        if md.stem.endswith((TUNING, REPLICATION_SUFFIX)):
+    for suffix in ANALYSES:
+        md = Path(results_dir) / f"{experiment}{suffix}.md"
+        if not md.is_file():
             continue
         answers = [
             line.strip().removeprefix("- ").removeprefix("**Answer.** ")
