@@ -358,9 +358,10 @@ def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
     section = md.split("## Sensitivity, added after the data (not declared)")[1].split(
         "## Per configuration"
     )[0]
-    rows = {ln.split(" | ")[0]: ln.split(" | ")[3:] for ln in section.splitlines() if ln.startswith("| ppo")}
-    assert rows["| ppo · rm_ensemble 1"] == ["0.2", "0.1", "1", "yes |"]  # alpha, beta, maximiser (c ~ 1e-16)
-    assert rows["| ppo · rm_ensemble 4"] == ["0.6", "0.1", "3", "yes |"]
+    rows = {ln.split(" | ")[0]: ln.split(" | ")[1:] for ln in section.splitlines() if ln.startswith("| ppo")}
+    # first step (gold 0 at d = 0: the start), c ~ 1e-16, alpha, beta, maximiser, among the points
+    assert [rows["| ppo · rm_ensemble 1"][i] for i in (0, 2, 3, 4, 5)] == ["0", "0.2", "0.1", "1", "yes |"]
+    assert [rows["| ppo · rm_ensemble 4"][i] for i in (0, 2, 3, 4, 5)] == ["0", "0.6", "0.1", "3", "yes |"]
 
 
 def test_the_answer_groups_every_verdict_word():
@@ -399,3 +400,37 @@ def test_the_analysis_rewrites_the_sweeps_md_when_the_sweep_has_one(tmp_path, mo
     (tmp_path / "oo" / "experiment.json").write_text("{}")
     assert cli.main(["x.gin", "--results", str(tmp_path), "--report-only"]) == 0
     assert calls == [("oo", tmp_path)]
+
+
+def test_the_sensitivity_fit_places_a_maximum_before_the_first_trained_point_outside_the_points(tmp_path):
+    """Gold = 0.05 + 0.04 d - 0.1 d^2 at every point, the first step (d = 0) included, against a start
+    of 0 (best-of-1): the free-intercept fit recovers it and its maximiser 0.04 / 0.2 = 0.2 lies below the
+    first trained point (d = 0.5), so not among the points; the first step sits 0.05 above the start."""
+    from types import SimpleNamespace
+
+    from polgrad.sweep.overoptimization import report
+
+    exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
+    points = [
+        {
+            "cell_id": f"c{s}",
+            "spec": "grpo",
+            "seed": s,
+            "Algorithm.kl_coef": "0.1",
+            "step": 5 * i,
+            "kl": d * d,
+            "d": d,
+            "proxy": d,
+            "gold": 0.05 + 0.04 * d - 0.1 * d * d,
+        }  # fmt: skip
+        for s in (0, 1)
+        for i, d in enumerate((0.0, 0.5, 1.0, 2.0, 3.0))
+    ]
+    bon = [
+        {"seed": s, "n": 1, "kl": 0, "sqrt_kl": 0, "kl_bound": 0, "proxy": 0.0, "gold": 0.0} for s in (0, 1)
+    ]
+    _write(tmp_path / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}])
+    _write(tmp_path / "oo_points.csv", points)
+    _write(tmp_path / "oo_best_of_n.csv", bon)
+    md = report(exp, tmp_path, bootstrap=20).read_text()
+    assert "| grpo | 0.05 | 0.05 | 0.04 | 0.1 | 0.2 | no (smallest d > 0: 0.5) |" in md

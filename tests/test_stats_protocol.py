@@ -301,27 +301,29 @@ def test_collapsed_and_bimodal_runs_are_named_as_failures_not_as_no_difference()
 
 
 def test_an_answer_with_a_verdict_on_failed_runs_does_not_also_say_it_answers_nothing():
-    """A configuration whose runs collapsed (held-out accuracy 0.4 -> 0) and a declared prediction about
-    its kl_exact: the verdict stands on those runs as they ran, so the answer says so rather than that
-    it answers nothing for them; without a prediction it says that comparisons with it answer nothing."""
+    """Two configurations whose runs collapsed (held-out accuracy 0.4 -> 0), and a declared prediction
+    about x's kl_exact: the verdict on x stands on those runs as they ran, so the answer says so for x;
+    for y, which no prediction compares, it answers nothing. Without a prediction: nothing for both."""
     cols = ("eval_accuracy", "eval_accuracy_init", "kl_exact")
     # six seeds: with failed runs the sign-flip test decides too, and its floor 2/2^6 = 0.031 is below α
     base = ([0.45, 0.5, 0.42, 0.48, 0.46, 0.44], [0.4] * 6, [0.30, 0.32, 0.29, 0.31, 0.33, 0.30])
     ok = ([0.46, 0.52, 0.41, 0.5, 0.45, 0.47], [0.4] * 6, [0.31, 0.30, 0.30, 0.32, 0.34, 0.29])
     x = ([0.0] * 6, [0.4] * 6, [0.10, 0.12, 0.09, 0.11, 0.13, 0.10])  # kl_exact lower by ~0.2 at every seed
-    rows = _rows({n: dict(zip(cols, v, strict=True)) for n, v in (("base", base), ("ok", ok), ("x", x))})
+    y = ([0.0] * 6, [0.4] * 6, [0.5] * 6)
+    configs = (("base", base), ("ok", ok), ("x", x), ("y", y))
+    rows = _rows({n: dict(zip(cols, v, strict=True)) for n, v in configs})
     md = _md(rows, predictions=[("x ends nearer its reference", ("grpo", "x"), "kl_exact", "lower", None)])
     answer = md.rstrip().splitlines()[-1]
     assert answer.startswith("- **Answer.** Of 1 predictions, confirmed: 'x ends nearer its reference'")
     assert answer.endswith(
         "; its verdicts on the configuration whose runs failed (grpo · Algorithm.kl=x) describe those runs, "
-        "collapses included."
+        "collapses included, and for the configuration whose runs failed (grpo · Algorithm.kl=y) it answers "
+        "nothing until runs that do not collapse are compared."
     )
-    assert "answers nothing" not in answer
     plain = _md(rows).rstrip().splitlines()[-1]
     assert (
-        ", and for the configuration whose runs failed (grpo · Algorithm.kl=x) it answers nothing until runs "
-        "that do not collapse are compared" in plain
+        ", and for the configurations whose runs failed (grpo · Algorithm.kl=x; grpo · Algorithm.kl=y) it "
+        "answers nothing until runs that do not collapse are compared" in plain
     )
 
 

@@ -342,7 +342,9 @@ def sections(
     if baseline is not None and predictions:
         pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
         lines += pred_lines
-    answer = _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge)
+    answer = _answer(
+        rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge, baseline
+    )
     if not judged and clause:  # what the runs learned, too
         answer = f"{answer.removesuffix('.')}; {clause}."
     findings.append(answer)
@@ -430,9 +432,11 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings, tu
     return lines, judged
 
 
-def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge=0) -> str:
+def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge=0, base=None):
     """One sentence: the question answered, or why not and what would answer it (more seeds; and a
-    tuning grid extended past its edge where `at_edge` configurations chose an edge value)."""
+    tuning grid extended past its edge where `at_edge` configurations chose an edge value). Of the
+    configurations whose runs failed, those a judged prediction compares (its own or the baseline `base`)
+    have verdicts on those runs as they ran; for the others it answers nothing."""
     edge = (
         f" ({at_edge} configuration(s) chose a value at the tuning grid's edge, so a wider grid may change "
         "the tuned values compared)"
@@ -448,17 +452,8 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
             f"failed ({names}; see {health.HEADING[3:]}), so their differences compare failures: runs that "
             "do not collapse would answer it, more seeds of these runs would only count the collapses."
         )
-    which = "the configurations" if len(failed) > 1 else "the configuration"
-    tail = (
-        (  # a verdict stands, but on those runs as they ran, collapses included
-            f"; its verdicts on {which} whose runs failed ({names}) describe those runs, collapses included"
-            if judged
-            else f", and for {which} whose runs failed ({names}) it answers nothing until runs that do not "
-            "collapse are compared"
-        )
-        if failed
-        else ""
-    )
+    compared = {k for p in predictions if p[1] is not None for k in (p[1], base)} if judged else set()
+    tail = health.answer_tail(failed, compared, label)
     if judged:
         groups: dict[str, list[str]] = {}
         for (claim, *_), j in zip(predictions, judged, strict=True):

@@ -26,7 +26,7 @@ as well as the t-test (polgrad.results.compare), and its non-significance is not
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,4 +188,23 @@ def _reward_disagrees(ok, failures, group_columns) -> str:
         f"with a mean final train reward of {a:.3g}, the {len(outside)} others with {b:.3g}. The policy "
         "was rewarded most where its accuracy collapsed (reward hacking, where the reward is a reward "
         "model's score)."
+    )
+
+
+def answer_tail(failed: Sequence[Key], compared: Collection[Key], label: Callable[[Key], str]) -> str:
+    """The clause an answer ends with when configurations' runs failed: a verdict on one a judged
+    prediction compares (`compared`) describes those runs as they ran, collapses included; for the
+    others the answer says nothing until runs that do not collapse are compared."""
+    judged, rest = [k for k in failed if k in compared], [k for k in failed if k not in compared]
+
+    def which(keys: Sequence[Key]) -> str:
+        names = "; ".join(label(k) for k in keys)
+        return f"{'the configurations' if len(keys) > 1 else 'the configuration'} whose runs failed ({names})"
+
+    return (
+        f"; its verdicts on {which(judged)} describe those runs, collapses included" if judged else ""
+    ) + (
+        f", and for {which(rest)} it answers nothing until runs that do not collapse are compared"
+        if rest
+        else ""
     )

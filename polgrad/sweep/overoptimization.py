@@ -332,17 +332,17 @@ def _markdown(
         "off it ('first step', the mean of those points). c + alpha d − beta d^2 instead, by least squares "
         "on the same points: where its maximum over d ≥ 0 lies.",
         "",
-        "| family | first step | c | alpha | beta | maximiser d | inside (0, d max) |",
+        "| family | first step | c | alpha | beta | maximiser d | among the points (d > 0 to d max) |",
         "|---|---|---|---|---|---|---|",
     ]
     for f, fit in gold_fits.items():
         y = {id(p): p["gold"] - starts[f][p["seed"]]["gold"] for p in by_family[f]}
         c, a, b = oo.fit_with_intercept([p["d"] for p in by_family[f]], [y[id(p)] for p in by_family[f]])
         first = [y[id(p)] for p in by_family[f] if p["d"] == 0]
-        top = oo.peak(a, b)
+        top, d_min = oo.peak(a, b), min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan)
         lines.append(
             f"| {f} | {_f(sum(first) / len(first)) if first else '–'} | {_f(c)} | {_f(a)} | {_f(b)} "
-            f"| {_f(top)} | {'yes' if 0 < top < fit.d_max else 'no'} |"
+            f"| {_f(top)} | {'yes' if d_min < top < fit.d_max else f'no (smallest d > 0: {_f(d_min)})'} |"
         )
     lines += ["", "## Per configuration: the last window, mean over seeds", ""]
     lines += [
