@@ -113,6 +113,26 @@ def test_spearman():
     assert math.isnan(oo.spearman([1, 2], [1, 2]))
 
 
+def _curve(spec, ds, *, gold):
+    """Point rows of one run per seed (0, 1), cell c<seed>, at kl_coef 0.1: d from `ds` at steps 0, 5,
+    10, ..., proxy = d, gold = gold(d)."""
+    return [
+        {
+            "cell_id": f"c{s}",
+            "spec": spec,
+            "seed": s,
+            "Algorithm.kl_coef": "0.1",
+            "step": 5 * i,
+            "kl": d * d,
+            "d": d,
+            "proxy": d,
+            "gold": gold(d),
+        }  # fmt: skip
+        for s in (0, 1)
+        for i, d in enumerate(ds)
+    ]
+
+
 def _write(path, rows):
     import csv
 
@@ -222,21 +242,7 @@ def test_without_best_of_n_the_start_is_the_runs_first_step(tmp_path):
     from polgrad.sweep.overoptimization import report
 
     exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
-    points = [
-        {
-            "cell_id": f"c{s}",
-            "spec": "ppo",
-            "seed": s,
-            "Algorithm.kl_coef": "0.1",
-            "step": 5 * i,
-            "kl": d * d,
-            "d": d,
-            "proxy": d,
-            "gold": 0.5 + d * (0.4 - 0.1 * d),
-        }
-        for s in (0, 1)
-        for i, d in enumerate((0.0, 0.5, 1.0, 2.0, 3.0, 4.0))
-    ]
+    points = _curve("ppo", (0.0, 0.5, 1.0, 2.0, 3.0, 4.0), gold=lambda d: 0.5 + d * (0.4 - 0.1 * d))
     _write(tmp_path / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}])
     _write(tmp_path / "oo_points.csv", points)
     (tmp_path / "oo_best_of_n.csv").write_text("seed,n,kl,sqrt_kl,kl_bound,proxy,gold\n")
@@ -411,21 +417,7 @@ def test_the_sensitivity_fit_places_a_maximum_before_the_first_trained_point_out
     from polgrad.sweep.overoptimization import report
 
     exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
-    points = [
-        {
-            "cell_id": f"c{s}",
-            "spec": "grpo",
-            "seed": s,
-            "Algorithm.kl_coef": "0.1",
-            "step": 5 * i,
-            "kl": d * d,
-            "d": d,
-            "proxy": d,
-            "gold": 0.05 + 0.04 * d - 0.1 * d * d,
-        }  # fmt: skip
-        for s in (0, 1)
-        for i, d in enumerate((0.0, 0.5, 1.0, 2.0, 3.0))
-    ]
+    points = _curve("grpo", (0.0, 0.5, 1.0, 2.0, 3.0), gold=lambda d: 0.05 + 0.04 * d - 0.1 * d * d)
     bon = [
         {"seed": s, "n": 1, "kl": 0, "sqrt_kl": 0, "kl_bound": 0, "proxy": 0.0, "gold": 0.0} for s in (0, 1)
     ]

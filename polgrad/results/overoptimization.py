@@ -152,7 +152,8 @@ class Fit:
         return 0 < self.d_peak < self.d_max
 
 
-def _deltas(points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str, float]], what: str):
+def deltas(points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str, float]], what: str):
+    """(d, y) of `points`: each point's d and its `what` ('gold' or 'proxy') minus its seed's start."""
     d = [p["d"] for p in points]
     y = [p[what] - init[p["seed"]][what] for p in points]
     return d, y
@@ -180,13 +181,13 @@ def fit_family(
     """Fit `what` ('gold' or 'proxy', minus the seed's start) of a family's pooled points; d*'s CI by
     resampling its seeds (`bootstrap` times, numpy Generator seeded `rng_seed`)."""
     seeds = sorted({p["seed"] for p in points})
-    alpha, beta = fit_curve(*_deltas(points, init, what))
+    alpha, beta = fit_curve(*deltas(points, init, what))
     by_seed = {s: [p for p in points if p["seed"] == s] for s in seeds}
     rng = np.random.default_rng(rng_seed)
     peaks = []
     for _ in range(bootstrap):
         pts = [p for s in rng.choice(seeds, size=len(seeds), replace=True) for p in by_seed[int(s)]]
-        peaks.append(peak(*fit_curve(*_deltas(pts, init, what))))
+        peaks.append(peak(*fit_curve(*deltas(pts, init, what))))
     ci = _interval(peaks)
     return Fit(
         alpha,
@@ -216,7 +217,7 @@ def peak_difference(
 
     def d_star(points, init, chosen):
         pts = [p for s in chosen for p in points if p["seed"] == s]
-        return peak(*fit_curve(*_deltas(pts, init, "gold")))
+        return peak(*fit_curve(*deltas(pts, init, "gold")))
 
     def diff(chosen):
         a, b = d_star(points_a, init_a, chosen), d_star(points_b, init_b, chosen)

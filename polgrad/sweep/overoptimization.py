@@ -335,11 +335,12 @@ def _markdown(
         "| family | first step | c | alpha | beta | maximiser d | among the points (d > 0 to d max) |",
         "|---|---|---|---|---|---|---|",
     ]
+    d_mins = {f: min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan) for f in gold_fits}
     for f, fit in gold_fits.items():
-        y = {id(p): p["gold"] - starts[f][p["seed"]]["gold"] for p in by_family[f]}
-        c, a, b = oo.fit_with_intercept([p["d"] for p in by_family[f]], [y[id(p)] for p in by_family[f]])
-        first = [y[id(p)] for p in by_family[f] if p["d"] == 0]
-        top, d_min = oo.peak(a, b), min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan)
+        d, y = oo.deltas(by_family[f], starts[f], "gold")
+        c, a, b = oo.fit_with_intercept(d, y)
+        first = [yi for di, yi in zip(d, y, strict=True) if di == 0]
+        top, d_min = oo.peak(a, b), d_mins[f]
         lines.append(
             f"| {f} | {_f(sum(first) / len(first)) if first else '–'} | {_f(c)} | {_f(a)} | {_f(b)} "
             f"| {_f(top)} | {'yes' if d_min < top < fit.d_max else f'no (smallest d > 0: {_f(d_min)})'} |"
@@ -371,9 +372,7 @@ def _markdown(
     verdicts: dict[str, list[str]] = {}  # claim -> "verdict: family (numbers)" for the answer
     for f in gold_fits:
         pf, gf = proxy_fits[f], gold_fits[f]
-        rho = oo.spearman(
-            [p["d"] for p in by_family[f]], [p["proxy"] - starts[f][p["seed"]]["proxy"] for p in by_family[f]]
-        )
+        rho = oo.spearman(*oo.deltas(by_family[f], starts[f], "proxy"))
         # P1 in two readings, both declared at the tag: the gin's words (its fit has no peak inside the
         # measured range) and the report code's, which also wants the fit rising from d = 0 (alpha > 0)
         no_peak = "undetermined" if math.isnan(pf.d_peak) else ("does not hold" if pf.interior else "holds")
@@ -384,7 +383,6 @@ def _markdown(
             if no_peak == "holds" and pf.alpha > 0
             else "does not hold"
         )
-        d_min = min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan)
         gold_word = (
             "undetermined"
             if math.isnan(gf.d_peak)
@@ -405,9 +403,9 @@ def _markdown(
         lines.append(
             f"- **{f}**: proxy rises monotonically with KL — as the gin words the test (its fit has no peak "
             f"inside the measured range): {no_peak}; as the report code also requires (the fit rising from "
-            f"d = 0, alpha > 0): {rises} ({oo.shape(pf.alpha, pf.beta, d_min, pf.d_max)}; proxy fit peak d* "
-            f"{_f(pf.d_peak)} vs d max {_f(pf.d_max)}; Spearman rho(d, proxy) {_f(rho)}). Gold peaks at an "
-            f"intermediate KL — {gold_word}: {gold_why} ({peak})."
+            f"d = 0, alpha > 0): {rises} ({oo.shape(pf.alpha, pf.beta, d_mins[f], pf.d_max)}; proxy fit "
+            f"peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; Spearman rho(d, proxy) {_f(rho)}). Gold peaks "
+            f"at an intermediate KL — {gold_word}: {gold_why} ({peak})."
         )
     singles = [f for f in gold_fits if f"{ENSEMBLE.split('.')[-1]} 1" in f.split(" · ")]
     for f in gold_fits:
