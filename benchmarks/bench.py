@@ -397,11 +397,11 @@ def main(argv: list[str] | None = None) -> int:
                 peak = run_worker("peak", w, model_dir, log_dir, sizes=peak_sizes)
             sw = w.replace(steps=args.sizes_steps, warmup=args.sizes_warmup)
             say(f"\n[sizes] {args.sizes_pairs} interleaved round(s) per point ...")
+            sizes_csv = os.path.join(out, "sizes.csv")
             rows = sizes_bench(
                 sw, tmp, log_dir, names, _ints(args.sizes_batch_prompts), args.sizes_pairs,
-                frameworks, precisions, peak, progress=say,
+                frameworks, precisions, peak, progress=say, on_point=lambda rs: write_csv(sizes_csv, rs),
             )  # fmt: skip
-            write_csv(os.path.join(out, "sizes.csv"), rows)
             summ = sizes_summary(rows)
             draw_sizes(summ, os.path.join(out, "sizes.png"))
             lines = sizes_report(summ, sw, precisions, frameworks)

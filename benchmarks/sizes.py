@@ -9,14 +9,15 @@ A B / B A), with `--sizes-warmup` + `--sizes-steps` steps per run:
 
 Each point gets its model FLOPs per step (benchmarks/roofline.py) and the fraction of the fp32 /
 bf16 torch.mm peak measured once in the same bench call. Written to <out>/sizes.csv (one row per
-point and round, the compare's columns plus `point`, `axis`), a table in summary.md and the figure
-<out>/sizes.png (s/step against parameters, tokens/s against batch, and TRL's s/step over polgrad's
-at each point).
+point and round, the compare's columns plus `point`, `axis`; rewritten after every point), a table
+in summary.md and the figure <out>/sizes.png (s/step against parameters, tokens/s against batch,
+and TRL's s/step over polgrad's at each point).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.report import pair_rows
@@ -56,8 +57,11 @@ def sizes_bench(
     precisions: list[str],
     peak: dict[str, Any],
     progress=print,
+    on_point: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every point's rounds (module docstring); the rows of sizes.csv."""
+    """Every point's rounds (module docstring); the rows of sizes.csv. After each point,
+    `on_point(rows so far)`: the CLI writes sizes.csv there, so a run that dies at a later point
+    (the 96M point once filled the disk after 15 minutes) keeps every point it finished."""
     rows = []
     for label, axis, wp in points(w, sizes, batch_prompts):
         info = make_model(os.path.join(tmp, f"model-{label.replace(' ', '')}"), wp)
@@ -68,6 +72,8 @@ def sizes_bench(
         )
         for r in pair_rows(wp, got, info["n_params"], flops, peak):
             rows.append({"point": label, "axis": axis, "batch": wp.batch, **r})
+        if on_point is not None:
+            on_point(rows)
     return rows
 
 

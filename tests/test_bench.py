@@ -498,3 +498,32 @@ def test_cli_sizes_smoke(tmp_path, monkeypatch):
     assert "## Scaling with the model and the batch" in summary and "| 0.6m x 4 |" in summary
     assert ("TRL/polgrad fp32" in summary) == HAS_TRL
     assert os.path.getsize(out / "sizes.png") > 0
+
+
+def test_cli_sizes_keeps_finished_points_when_a_later_point_dies(tmp_path, monkeypatch):
+    """sizes.csv is rewritten after every point: a run that dies at its second point (here a disk
+    that fills up, as the 96M point once did after 15 minutes of measuring) keeps the first point's
+    rows instead of losing them all."""
+    from benchmarks import sizes
+
+    calls = []
+    real = sizes.interleaved
+
+    def dies_at_the_second_point(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sizes, "interleaved", dies_at_the_second_point)
+    out = tmp_path / "out"
+    argv = ["--only", "sizes", "--frameworks", "polgrad", "--sizes", "0.6m", "--sizes-batch-prompts", "1"]
+    argv += ["--sizes-pairs", "1", "--sizes-steps", "1", "--sizes-warmup", "1", "-G", "2", "-L", "4"]
+    argv += ["--prompts", "2", "--threads", "1", "--peak-sizes", "256", "--out", str(out)]
+    monkeypatch.setitem(sizes.SIZES, "6m", dict(hidden=64, layers=1, heads=2, kv_heads=1, intermediate=64))
+    with pytest.raises(OSError, match="No space left"):
+        bench.main(argv)
+    assert len(calls) == 2
+    rows = list(csv.DictReader(open(out / "sizes.csv")))
+    assert [(r["point"], r["axis"]) for r in rows] == [("0.6m x 4", "size")]
+    assert float(rows[0]["polgrad_s_per_step"]) > 0
