@@ -473,18 +473,24 @@ def test_compile_rows_overhead_and_break_even_by_hand():
     assert "; warm" not in compile_report([cold], "x")[-1]  # one round: nothing called warm
 
 
+def _small_sizes_argv(monkeypatch, out, frameworks: str, batch_prompts: str) -> list[str]:
+    """`--only sizes` on the 0.6m model and a batch axis on a one-layer stand-in for "6m", 1 round
+    of 1 step each: seconds, not minutes."""
+    from benchmarks import sizes
+
+    monkeypatch.setitem(sizes.SIZES, "6m", dict(hidden=64, layers=1, heads=2, kv_heads=1, intermediate=64))
+    argv = ["--only", "sizes", "--frameworks", frameworks, "--sizes", "0.6m"]
+    argv += ["--sizes-batch-prompts", batch_prompts, "--sizes-pairs", "1", "--sizes-steps", "1"]
+    argv += ["--sizes-warmup", "1", "-G", "2", "-L", "4", "--prompts", "2", "--threads", "1"]
+    return argv + ["--peak-sizes", "256", "--out", str(out)]
+
+
 def test_cli_sizes_smoke(tmp_path, monkeypatch):
     """`--only sizes` with two small models and a batch axis: a row per point and round, the summary
     table with every arm and the TRL/polgrad ratio where TRL ran, and the figure."""
-    from benchmarks import sizes
-
     out = tmp_path / "out"
     fws = "polgrad,trl" if HAS_TRL else "polgrad"
-    argv = ["--only", "sizes", "--frameworks", fws, "--sizes", "0.6m", "--sizes-batch-prompts", "1,2"]
-    argv += ["--sizes-pairs", "1", "--sizes-steps", "1", "--sizes-warmup", "1", "-G", "2", "-L", "4"]
-    argv += ["--prompts", "2", "--threads", "1", "--peak-sizes", "256", "--out", str(out)]
-    monkeypatch.setitem(sizes.SIZES, "6m", dict(hidden=64, layers=1, heads=2, kv_heads=1, intermediate=64))
-    assert bench.main(argv) == 0
+    assert bench.main(_small_sizes_argv(monkeypatch, out, fws, "1,2")) == 0
     rows = list(csv.DictReader(open(out / "sizes.csv")))
     # size axis: 0.6m at 2 x G 2 = 4 rows; batch axis on the "6m" model: 1 x 2 and 2 x 2 rows
     assert [(r["point"], r["axis"], r["batch"]) for r in rows] == [
@@ -517,12 +523,8 @@ def test_cli_sizes_keeps_finished_points_when_a_later_point_dies(tmp_path, monke
 
     monkeypatch.setattr(sizes, "interleaved", dies_at_the_second_point)
     out = tmp_path / "out"
-    argv = ["--only", "sizes", "--frameworks", "polgrad", "--sizes", "0.6m", "--sizes-batch-prompts", "1"]
-    argv += ["--sizes-pairs", "1", "--sizes-steps", "1", "--sizes-warmup", "1", "-G", "2", "-L", "4"]
-    argv += ["--prompts", "2", "--threads", "1", "--peak-sizes", "256", "--out", str(out)]
-    monkeypatch.setitem(sizes.SIZES, "6m", dict(hidden=64, layers=1, heads=2, kv_heads=1, intermediate=64))
     with pytest.raises(OSError, match="No space left"):
-        bench.main(argv)
+        bench.main(_small_sizes_argv(monkeypatch, out, "polgrad", "1"))
     assert len(calls) == 2
     rows = list(csv.DictReader(open(out / "sizes.csv")))
     assert [(r["point"], r["axis"]) for r in rows] == [("0.6m x 4", "size")]
