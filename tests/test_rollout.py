@@ -101,6 +101,28 @@ def test_same_seed_same_rollout_other_seed_differs(tiny, examples, rollout):
     assert other.texts != rollout.texts
 
 
+def test_a_synced_rank_cuts_the_padding_other_ranks_made_it_decode(tiny, examples, monkeypatch):
+    """ZeRO-3 at world size > 1: every rank runs a forward until the last rank's rows are done. The
+    rows of a rank that finished first do not change, and its rollout is the one an unsynced decode of
+    the same rows gives, tensor for tensor and width for width (a wider one made the update's matmuls
+    round differently from the async producer's at the same weights: tests/test_async_ranks.py)."""
+    model, tokenizer = tiny
+    budget = 16
+    kwargs = dict(group_size=2, max_new_tokens=budget, keep_distribution=True)
+    for seed in range(50):  # a draw whose rows all end before the budget (the random model rambles)
+        alone = hf.generate(model, tokenizer, examples[:2], generator_seed=seed, **kwargs)
+        if alone.response_ids.shape[1] < budget:
+            break
+    else:
+        raise AssertionError("no seed in 0..49 gives responses that all end before 16 tokens")
+    # Another rank still decoding: the all-ranks check says "not done" up to the budget.
+    monkeypatch.setattr(hf, "_all_done", lambda done, synced: False)
+    synced = hf.generate(model, tokenizer, examples[:2], generator_seed=seed, **kwargs)
+    for name in ("response_ids", "mask", "rollout_logp", "truncated", "policy_logp_all"):
+        assert torch.equal(getattr(synced, name), getattr(alone, name)), name
+    assert synced.texts == alone.texts
+
+
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.8), (0.0, 1.0)])
 def test_recompute_equals_rollout_logp(tiny, examples, temperature, top_p):
     model, tokenizer = tiny

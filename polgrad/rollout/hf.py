@@ -138,6 +138,7 @@ def _decode(
     synced = _partitioned(model) and collective.world_size() > 1
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ones = torch.ones((b, 1), dtype=attn.dtype, device=device)
+    width = max_new_tokens  # the response width this rank's own rows need (below)
     for step in range(max_new_tokens):
         token, logp, logp_all = _sample_tokens(logits, temperature, top_p, gen)
         if keep_distribution:
@@ -146,6 +147,8 @@ def _decode(
         tokens.append(token)
         logps.append(logp.masked_fill(done, 0.0))
         done = done | (token == eos_id)
+        if width == max_new_tokens and bool(done.all()):
+            width = step + 1
         if step == max_new_tokens - 1 or _all_done(done, synced):
             break
         if static is not None:
@@ -161,6 +164,11 @@ def _decode(
             )
             logits = out.logits[:, -1].float()
         next_pos = next_pos + 1
+    # A synced rank (ZeRO-3) decodes padding until every rank is done; those columns are PAD for all
+    # of its rows. Cut them, so a rollout's width is its own rows' and not the other ranks': the same
+    # rollout as an unsynced decode's (a plain copy's, the async producer's), whose shape the update's
+    # matmuls follow bit for bit (with the extra columns they summed in another blocking order).
+    tokens, logps, dists = tokens[:width], logps[:width], dists[:width]
     response = torch.stack(tokens, 1)
     is_eos = response == eos_id
     # 1 up to and including the first EOS: no EOS strictly before position t
