@@ -212,6 +212,12 @@ def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
                 texts.append(_messages_text(p, where, column, value, prompt=column == "prompt"))
             else:
                 texts.append(_text(p, where, column, "task.file.preferences", value))
+        for column, text in zip(PREFERENCE_COLUMNS[1:], texts[1:], strict=True):
+            if not text.strip():  # a reward model or DPO would learn a preference for (or against) nothing
+                raise DataError(
+                    f"{p}: {where} has an empty '{column}' response (task.file.preferences); every pair "
+                    "needs a non-empty chosen and rejected response: fill it in or drop the row"
+                )
         if texts[1] == texts[2]:
             raise DataError(f"{p}: {where} has the same chosen and rejected response; drop the row")
         out.append((texts[0], texts[1], texts[2]))
