@@ -226,6 +226,21 @@ def test_no_difference_is_refuted_only_beyond_the_margin_and_otherwise_undecided
     assert _verdict(noisy).startswith("undecided (neither shown within nor beyond ±0.03)")
 
 
+def test_a_difference_beyond_the_margin_below_zero_is_refuted_as_one_above():
+    """The test beyond the margin is on the side of the observed mean: Δ = -0.08 (the mirror image of
+    the +0.08 above) is refuted too. Its t and sign-flip p-values equal the +0.08's: with the base at 0
+    the differences are exactly ±x, so t and every sign-flipped mean mirror bit for bit (1e-12 only
+    absorbs scipy's arithmetic)."""
+    eps = (0.004, -0.004, 0.003, -0.003, 0.002, -0.002)
+    below = [-0.08 + e for e in eps]
+    assert _verdict(below).startswith("refuted (the difference -0.08 lies significantly beyond ±0.03)")
+    up = paired(dict.fromkeys(range(6), 0.0), {s: 0.08 + e for s, e in enumerate(eps)})
+    down = paired(dict.fromkeys(range(6), 0.0), {s: -(0.08 + e) for s, e in enumerate(eps)})
+    assert up.outside_p(0.03) < 0.05 and up.outside_p_perm(0.03) < 0.05
+    assert down.outside_p(0.03) == pytest.approx(up.outside_p(0.03), abs=1e-12)
+    assert down.outside_p_perm(0.03) == pytest.approx(up.outside_p_perm(0.03), abs=1e-12)
+
+
 # ----------------------------------------------------------------- 8. seeds dropped
 def test_a_seed_not_ok_in_any_configuration_is_dropped_from_every_comparison():
     """Seed 2 is unstable in 'down' only: 'up' was tested on 4 seeds and 'down' on 3."""
