@@ -212,3 +212,31 @@ def test_without_the_marker_no_tag_is_trusted_beyond_its_latest(tmp_path):
     _tag(part, 4, range(2))
     (part / "latest").write_text("step2")  # step 4's model states arrived, its shards may not have
     assert [Path(m).name for m in usable_checkpoints(run, world=2)] == ["step4"]
+
+
+def test_the_trainer_writes_the_marker_naming_every_part_it_saved(tmp_path, monkeypatch):
+    """loop_state.save_checkpoint's marker lists the policy and a critic's own engine: a marker without
+    the critic would let `usable_checkpoints` accept a tag whose critic never reached the driver (the
+    test above). The engines' saves are stand-ins: only the marker is under test."""
+    import json
+    from types import SimpleNamespace
+
+    from polgrad import checkpoints
+    from polgrad import loop_state as ls
+
+    saved = []
+
+    def save(engine, folder, tag, client_state):
+        saved.append((engine, Path(folder).name, tag, client_state["polgrad"]["step"]))
+        (Path(folder) / tag).mkdir(parents=True)
+
+    monkeypatch.setattr(ls.dist_lib, "save_checkpoint", save)
+    models = SimpleNamespace(
+        engine="policy engine",
+        critic=SimpleNamespace(engines=lambda: [("critic", "critic engine")]),
+        sampler=SimpleNamespace(save=lambda folder, step: None),
+    )
+    ls.save_checkpoint(models, str(tmp_path), ls.LoopState(step=3))
+    assert saved == [("policy engine", "policy", "step3", 3), ("critic engine", "critic", "step3", 3)]
+    marker = json.loads((tmp_path / "checkpoints" / checkpoints.COMPLETE).read_text())
+    assert marker == {"step": 3, "parts": ["policy", "critic"]}
