@@ -170,6 +170,24 @@ def test_a_lock_file_replaced_between_open_and_flock_is_not_an_orphan_lock(tmp_p
     new_owner[0].release()
 
 
+def test_releasing_a_lock_whose_file_was_replaced_leaves_the_new_owners_file(tmp_path):
+    """Our lock file was deleted by hand while we ran and another trainer then locked a new one at
+    the same path: our release must not unlink that file (the path no longer names ours), or a third
+    trainer could take the folder while the second still runs."""
+    run = tmp_path / "run"
+    ours = runlock.acquire(run)
+    os.unlink(run / ".lock")
+    theirs = runlock.acquire(run)  # a new file: our flock is on the unlinked one
+    try:
+        ours.release()
+        assert (run / ".lock").exists() and json.loads((run / ".lock").read_text())["pid"] == os.getpid()
+        with pytest.raises(runlock.RunLocked):
+            runlock.acquire(run)  # still held by the new owner
+    finally:
+        theirs.release()
+    assert not (run / ".lock").exists()
+
+
 def test_out_below_a_regular_file_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(runlock.RunFolderError) as e:
