@@ -327,6 +327,15 @@ def test_steps_may_grow_and_cosmetic_bindings_may_change():
     assert resume_config.training_changes(changes) == {}
 
 
+def test_a_change_of_type_only_is_a_change():
+    """1 -> 1.0 compares equal in Python but is another binding (a check may refuse a float where an
+    integer belongs, a part may compute with it differently, and the config the run records changes):
+    the resume names it."""
+    changes = resume_config.diff(_config("train.seed = 1"), _config("train.seed = 1.0"))
+    assert list(changes) == ["train.seed"] and [type(v) for v in changes["train.seed"]] == [int, float]
+    assert resume_config.describe(resume_config.training_changes(changes)) == "train.seed: 1 -> 1.0"
+
+
 def test_fewer_steps_is_a_change():
     changes = resume_config.training_changes(
         resume_config.diff(_config("train.steps = 4"), _config("train.steps = 2"))
