@@ -146,6 +146,10 @@ def test_the_weight_digest_sees_a_bit_a_permutation_and_a_swap_and_nothing_else(
     assert _digest(one_bit) != d
     assert _digest({**w, "a": w["a"].flip(0)}) != d  # a permutation within a tensor
     assert _digest({**w, "a": w["b"][:5].clone(), "b": torch.cat([w["a"].reshape(-1)[:7]])}) != d
+    # two tensors of one shape swapped: the same multiset of (bit pattern, position) terms, so only the
+    # tensors' index weights tell the two apart
+    same = {"a": torch.randn(6, generator=g), "b": torch.randn(6, generator=g)}
+    assert _digest({"a": same["b"], "b": same["a"]}) != _digest(same)
     assert (
         _digest({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}).dtype
         == torch.int64

@@ -1,4 +1,5 @@
-"""CONTRIBUTING.md's example part is true: it registers, passes register()'s checks and trains nothing wrong.
+"""CONTRIBUTING.md's example part is true: it registers, passes register()'s checks and trains nothing wrong;
+and its LoRA section refuses what the code refuses.
 
 The example is run in a fresh interpreter (a part registered here would stay in this process's
 registry for every later test), from a folder holding only the module, as a user would.
@@ -49,3 +50,37 @@ def test_the_contributing_example_part_registers_and_runs(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+
+
+def _build(*bindings: str) -> None:
+    import gin
+
+    from polgrad.config import build, parse_config
+
+    gin.clear_config()
+    try:
+        parse_config([str(REPO / "registry" / "ppo_lora.gin")], ["train.steps = 4", *bindings])
+        build()
+    finally:
+        gin.clear_config()
+
+
+def test_the_lora_section_refuses_only_what_the_code_refuses():
+    """CONTRIBUTING's LoRA section once said LoRA with vLLM or with async rollouts is refused, while the
+    code (and README) run both: each builds with LoRA here, and the one refusal the section quotes is
+    the line build() gives (asynchronous LoRA at ZeRO-3)."""
+    import pytest
+
+    from polgrad.errors import ConfigError
+
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    section = " ".join(text.split("## LoRA", 1)[1].split("\n## ", 1)[0].split())
+    quoted = re.search(r"refused in one line \([^`]*`([^`]+)`\)", section)
+    assert quoted, "CONTRIBUTING.md's LoRA section must quote the one-line error of what LoRA refuses"
+    refusals = [s for s in re.split(r"(?<=\.) (?=[A-Z])", section) if "refused" in s]
+    assert refusals and all("ZeRO-3" in s for s in refusals), refusals  # nothing else is refused
+    _build("train.rollout_backend = 'vllm'")
+    _build("train.max_staleness = 1")
+    with pytest.raises(ConfigError) as e:
+        _build("train.max_staleness = 1", "train.zero_stage = 3")
+    assert str(e.value).startswith(quoted.group(1)), (quoted.group(1), str(e.value))

@@ -47,6 +47,32 @@ def test_a_warm_up_without_a_critic_of_its_own_is_one_line(spec, binding, messag
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("warmup, steps", [(0, [False] * 4), (2, [True, True, False, False])])
+def test_the_first_n_steps_and_only_those_are_warm_up_steps(monkeypatch, warmup, steps):
+    """train.critic_warmup_steps = N: rl_step hands `warmup=True` to the update of steps 0 .. N-1 (the
+    loop state's step counts the steps done) and False from step N on. The step's collection, update
+    and row are stand-ins: only which steps warm up is under test (what a warm-up step does to the
+    engines: the slow test below)."""
+    from types import SimpleNamespace
+
+    from polgrad import trainer
+    from polgrad.loop_state import LoopState
+
+    seen = []
+    got = SimpleNamespace(batch="batch", sampled="sampled", info={}, counts=(4.0, 40.0))
+    monkeypatch.setattr(trainer, "collect_kept", lambda *a: got)
+    monkeypatch.setattr(trainer, "update", lambda *a, warmup: seen.append(warmup) or ({}, 1, 0))
+    monkeypatch.setattr(trainer, "step_row", lambda *a: {"update_seqs": 4})
+    sampler = SimpleNamespace(begin=lambda *a: None, sync=lambda *a: None, metrics=lambda batch: {})
+    m = SimpleNamespace(sampler=sampler, engine=SimpleNamespace(module=None))
+    algo = SimpleNamespace(prepare=lambda batch, kl_coef: (batch, {}))
+    cfg = SimpleNamespace(critic_warmup_steps=warmup)
+    state = LoopState()
+    for _ in range(4):
+        _, _, state = trainer.rl_step(cfg, algo, m, task=None, seed=0, state=state)
+    assert seen == steps and state.step == 4
+
+
 def _weights(path: str) -> dict[str, torch.Tensor]:
     from polgrad.models import load_policy
 

@@ -71,6 +71,21 @@ def test_csv_file(tmp_path, reference):
     assert _pairs(_task(tmp_path / "rows.csv")) == _pairs(reference)
 
 
+@pytest.mark.parametrize("folder", [False, True], ids=["csv_file", "folder_of_csv"])
+def test_a_csv_that_is_not_utf8_names_its_line_and_byte(tmp_path, folder):
+    """datasets' own error ('An error occurred while generating the dataset') names neither."""
+    path = tmp_path / "data" / "rows.csv" if folder else tmp_path / "rows.csv"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"question,answer\nWhat is 1 + 1?,#### 2\nCaf\xe9 costs?,#### 3\n")
+    with pytest.raises(DataError) as e:
+        _task(path.parent if folder else path)
+    assert str(e.value).startswith(
+        f"{path}: line 3 is not UTF-8 text (byte 0xe9 at byte 4 of the line: invalid continuation byte); "
+        "re-encode the file as UTF-8"
+    ), str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_missing_column_in_a_dataset_names_the_columns(tmp_path):
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
     with pytest.raises(DataError) as e:

@@ -91,6 +91,10 @@ def test_known_partial_credit_values():
     )
     assert task.reward(ex, "talps") == 1.0
     assert task.reward(ex, "talpx") == pytest.approx(4 / 5, abs=1e-12)  # 4 of 5 positions
+    # a plain answer is stripped before reasoning-gym scores it: unstripped, ' talps\n' is shifted by
+    # one and matches none of the 5 positions (0.0); a chain sum's number parses either way, so only a
+    # positional score like this one tells
+    assert task.reward(ex, " talps\n") == 1.0
     chain = make()
     ex = chain.examples("train", 1, seed=0)[0]
     assert chain.reward(ex, ex.answer + "9") == pytest.approx(

@@ -99,6 +99,17 @@ def test_shape_names_where_a_fit_stops_rising():
     assert oo.shape(math.nan, 1.0, 0.3, 5.0) == "the fit is undetermined"
 
 
+def test_a_run_over_optimised_only_when_its_proxy_rose_as_its_gold_fell():
+    """Gold and proxy are changes from the start. Gold down with the proxy up is Gao et al.'s failure;
+    gold down with the proxy down too is a run that got worse at everything (it did not optimise the
+    proxy), and gold up is no failure whatever the proxy did."""
+    assert oo.over_optimised(gold=-0.3, proxy=0.5)
+    assert not oo.over_optimised(gold=-0.3, proxy=-0.1)  # both fell
+    assert not oo.over_optimised(gold=-0.3, proxy=0.0)  # the proxy did not rise
+    assert not oo.over_optimised(gold=0.2, proxy=0.5)
+    assert not oo.over_optimised(gold=0.0, proxy=0.5)  # the gold did not fall
+
+
 def test_the_free_intercept_fit_recovers_an_offset_curve():
     """y = 0.1 + 0.2 d - 0.1 d^2 (noiseless): (c, alpha, beta) = (0.1, 0.2, 0.1) to float rounding of a
     3-column least squares on 6 points (1e-12), its maximiser 0.2 / 0.2 = 1; fewer than 3 distinct d: nan."""

@@ -135,6 +135,35 @@ def test_bad_preference_rows_raise_one_line(tmp_path, prompts, row, fragment):
     assert fragment in str(e.value) and "bad.jsonl" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "row, column",
+    [
+        ({"prompt": "1+2=", "chosen": "", "rejected": "4"}, "chosen"),
+        ({"prompt": "1+2=", "chosen": "3", "rejected": " \n\t"}, "rejected"),
+        (
+            {
+                "prompt": [{"role": "user", "content": "1+2="}],
+                "chosen": [{"role": "assistant", "content": "  "}],
+                "rejected": [{"role": "assistant", "content": "4"}],
+            },
+            "chosen",
+        ),
+    ],
+    ids=["empty_chosen", "whitespace_rejected", "empty_assistant_message"],
+)
+def test_an_empty_response_is_refused_naming_the_file_line_and_field(tmp_path, prompts, row, column):
+    """A pair whose chosen or rejected text is empty (or only whitespace) teaches nothing, and would
+    otherwise train: refused in one line naming the file, the line and the column."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(STANDARD[0]) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError) as e:
+        _task(prompts, path)
+    assert str(e.value) == (
+        f"{path}: line 2 has an empty '{column}' response (task.file.preferences); every pair needs a "
+        "non-empty chosen and rejected response: fill it in or drop the row"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("rows", [STANDARD, CONVERSATIONAL], ids=["standard", "conversational"])
 def test_reward_model_and_dpo_train_on_a_preference_dataset(tmp_path, prompts, monkeypatch, rows):

@@ -212,3 +212,124 @@ def test_without_the_marker_no_tag_is_trusted_beyond_its_latest(tmp_path):
     _tag(part, 4, range(2))
     (part / "latest").write_text("step2")  # step 4's model states arrived, its shards may not have
     assert [Path(m).name for m in usable_checkpoints(run, world=2)] == ["step4"]
+
+
+def test_the_trainer_writes_the_marker_naming_every_part_it_saved(tmp_path, monkeypatch):
+    """loop_state.save_checkpoint's marker lists the policy and a critic's own engine: a marker without
+    the critic would let `usable_checkpoints` accept a tag whose critic never reached the driver (the
+    test above). The engines' saves are stand-ins: only the marker is under test."""
+    import json
+    from types import SimpleNamespace
+
+    from polgrad import checkpoints
+    from polgrad import loop_state as ls
+
+    saved = []
+
+    def save(engine, folder, tag, client_state):
+        saved.append((engine, Path(folder).name, tag, client_state["polgrad"]["step"]))
+        (Path(folder) / tag).mkdir(parents=True)
+
+    monkeypatch.setattr(ls.dist_lib, "save_checkpoint", save)
+    models = SimpleNamespace(
+        engine="policy engine",
+        critic=SimpleNamespace(engines=lambda: [("critic", "critic engine")]),
+        sampler=SimpleNamespace(save=lambda folder, step: None),
+    )
+    ls.save_checkpoint(models, str(tmp_path), ls.LoopState(step=3))
+    assert saved == [("policy engine", "policy", "step3", 3), ("critic engine", "critic", "step3", 3)]
+    marker = json.loads((tmp_path / "checkpoints" / checkpoints.COMPLETE).read_text())
+    assert marker == {"step": 3, "parts": ["policy", "critic"]}
+
+
+class _NodeDied(Exception):
+    """The stand-in Ray's `exceptions.NodeDiedError`."""
+
+
+def _fake_ray(plan: list[str]):
+    """A stand-in for the `ray` module `ray_cells.run` drives, enough for a cell of one rank: each
+    `.remote()` is one attempt, whose task yields its node and then, by `plan` (one word per attempt),
+    Ray's error of a lost node ('lost') or the cell's outcome ('ok'). Returns (modules, attempts made)."""
+    import types
+
+    started: list[int] = []
+
+    def stream(cell):
+        number = len(started)
+        started.append(number)
+        yield {"node": f"node{number}"}
+        if plan[number] == "lost":
+            raise _NodeDied(f"node{number} died")
+        yield {"outcome": {"cell_id": cell.id, "status": "ok", "summary": {"steps": 1}, "error": ""}}
+
+    remote = types.SimpleNamespace(remote=lambda cell, *args, **kw: stream(cell))
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: True  # run() then neither starts nor stops Ray
+    ray.remote = lambda fn: types.SimpleNamespace(options=lambda **kw: remote)
+    ray.put = ray.get = lambda x: x
+    ray.wait = lambda refs, num_returns, timeout: (refs[:num_returns], refs[num_returns:])
+    ray.cancel = lambda ref, force=False: None
+    ray.exceptions = types.SimpleNamespace(NodeDiedError=_NodeDied)
+    util = types.ModuleType("ray.util")
+    pg = types.ModuleType("ray.util.placement_group")
+    pg.placement_group = pg.remove_placement_group = None
+    strategies = types.ModuleType("ray.util.scheduling_strategies")
+    strategies.PlacementGroupSchedulingStrategy = None
+    modules = {
+        "ray": ray,
+        "ray.exceptions": ray.exceptions,
+        "ray.util": util,
+        "ray.util.placement_group": pg,
+        "ray.util.scheduling_strategies": strategies,
+    }
+    return modules, started
+
+
+@pytest.mark.parametrize("ends", ["ok", "lost"])
+def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(tmp_path, monkeypatch, ends):
+    """NODE_LOSS_RETRIES = 3 lost nodes: the cell is started 3 times more, 4 attempts in all, each a line
+    of ray_attempts.jsonl; the 4th ends the cell, with its outcome or, lost too, as failed. The driver
+    loop is the real one (ray_cells.run); Ray is a stand-in whose tasks lose their node on cue."""
+    import json
+    import sys
+    from types import SimpleNamespace
+
+    from polgrad.sweep import ray_cells
+
+    retries = ray_cells.NODE_LOSS_RETRIES
+    modules, started = _fake_ray(["lost"] * retries + [ends])
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(ray_cells._results, "cell_environment", lambda run_dir, name: {})
+    cell = Cell("c", 0, "g.gin", "g", "g.gin", config_files=(), swept=(), seed=0, bindings=())
+    run_dir = tmp_path / "results" / "x" / "runs" / cell.id
+    exp = SimpleNamespace(
+        name="x", processes_per_cell=1, num_gpus=0, num_cpus=1, launcher="torchrun", timeout_s=None
+    )
+    recorded = []
+    progress = SimpleNamespace(
+        start=lambda *a: None,
+        stop=lambda *a: None,
+        finish=lambda *a: None,
+        refresh=lambda: None,
+        bar=SimpleNamespace(write=lambda *a, **kw: None),
+    )
+    ray_cells.run(
+        exp,
+        [cell],
+        {cell.id: str(run_dir)},
+        lambda c, outcome: recorded.append(outcome),
+        progress,
+        parallel=1,
+        train_module="polgrad.train",
+    )
+    assert len(started) == retries + 1
+    lines = [json.loads(line) for line in (run_dir / ray_cells.ATTEMPTS).read_text().splitlines()]
+    statuses = ["node lost"] * retries + ["ok" if ends == "ok" else "failed"]
+    assert [(a["attempt"], a["status"]) for a in lines] == list(enumerate(statuses, 1))
+    (outcome,) = recorded
+    assert outcome["attempts"] == retries + 1 and outcome["status"] == statuses[-1]
+    if ends == "lost":
+        assert outcome["error"].startswith(
+            f"ray (node lost {retries + 1} times): _NodeDied: node{retries} died"
+        )

@@ -170,6 +170,24 @@ def test_a_lock_file_replaced_between_open_and_flock_is_not_an_orphan_lock(tmp_p
     new_owner[0].release()
 
 
+def test_releasing_a_lock_whose_file_was_replaced_leaves_the_new_owners_file(tmp_path):
+    """Our lock file was deleted by hand while we ran and another trainer then locked a new one at
+    the same path: our release must not unlink that file (the path no longer names ours), or a third
+    trainer could take the folder while the second still runs."""
+    run = tmp_path / "run"
+    ours = runlock.acquire(run)
+    os.unlink(run / ".lock")
+    theirs = runlock.acquire(run)  # a new file: our flock is on the unlinked one
+    try:
+        ours.release()
+        assert (run / ".lock").exists() and json.loads((run / ".lock").read_text())["pid"] == os.getpid()
+        with pytest.raises(runlock.RunLocked):
+            runlock.acquire(run)  # still held by the new owner
+    finally:
+        theirs.release()
+    assert not (run / ".lock").exists()
+
+
 def test_out_below_a_regular_file_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(runlock.RunFolderError) as e:
@@ -307,6 +325,15 @@ def test_steps_may_grow_and_cosmetic_bindings_may_change():
         "tracker.mlflow.tracking_uri",
     }
     assert resume_config.training_changes(changes) == {}
+
+
+def test_a_change_of_type_only_is_a_change():
+    """1 -> 1.0 compares equal in Python but is another binding (a check may refuse a float where an
+    integer belongs, a part may compute with it differently, and the config the run records changes):
+    the resume names it."""
+    changes = resume_config.diff(_config("train.seed = 1"), _config("train.seed = 1.0"))
+    assert list(changes) == ["train.seed"] and [type(v) for v in changes["train.seed"]] == [int, float]
+    assert resume_config.describe(resume_config.training_changes(changes)) == "train.seed: 1 -> 1.0"
 
 
 def test_fewer_steps_is_a_change():

@@ -17,7 +17,7 @@ from polgrad.errors import DataError
 from polgrad.results import markdown
 from polgrad.results.compare import RULE_BOTH, RULE_PERM, against, leader
 from polgrad.results.predictions import judge
-from polgrad.results.stats import Paired, paired
+from polgrad.results.stats import Paired, paired, signflip_p
 
 REPO = Path(__file__).resolve().parent.parent
 G = ["spec", "Algorithm.kl"]
@@ -77,6 +77,18 @@ def test_a_constant_difference_has_no_t_test_and_an_exact_sign_flip_p():
     rows = _rows({"base": {"eval_accuracy": [0.40, 0.50]}, "up": {"eval_accuracy": [0.41, 0.51]}})
     (c,) = against(rows, G, "eval_accuracy", BASE)
     assert c.rule == RULE_PERM and not c.significant and c.p_perm_holm == pytest.approx(0.5)
+
+
+def test_the_sign_flip_p_at_ten_seeds_enumerates_all_1024_sign_vectors():
+    """Exact, not resampled (n <= 16). Nine differences +1 and one -1 (n = 10, mean 0.8): a sign
+    vector with k minus signs gives the mean (10 - 2k)/10, as large in size as 0.8 for k = 0, 1, 9, 10:
+    C(10,0) + C(10,1) + C(10,9) + C(10,10) = 22 of the 2^10 = 1024 vectors, so p = 22/1024 two-sided and
+    (k <= 1) 11/1024 one-sided 'greater'. Random resamples give (hits + 1)/(resamples + 1) instead
+    (1,000 of them: 22/1001 or 23/1001 near 22/1024, 4e-4 away or more). The differences are ±1, so
+    every mean is exact in float64 and 1e-12 only absorbs scipy's division."""
+    ten = [1.0] * 9 + [-1.0]
+    assert signflip_p(ten) == pytest.approx(22 / 1024, abs=1e-12)
+    assert signflip_p(ten, "greater") == pytest.approx(11 / 1024, abs=1e-12)
 
 
 # ----------------------------------------------------------------- 2. TOST without spread
@@ -212,6 +224,21 @@ def test_no_difference_is_refuted_only_beyond_the_margin_and_otherwise_undecided
     assert _verdict(straddle).startswith("undecided (a significant difference of +0.03, neither shown")
     noisy = [0.0 + e for e in (0.05, -0.05, 0.04, -0.04)]
     assert _verdict(noisy).startswith("undecided (neither shown within nor beyond ±0.03)")
+
+
+def test_a_difference_beyond_the_margin_below_zero_is_refuted_as_one_above():
+    """The test beyond the margin is on the side of the observed mean: Δ = -0.08 (the mirror image of
+    the +0.08 above) is refuted too. Its t and sign-flip p-values equal the +0.08's: with the base at 0
+    the differences are exactly ±x, so t and every sign-flipped mean mirror bit for bit (1e-12 only
+    absorbs scipy's arithmetic)."""
+    eps = (0.004, -0.004, 0.003, -0.003, 0.002, -0.002)
+    below = [-0.08 + e for e in eps]
+    assert _verdict(below).startswith("refuted (the difference -0.08 lies significantly beyond ±0.03)")
+    up = paired(dict.fromkeys(range(6), 0.0), {s: 0.08 + e for s, e in enumerate(eps)})
+    down = paired(dict.fromkeys(range(6), 0.0), {s: -(0.08 + e) for s, e in enumerate(eps)})
+    assert up.outside_p(0.03) < 0.05 and up.outside_p_perm(0.03) < 0.05
+    assert down.outside_p(0.03) == pytest.approx(up.outside_p(0.03), abs=1e-12)
+    assert down.outside_p_perm(0.03) == pytest.approx(up.outside_p_perm(0.03), abs=1e-12)
 
 
 # ----------------------------------------------------------------- 8. seeds dropped

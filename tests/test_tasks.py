@@ -494,10 +494,17 @@ def test_error_line_not_an_object(tmp_path):
     _raises(p, "list.jsonl", "line 2 is a JSON list, not an object")
 
 
-def test_error_not_utf8(tmp_path):
+def test_error_not_utf8_names_the_line_the_byte_and_the_fix(tmp_path):
+    """A Latin-1 'é' (0xe9, 13 bytes into its line) on line 3, after two UTF-8 lines that a
+    buffered text reader decodes in the same chunk: the line is named, not an offset into a buffer."""
     p = tmp_path / "latin.jsonl"
-    p.write_bytes('{"prompt": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
-    _raises(p, "latin.jsonl", "not UTF-8")
+    good = "".join(json.dumps(r) + "\n" for r in ROWS[:2])
+    p.write_bytes(good.encode() + '{"prompt": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
+    _raises(
+        p,
+        f"{p}: line 3 is not UTF-8 text (byte 0xe9 at byte 16 of the line: invalid continuation byte); "
+        "re-encode the file as UTF-8, e.g. iconv -f <its encoding> -t UTF-8 latin.jsonl > latin.utf8.jsonl",
+    )
 
 
 def test_error_missing_column_lists_present(tmp_path):

@@ -94,6 +94,13 @@ def fit_with_intercept(d: Sequence[float], y: Sequence[float]) -> tuple[float, f
     return float(c), float(alpha), float(beta)
 
 
+def over_optimised(gold: float, proxy: float) -> bool:
+    """Whether a run (or a configuration's mean) over-optimised its reward model, from gold and proxy
+    minus their start at its end: the gold fell below its start while the proxy rose (Gao et al.'s
+    failure). A run whose proxy fell too did not optimise the proxy at all: it is not counted."""
+    return gold < 0 < proxy
+
+
 def peak(alpha: float, beta: float) -> float:
     """The maximiser over d >= 0 of d (alpha - beta d): alpha / (2 beta) if both > 0; +inf if the curve
     grows without limit (beta < 0: convex, whatever alpha; beta = 0 < alpha: a rising line); 0 if it

@@ -215,7 +215,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     for cell in sorted({p["cell_id"] for p in points}):
         pts = sorted((p for p in points if p["cell_id"] == cell), key=lambda p: p["step"])
         last = pts[-1]
-        if delta(last, "gold") < 0 < delta(last, "proxy"):
+        if oo.over_optimised(delta(last, "gold"), delta(last, "proxy")):
             failures.append((cell, last, init[(last["seed"], rm_key(last))]))
     bon_curves: dict[str, list[dict[str, float]]] = {}
     for key in sorted({rm_key(b) for b in bon}):
@@ -354,7 +354,7 @@ def _markdown(
         last = pts[-1]
         fail = (
             "gold fell below its start while the proxy rose (over-optimised)"
-            if last["gold"] < 0 < last["proxy"]
+            if oo.over_optimised(last["gold"], last["proxy"])
             else ""
         )
         lines.append(

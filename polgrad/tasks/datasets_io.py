@@ -17,12 +17,14 @@ with the line number in every error, parquet with pandas), so the core install r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from polgrad.errors import ConfigError, DataError
 
 DATASET_SUFFIXES = (".csv",)  # single files read through `datasets`
+TEXT_SUFFIXES = (".csv", ".json", ".jsonl")  # the text files of a folder of data files
 
 
 def _datasets():
@@ -34,6 +36,32 @@ def _datasets():
             "pip install 'polgrad[tasks]' (or pip install datasets)"
         ) from None
     return datasets
+
+
+def utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of each line of `path` decoded as UTF-8; a byte that is not UTF-8 is
+    a one-line DataError naming the line, the byte and the fix. Each line is decoded alone (no UTF-8
+    character contains the newline byte 0x0a), so the error knows its line: a text-mode reader's
+    error gives only an offset into its read buffer, not into the file."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}: line {lineno} is not UTF-8 text (byte 0x{raw[e.start]:02x} at byte "
+                    f"{e.start + 1} of the line: {e.reason}); re-encode the file as UTF-8, e.g. "
+                    f"iconv -f <its encoding> -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}"
+                ) from None
+
+
+def _check_utf8(path: Path) -> None:
+    """`utf8_lines`' one line for the first text file at `path` (a file, or a folder's data files)
+    that is not UTF-8; nothing when all are (then datasets failed for another reason)."""
+    found = path.rglob("*") if path.is_dir() else [path]
+    for f in sorted(f for f in found if f.suffix in TEXT_SUFFIXES and f.is_file()):
+        for _ in utf8_lines(f):
+            pass
 
 
 def _saved(path: Path) -> bool:
@@ -74,6 +102,7 @@ def read_dataset(path: Path, split: str, setting: str) -> tuple[list[tuple[str, 
     except DataError:
         raise
     except Exception as e:  # datasets raises many types for an unreadable folder or file
+        _check_utf8(path)  # a file that is not UTF-8: its line and byte (datasets' error names neither)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(
             f"{path}: datasets could not read it ({type(e).__name__}: {msg[:160]}); it must be a folder "

@@ -60,6 +60,7 @@ from polgrad.components.reward import final_answer, normalize, reference_answer,
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import get, lookup, names, register
 from polgrad.tasks.base import Example
+from polgrad.tasks.datasets_io import utf8_lines
 from polgrad.tasks.synthetic import (
     DIGITS,
     change_one,
@@ -106,29 +107,23 @@ def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[st
     if path.suffix == ".jsonl":
         records: list[tuple[str, dict[str, Any]]] = []
         columns: dict[str, None] = {}
-        try:
-            with path.open(encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(
-                            f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
-                            "each line must be one JSON object"
-                        ) from None
-                    if not isinstance(obj, dict):
-                        raise DataError(
-                            f"{path}: line {lineno} is a JSON {type(obj).__name__}, not an object; "
-                            'each line must be one JSON object such as {"prompt": ..., "answer": ...}'
-                        )
-                    columns.update(dict.fromkeys(obj))
-                    records.append((f"line {lineno}", obj))
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); re-save it as UTF-8"
-            ) from None
+        for lineno, line in utf8_lines(path):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
+                    "each line must be one JSON object"
+                ) from None
+            if not isinstance(obj, dict):
+                raise DataError(
+                    f"{path}: line {lineno} is a JSON {type(obj).__name__}, not an object; "
+                    'each line must be one JSON object such as {"prompt": ..., "answer": ...}'
+                )
+            columns.update(dict.fromkeys(obj))
+            records.append((f"line {lineno}", obj))
         return records, list(columns)
     import pandas as pd
 
@@ -217,6 +212,12 @@ def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
                 texts.append(_messages_text(p, where, column, value, prompt=column == "prompt"))
             else:
                 texts.append(_text(p, where, column, "task.file.preferences", value))
+        for column, text in zip(PREFERENCE_COLUMNS[1:], texts[1:], strict=True):
+            if not text.strip():  # a reward model or DPO would learn a preference for (or against) nothing
+                raise DataError(
+                    f"{p}: {where} has an empty '{column}' response (task.file.preferences); every pair "
+                    "needs a non-empty chosen and rejected response: fill it in or drop the row"
+                )
         if texts[1] == texts[2]:
             raise DataError(f"{p}: {where} has the same chosen and rejected response; drop the row")
         out.append((texts[0], texts[1], texts[2]))
