@@ -1,0 +1,110 @@
+"""Faults a user met in the sweep runner: each is one line before any work, or a recovery with nothing lost.
+
+Cells run tests/fake_train.py (POLGRAD_TRAIN_MODULE=fake_train) on the fake base config and specs of
+tests/data; Ray's cluster state is faked where a check reads it, so no test here starts Ray.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from polgrad import sweep
+
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
+
+pytestmark = pytest.mark.usefixtures("fake_trainer")
+
+
+def write_exp(folder: Path, body: str, name: str = "exp") -> Path:
+    """An experiment file in `folder` on top of the fake base config and spec_a."""
+    path = folder / f"{name}.gin"
+    path.write_text(
+        f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
+        + body
+        + "\nSweep.seed_binding = 'fake_train.seed'\n"
+    )
+    return path
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: "), err
+    assert "\n" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# A cell killed by a signal; progress bars on stderr
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_cell_killed_by_sigkill_is_recorded_as_such_and_a_progress_bar_is_never_the_reason(
+    tmp_path, capsys
+):
+    """Both cells print a traceback's last line, then a loading bar (carriage returns and all), as HF
+    does; one then exits 1, the other is SIGKILLed (as by the OOM killer). The killed one is recorded
+    as killed, with the likely cause and the fix, in the console, the CSV and the md; the other's
+    reason is its exception's line, not the bar drawn after it."""
+    path = write_exp(
+        tmp_path,
+        "fake_train.crash_at = 1\nfake_train.error_line = False\nfake_train.progress_bar = True\n"
+        "Sweep.grid = {'fake_train.kill_signal': [0, 9]}\nSweep.seeds = [0]\nSweep.name = 'oom'\n",
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(path), "--results", str(out)]) == 1
+    err = capsys.readouterr().err
+    rows = {r["fake_train.kill_signal"]: r for r in csv_rows(out / "oom.csv")}
+    killed = (
+        "killed by SIGKILL, usually the kernel's out-of-memory killer (dmesg says so): "
+        "run fewer cells at a time (a lower --parallel)"
+    )
+    assert rows["9"]["status"] == "failed" and rows["9"]["error"] == killed
+    assert rows["0"]["status"] == "failed" and rows["0"]["error"] == "RuntimeError: boom at step 1"
+    assert f"FAILED  {rows['9']['cell_id']}: {killed}" in err
+    assert f"failed {rows['9']['cell_id']}: {killed}" in err
+    assert f"failed {rows['0']['cell_id']}: RuntimeError: boom at step 1" in err
+    assert "Loading weights" not in "".join(r["error"] for r in rows.values())
+    md = (out / "oom.md").read_text()
+    assert killed in md and "Loading weights" not in md
+    # the log keeps what the trainer wrote, bar included
+    log = (out / "oom" / "runs" / rows["9"]["cell_id"] / "stdout.log").read_text()
+    assert "Loading weights: 100%" in log
+
+
+def test_a_rank_killed_by_a_signal_under_a_launcher_is_recorded_as_such():
+    """A launcher outlives its killed rank and exits 1 with a report whose last line is a rule; the
+    report's signal is the cell's reason (torchrun's and DeepSpeed's wording)."""
+    from polgrad.sweep import launch
+
+    torchrun = [
+        "polgrad.train FAILED",
+        "  exitcode  : -9 (pid: 4242)",
+        "  traceback : Signal 9 (SIGKILL) received by PID 4242",
+        "============================================================",
+    ]
+    deepspeed = [
+        "[launch.py:259:sigkill_handler] ['python', '-m', 'polgrad.train'] exits with return code = -9"
+    ]
+    for tail in (torchrun, deepspeed):
+        assert launch._error_line(None, tail, 1) == "a rank " + launch.killed_by(9)
+    assert launch.killed_by(11) == "killed by SIGSEGV"
+    assert launch._error_line("error: boom", torchrun, 1) == "boom"  # a rank's own error line first
+
+
+def test_a_tqdm_line_is_a_progress_bar_even_without_its_carriage_return():
+    from polgrad.sweep.launch import is_progress
+
+    assert is_progress("Loading weights: 100%|##########| 3/3 [00:00<00:00, 99.0it/s]\n", False)
+    assert is_progress("Map: 12 examples [00:01, 9.80 examples/s]\n", False)
+    assert is_progress("anything\r", False) and is_progress("anything\n", True)
+    assert not is_progress("RuntimeError: CUDA out of memory (100% of 8 GiB)\n", False)
+    assert not is_progress("a Windows line\r\n", False)
