@@ -108,3 +108,55 @@ def test_a_tqdm_line_is_a_progress_bar_even_without_its_carriage_return():
     assert is_progress("anything\r", False) and is_progress("anything\n", True)
     assert not is_progress("RuntimeError: CUDA out of memory (100% of 8 GiB)\n", False)
     assert not is_progress("a Windows line\r\n", False)
+
+
+# ---------------------------------------------------------------------------------------------
+# How many cells at a time
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parallel_above_the_cells_to_run_prints_the_number_that_runs(tmp_path, capsys, monkeypatch):
+    from polgrad.sweep import memory
+
+    monkeypatch.setattr(memory, "available_mb", lambda: 1e9)  # memory is not what this test is about
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1, 0.2]}\nSweep.seeds = [0]\n")
+    assert sweep.main([str(path), "--results", str(tmp_path / "r"), "--parallel", "99"]) == 0
+    err = capsys.readouterr().err
+    assert "2 to run (local, 2 at a time)" in err and "99 at a time" not in err
+
+
+def test_parallel_cells_are_lowered_to_what_fits_in_available_memory(tmp_path, capsys, monkeypatch):
+    """4 cells asked at a time, room for 2.5 cells of the default estimate: 2 run at a time, one line
+    says why, and every cell still runs."""
+    from polgrad.sweep import memory
+
+    monkeypatch.setattr(memory, "available_mb", lambda: 2.5 * memory.CELL_MB)
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3, 0.4]}\nSweep.seeds = [0]\n")
+    out = tmp_path / "r"
+    assert sweep.main([str(path), "--results", str(out), "--parallel", "4"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"exp: 4 cells at a time would need about 4 × 1.5 GiB (the tiny default model's), but "
+        f"{2.5 * 1.5:.1f} GiB is available (MemAvailable): running 2 at a time"
+    ) in err
+    assert "4 to run (local, 2 at a time)" in err
+    assert [r["status"] for r in csv_rows(out / "exp.csv")] == ["ok"] * 4
+
+
+def test_the_memory_estimate_is_the_finished_cells_peak_times_the_ranks(tmp_path):
+    from polgrad.sweep import memory
+
+    dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    for d, peak in zip(dirs, (700.0, 1000.0), strict=False):  # c has not finished
+        d.mkdir()
+        (d / "summary.json").write_text(f'{{"status": "ok", "peak_mem_mb": {peak}}}')
+    assert memory.measured_mb(dirs) == 1000.0
+    # 2 ranks of 1000 MiB per cell, 5000 MiB available: 2 cells fit of the 4 asked
+    n, line = memory.fit("x", 4, dirs, ranks=2, available=5000.0)
+    assert n == 2 and "4 × 2.0 GiB (the largest peak of its finished cells)" in line
+    assert memory.fit("x", 2, dirs, ranks=2, available=5000.0) == (2, None)  # fits: unchanged
+    assert memory.fit("x", 4, dirs, ranks=1, available=10.0)[0] == 1  # never below one
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    2097152 kB\n")
+    assert memory.available_mb(meminfo) == 2048.0
+    assert memory.available_mb(tmp_path / "absent") is None

@@ -24,7 +24,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
-from polgrad.sweep import budget, launch, tuning
+from polgrad.sweep import budget, launch, memory, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -208,9 +208,15 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         print(rebuilt, file=sys.stderr)
     todo = [cell for cell in cells if not is_finished(run_dirs[cell.id])]
     skipped = len(cells) - len(todo)
+    if parallel and todo:  # no more at a time than there are cells to run, nor than fit in memory here
+        parallel = min(parallel, len(todo))
+        if executor == "local" and exp.num_gpus == 0:
+            parallel, lowered = memory.fit(exp.name, parallel, run_dirs.values(), exp.processes_per_cell)
+            if lowered:
+                print(lowered, file=sys.stderr)
     print(
         f"{exp.name}: {len(cells)} cells, {skipped} already finished, {len(todo)} to run "
-        f"({executor}{f', {parallel} at a time' if parallel else ''}); results in {results_dir}/",
+        f"({executor}{f', {parallel} at a time' if parallel and todo else ''}); results in {results_dir}/",
         file=sys.stderr,
     )
     progress = _Progress(len(cells), skipped, exp.name)
