@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from polgrad import sweep
+from polgrad.errors import PolgradError
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
@@ -160,3 +161,31 @@ def test_the_memory_estimate_is_the_finished_cells_peak_times_the_ranks(tmp_path
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    2097152 kB\n")
     assert memory.available_mb(meminfo) == 2048.0
     assert memory.available_mb(tmp_path / "absent") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The results folder
+# ---------------------------------------------------------------------------------------------
+
+
+def test_results_under_a_regular_file_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    from polgrad.sweep import cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("the experiment was validated before the results folder was checked")
+
+    monkeypatch.setattr(cli, "prepare", never)
+    somefile = tmp_path / "somefile.txt"
+    somefile.write_text("mine\n")
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\n")
+    for results in (somefile / "out", somefile):
+        assert sweep.main([str(path), "--results", str(results)]) == 2
+        assert one_line_error(capsys) == (
+            f"error: --results {results}: {somefile} is a file, not a folder; give --results a folder "
+            "(it is created if missing; default: results)"
+        )
+    exp, cells = sweep.prepare(str(path))  # the package's own prepare; run() refuses it too, first
+
+    with pytest.raises(PolgradError, match=r"somefile.txt is a file, not a folder"):
+        sweep.run(exp, cells, results_dir=somefile / "out")
+    assert somefile.read_text() == "mine\n"

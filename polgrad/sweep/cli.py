@@ -61,6 +61,7 @@ def run(
     cells with the chosen values bound (`tuning.bind`)."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
+    check_results_folder(results_dir)
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
     code = 0
@@ -98,6 +99,20 @@ def run(
             command=command,
         )
     return max(code, done)
+
+
+def check_results_folder(results_dir: str | os.PathLike) -> None:
+    """The results folder must be a folder, or not exist yet below one: a file on its path would stop
+    the sweep with NotADirectoryError at its first mkdir; one line instead, before any work."""
+    path = Path(results_dir)
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise PolgradError(
+                    f"--results {results_dir}: {part} is a file, not a folder; give --results a folder "
+                    "(it is created if missing; default: results)"
+                )
+            return
 
 
 def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) -> None:
@@ -364,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     train_module = args.train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE
     try:
         PREFLIGHT.get(args.executor, _no_preflight)()
+        if not args.dry_run:
+            check_results_folder(args.results)
         exp, cells = prepare(args.experiment, train_module)
         if args.dry_run:
             print(tuning.format_stages(exp, cells))
