@@ -127,21 +127,21 @@ def test_parallel_above_the_cells_to_run_prints_the_number_that_runs(tmp_path, c
 
 
 def test_parallel_cells_are_lowered_to_what_fits_in_available_memory(tmp_path, capsys, monkeypatch):
-    """4 cells asked at a time, room for 2.5 cells of the default estimate: 2 run at a time, one line
+    """3 cells asked at a time, room for 2.5 cells of the default estimate: 2 run at a time, one line
     says why, and every cell still runs."""
     from polgrad.sweep import memory
 
     monkeypatch.setattr(memory, "available_mb", lambda: 2.5 * memory.CELL_MB)
-    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3, 0.4]}\nSweep.seeds = [0]\n")
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3]}\nSweep.seeds = [0]\n")
     out = tmp_path / "r"
-    assert sweep.main([str(path), "--results", str(out), "--parallel", "4"]) == 0
+    assert sweep.main([str(path), "--results", str(out), "--parallel", "3"]) == 0
     err = capsys.readouterr().err
     assert (
-        f"exp: 4 cells at a time would need about 4 × 1.5 GiB (the tiny default model's), but "
+        f"exp: 3 cells at a time would need about 3 × 1.5 GiB (the tiny default model's), but "
         f"{2.5 * 1.5:.1f} GiB is available (MemAvailable): running 2 at a time"
     ) in err
-    assert "4 to run (local, 2 at a time)" in err
-    assert [r["status"] for r in csv_rows(out / "exp.csv")] == ["ok"] * 4
+    assert "3 to run (local, 2 at a time)" in err
+    assert [r["status"] for r in csv_rows(out / "exp.csv")] == ["ok"] * 3
 
 
 def test_the_memory_estimate_is_the_finished_cells_peak_times_the_ranks(tmp_path):
@@ -185,7 +185,34 @@ def test_results_under_a_regular_file_is_one_line_before_any_work(tmp_path, caps
             "(it is created if missing; default: results)"
         )
     exp, cells = sweep.prepare(str(path))  # the package's own prepare; run() refuses it too, first
-
     with pytest.raises(PolgradError, match=r"somefile.txt is a file, not a folder"):
         sweep.run(exp, cells, results_dir=somefile / "out")
     assert somefile.read_text() == "mine\n"
+
+
+def test_another_experiment_file_of_the_same_name_is_refused_and_nothing_is_written(tmp_path, capsys):
+    """b.gin reuses a.gin's Sweep.name with another grid into the same results folder: refused in one
+    line naming both files, experiment.json, the CSV and the run folders untouched. a.gin re-run (a
+    resume) and a.gin with an edited grid (recorded, the old rows kept) still run."""
+    a = write_exp(
+        tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\nSweep.name = 'shared'\n", "a"
+    )
+    b = write_exp(
+        tmp_path, "Sweep.grid = {'fake_train.lr': [0.3]}\nSweep.seeds = [0]\nSweep.name = 'shared'\n", "b"
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(a), "--results", str(out)]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".sweep.lock"}
+    assert sweep.main([str(b), "--results", str(out)]) == 2
+    assert one_line_error(capsys) == (
+        f"error: {out / 'shared' / 'experiment.json'} is the sweep of {a}, not of {b}: both are "
+        f"Sweep.name = 'shared', so their cells would mix in one CSV and folder; rename Sweep.name in {b} "
+        "or give it another --results folder"
+    )
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".sweep.lock"}
+    assert after == before
+    assert sweep.main([str(a), "--results", str(out)]) == 0  # the same file: a resume
+    a.write_text(a.read_text().replace("[0.1]", "[0.1, 0.2]"))  # the same file, its grid edited
+    assert sweep.main([str(a), "--results", str(out)]) == 0
+    assert [r["fake_train.lr"] for r in csv_rows(out / "shared.csv")] == ["0.1", "0.2"]

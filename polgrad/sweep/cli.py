@@ -62,6 +62,7 @@ def run(
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
     check_results_folder(results_dir)
+    _check_own_folder(exp, Path(results_dir))
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
     code = 0
@@ -113,6 +114,33 @@ def check_results_folder(results_dir: str | os.PathLike) -> None:
                     "(it is created if missing; default: results)"
                 )
             return
+
+
+def _recorded_file(exp: Experiment) -> str:
+    """The experiment file as experiment.json records it: relative to its repository's root."""
+    return _results.repo_relative(exp.file, _results.repo_root(Path(exp.file).resolve().parent))
+
+
+def _check_own_folder(exp: Experiment, results_dir: Path) -> None:
+    """results/<name>/ is the sweep of one experiment file. Another file of the same Sweep.name would
+    replace experiment.json's cells with its own, record its rows beside the first file's in the CSV
+    and train into the same folder: one line instead, before anything is written. The same file
+    re-run (a resume, an edited grid: its cells are recorded and the others' rows kept) passes."""
+    path = results_dir / exp.name / "experiment.json"
+    try:
+        recorded = json.loads(path.read_text()).get("file")
+    except (OSError, ValueError, AttributeError):
+        return  # no sweep there yet (or no file recorded): nothing to keep apart
+    if not recorded or recorded == _recorded_file(exp):
+        return
+    root = _results.repo_root(Path(exp.file).resolve().parent) or Path.cwd()
+    if (root / recorded).resolve() == Path(exp.file).resolve():
+        return
+    raise PolgradError(
+        f"{path} is the sweep of {recorded}, not of {exp.file}: both are Sweep.name = '{exp.name}', so "
+        f"their cells would mix in one CSV and folder; rename Sweep.name in {exp.file} or give it "
+        "another --results folder"
+    )
 
 
 def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) -> None:
@@ -270,7 +298,7 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[
     root = _results.repo_root(Path(exp.file).resolve().parent)
     meta = {
         "name": exp.name,
-        "file": _results.repo_relative(exp.file, root),
+        "file": _recorded_file(exp),
         "command": command,
         "primary_metric": exp.primary_metric,
         "higher_is_better": exp.higher_is_better,
