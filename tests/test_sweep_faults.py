@@ -7,6 +7,11 @@ tests/data; Ray's cluster state is faked where a check reads it, so no test here
 from __future__ import annotations
 
 import csv
+import signal
+import socket
+import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -216,3 +221,151 @@ def test_another_experiment_file_of_the_same_name_is_refused_and_nothing_is_writ
     a.write_text(a.read_text().replace("[0.1]", "[0.1, 0.2]"))  # the same file, its grid edited
     assert sweep.main([str(a), "--results", str(out)]) == 0
     assert [r["fake_train.lr"] for r in csv_rows(out / "shared.csv")] == ["0.1", "0.2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# --executor ray, with Ray faked: its cluster state, its init (and the SIGTERM handler it installs)
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeRay(types.ModuleType):
+    """The part of Ray's API polgrad/sweep/ray_cells.py calls, on a cluster of `nodes` (ray.nodes()'s
+    form). A submitted cell never runs: it is recorded in `submitted`, and `on_wait` is what happens
+    when the driver waits for its cells."""
+
+    def __init__(self, nodes, on_wait):
+        super().__init__("ray")
+        self._nodes, self.on_wait, self.submitted, self.inited = nodes, on_wait, [], False
+        fake = self
+
+        class Remote:
+            def options(self, **kwargs):
+                return self
+
+            def remote(self, *args, **kwargs):
+                fake.submitted.append(args)
+                return object()
+
+        self.remote = lambda fn: Remote()
+
+    def init(self, **kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as ray.init does
+        self.inited = True
+
+    def is_initialized(self):
+        return self.inited
+
+    def nodes(self):
+        return self._nodes
+
+    def put(self, value):
+        return value
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        self.on_wait(self)
+        return [], refs
+
+    def cancel(self, ref, force=False):
+        pass
+
+    def shutdown(self):
+        self.inited = False
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Install a FakeRay (and the two submodules ray_cells imports) for this test; returns a factory
+    `(nodes, on_wait) -> FakeRay`."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def install(nodes, on_wait):
+        ray = FakeRay(nodes, on_wait)
+        util = types.ModuleType("ray.util")
+        groups = types.ModuleType("ray.util.placement_group")
+        groups.placement_group = groups.remove_placement_group = lambda *a, **k: None
+        strategies = types.ModuleType("ray.util.scheduling_strategies")
+        strategies.PlacementGroupSchedulingStrategy = lambda *a, **k: None
+        for name, module in (
+            ("ray", ray),
+            ("ray.util", util),
+            ("ray.util.placement_group", groups),
+            ("ray.util.scheduling_strategies", strategies),
+        ):
+            monkeypatch.setitem(sys.modules, name, module)
+        return ray
+
+    return install
+
+
+def _no_cell_may_be_submitted(ray):
+    raise AssertionError(f"{len(ray.submitted)} cells were submitted; the check should have refused them")
+
+
+def test_a_ray_address_where_nothing_listens_is_one_line_within_seconds(
+    tmp_path, capsys, monkeypatch, fake_ray
+):
+    """Ray would retry for minutes; a TCP connect to the address answers at once (connection refused).
+    Checked before the experiment is validated and before ray.init."""
+    from polgrad.sweep import cli, ray_checks
+
+    def never(*args, **kwargs):
+        raise AssertionError("the address was not checked first")
+
+    fake = fake_ray([], _no_cell_may_be_submitted)
+    monkeypatch.setattr(fake, "init", never)
+    monkeypatch.setattr(cli, "prepare", never)
+    with socket.socket() as s:  # a port free now: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\n")
+    args = ["--executor", "ray", "--ray-address", f"127.0.0.1:{port}", "--results", str(tmp_path / "r")]
+    start = time.monotonic()
+    assert sweep.main([str(path), *args]) == 2
+    assert time.monotonic() - start < 20  # refused at once (a dropped packet: CONNECT_TIMEOUT_S, 3 s)
+    assert one_line_error(capsys) == (
+        f"error: --ray-address 127.0.0.1:{port}: no Ray cluster answers there (connection refused); start it "
+        "first (`ray start --head` on 127.0.0.1), correct the address, or drop --executor ray to run the "
+        "cells on this machine"
+    )
+    assert not (tmp_path / "r").exists()
+    with socket.socket() as server:  # something that answers passes
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        ray_checks.check_address(f"127.0.0.1:{server.getsockname()[1]}")
+    with pytest.raises(PolgradError, match=r"^--ray-address 10\.0\.0\.5: not an address of a Ray cluster"):
+        ray_checks.check_address("10.0.0.5")  # no port: Ray's own ValueError, deep in ray.init
+    monkeypatch.setenv("RAY_ADDRESS", f"ray://127.0.0.1:{port}")  # what ray.init reads without one
+    with pytest.raises(PolgradError, match=rf"^RAY_ADDRESS ray://127.0.0.1:{port}: no Ray cluster answers"):
+        ray_checks.check_address(None)
+    ray_checks.check_address("local")  # a local Ray: nothing to reach
+
+
+def test_a_cell_no_node_can_hold_is_one_line_before_it_is_submitted(tmp_path, capsys, fake_ray):
+    """A one-rank cell asking for more CPUs than any live node has would wait for ever (the check
+    covered only cells of several ranks); so would a GPU cell on a cluster without GPUs."""
+    from polgrad.sweep import ray_checks
+
+    nodes = [
+        {"NodeID": "a", "Alive": True, "Resources": {"CPU": 2.0}},
+        {"NodeID": "b", "Alive": True, "Resources": {"CPU": 3.0}},
+        {"NodeID": "c", "Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},  # dead: not counted
+    ]
+    fake = fake_ray(nodes, _no_cell_may_be_submitted)
+    path = write_exp(
+        tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\nSweep.num_cpus = 4\n"
+    )
+    assert sweep.main([str(path), "--executor", "ray", "--results", str(tmp_path / "r")]) == 2
+    (cell,) = sweep.prepare(str(path))[1]
+    # the sweep has started (its first line, the bar), nothing was submitted: one error line, the last
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [ln for ln in lines if ln.startswith(("error", "Traceback"))] == lines[-1:]
+    assert lines[-1] == (
+        f"error: {path}: cell {cell.id} asks for 4 CPUs (Sweep.num_cpus, Sweep.num_gpus), more than any node "
+        "of the Ray cluster has (at most 3 CPUs and 0 GPUs on a node); lower them or add a larger node"
+    )
+    assert fake.submitted == []
+    gpu_cell = types.SimpleNamespace(file="x.gin", num_cpus=1, num_gpus=1, placement="PACK")
+    with pytest.raises(PolgradError, match=r"^x.gin: cell c1 asks for 1 CPUs and 1 GPUs .* 0 GPUs on a node"):
+        ray_checks.check_resources(gpu_cell, "c1", 1, nodes)
+    fits = types.SimpleNamespace(file="x.gin", num_cpus=3, num_gpus=0, placement="PACK")
+    ray_checks.check_resources(fits, "c1", 1, nodes)  # the largest node holds it

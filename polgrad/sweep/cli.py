@@ -32,7 +32,7 @@ from polgrad.sweep.launch import FINISHED, is_finished
 from polgrad.sweep.validation import validate
 
 
-def _no_preflight() -> None:
+def _no_preflight(ray_address: str | None = None) -> None:
     pass
 
 
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--parallel must be >= 1")
     train_module = args.train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE
     try:
-        PREFLIGHT.get(args.executor, _no_preflight)()
+        PREFLIGHT.get(args.executor, _no_preflight)(args.ray_address)
         if not args.dry_run:
             check_results_folder(args.results)
         exp, cells = prepare(args.experiment, train_module)
