@@ -7,6 +7,7 @@ tests/data; Ray's cluster state is faked where a check reads it, so no test here
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import socket
 import sys
@@ -369,3 +370,24 @@ def test_a_cell_no_node_can_hold_is_one_line_before_it_is_submitted(tmp_path, ca
         ray_checks.check_resources(gpu_cell, "c1", 1, nodes)
     fits = types.SimpleNamespace(file="x.gin", num_cpus=3, num_gpus=0, placement="PACK")
     ray_checks.check_resources(fits, "c1", 1, nodes)  # the largest node holds it
+
+
+def test_sigterm_to_the_ray_driver_stops_like_the_local_executor(tmp_path, capsys, fake_ray):
+    """ray.init installs a SIGTERM handler that exits at once; the sweep's own (stop the cells, say how
+    to resume, exit 130) is put back, as the local executor has it."""
+
+    def terminate(ray):
+        assert ray.submitted, "the SIGTERM is meant to come while a cell runs"
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this
+        raise AssertionError("SIGTERM did not stop the driver")
+
+    fake = fake_ray([{"NodeID": "a", "Alive": True, "Resources": {"CPU": 2.0}}], terminate)
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\n")
+    before = signal.getsignal(signal.SIGTERM)
+    assert sweep.main([str(path), "--executor", "ray", "--results", str(tmp_path / "r")]) == 130
+    err = capsys.readouterr().err
+    assert "exp: stopping; running cells checkpoint their current step" in err
+    assert "exp: interrupted; re-run the same command to resume" in err
+    assert not fake.inited  # the driver's Ray was shut down
+    assert signal.getsignal(signal.SIGTERM) == before

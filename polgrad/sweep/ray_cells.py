@@ -256,17 +256,24 @@ def _dead_nodes(nodes: list[str | None]) -> list[str]:
 
 def _init_ray(ray_address: str | None) -> None:
     """ray.init: the cluster at `ray_address` once it answers (`ray_checks.check_address`), else a local
-    Ray."""
+    Ray. ray.init replaces the driver's SIGTERM handler by its own (which exits at once); the sweep's
+    (polgrad/sweep/cli.py: a SIGTERM stops the cells like ^C, then says how to resume) is put back."""
     import logging
 
     import ray
 
     check_address(ray_address)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if ray_address:
-        ray.init(address=ray_address, **kwargs)
-    else:
-        ray.init(include_dashboard=False, **kwargs)
+    try:
+        if ray_address:
+            ray.init(address=ray_address, **kwargs)
+        else:
+            ray.init(include_dashboard=False, **kwargs)
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
