@@ -22,6 +22,7 @@ from polgrad.errors import PolgradError
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
+REPO = TESTS.parent
 
 pytestmark = pytest.mark.usefixtures("fake_trainer")
 
@@ -391,3 +392,64 @@ def test_sigterm_to_the_ray_driver_stops_like_the_local_executor(tmp_path, capsy
     assert "exp: interrupted; re-run the same command to resume" in err
     assert not fake.inited  # the driver's Ray was shut down
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions on a metric the design's runs do not record (real cells: polgrad.train's build)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_prediction_on_a_metric_no_run_records_is_refused_by_the_dry_run(tmp_path, capsys, monkeypatch):
+    """`final_gold_reward` is a reward-model run's; on a sweep trained on the task's reward no run records
+    it, and the prediction would stay undecided after every cell trained. The dry run refuses it (and so
+    does the real run, whose validation is the same) naming the prediction, the metric and what the runs
+    record; a prediction on a recorded metric passes."""
+    monkeypatch.delenv("POLGRAD_TRAIN_MODULE", raising=False)  # polgrad's own trainer: cells are built
+    monkeypatch.chdir(REPO)
+    path = tmp_path / "gold.gin"
+    body = (
+        "include 'experiments/base_tiny.gin'\nSweep.specs = ['registry/grpo.gin']\n"
+        "Sweep.grid = {'Algorithm.kl_coef': [0.0, 0.1]}\nSweep.seeds = [0]\n"
+        "Sweep.predictions = [('a KL term keeps the gold', {'Algorithm.kl_coef': 0.1}, '%s', 'higher')]\n"
+    )
+    path.write_text(body % "final_gold_reward")
+    assert sweep.main([str(path), "--dry-run"]) == 2
+    assert one_line_error(capsys) == (
+        f"error: {path}: line 5: Sweep.predictions[0] ('a KL term keeps the gold'): its metric "
+        "final_gold_reward is recorded by none of the 2 runs it compares, so it could never be decided; "
+        "they record final_train_reward, eval_accuracy, eval_accuracy_init, kl, kl_exact, entropy, "
+        "tokens_per_s, wall_time_s, peak_mem_mb, final_len_correct, final_len_incorrect, "
+        "len_incorrect_change: predict one of those, or train with what records it "
+        "(train.reward_source = 'reward_model')"
+    )
+    assert sweep.main([str(path), "--results", str(tmp_path / "r")]) == 2  # the real run: before any cell
+    assert "final_gold_reward is recorded by none" in one_line_error(capsys)
+    assert not (tmp_path / "r").exists()
+    path.write_text(body % "final_train_reward")
+    assert sweep.main([str(path), "--dry-run"]) == 0
+
+
+def test_what_a_built_cell_records():
+    """The rules of polgrad/sweep/recorded.py on stand-ins for a TrainConfig and an Algorithm."""
+    from types import SimpleNamespace as NS
+
+    from polgrad.results.store import OUTCOME_METRICS
+    from polgrad.sweep.recorded import recorded
+
+    rl = NS(needs_reward_model=False, offline=False, needs_reference=True)
+    task, rm = NS(reward_source="task", measure_kl=True), NS(reward_source="reward_model", measure_kl=True)
+    assert set(recorded(rm, rl)) == set(OUTCOME_METRICS)
+    gold = {"final_gold_reward", "eval_rm_score", "eval_rm_score_init", "rm_heldout_accuracy"}
+    assert set(OUTCOME_METRICS) - set(recorded(task, rl)) == gold
+    reads_rm = NS(needs_reward_model=True, offline=False, needs_reference=True)  # value_init.reward_model
+    assert "rm_heldout_accuracy" in recorded(task, reads_rm)
+    no_ref = NS(needs_reward_model=False, offline=False, needs_reference=False)
+    assert {"kl", "kl_exact"} & set(recorded(NS(reward_source="task", measure_kl=False), no_ref)) == set()
+    dpo = NS(needs_reward_model=False, offline=True, needs_reference=True)
+    assert recorded(task, dpo) == (
+        "eval_accuracy",
+        "eval_accuracy_init",
+        "tokens_per_s",
+        "wall_time_s",
+        "peak_mem_mb",
+    )
