@@ -342,6 +342,29 @@ def test_a_ray_address_where_nothing_listens_is_one_line_within_seconds(
     ray_checks.check_address("local")  # a local Ray: nothing to reach
 
 
+def test_a_ray_address_ray_cannot_connect_to_is_one_line(tmp_path, capsys, monkeypatch, fake_ray):
+    """'auto' with no cluster on this machine (no address to try beforehand): ray.init's ConnectionError
+    is one line, not a traceback."""
+    fake = fake_ray([], _no_cell_may_be_submitted)
+
+    def no_cluster(**kwargs):
+        raise ConnectionError(
+            "Could not find any running Ray instance. Please specify the one to connect to by setting the "
+            "`--address` flag or `RAY_ADDRESS` environment variable."
+        )
+
+    monkeypatch.setattr(fake, "init", no_cluster)
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\n")
+    args = ["--executor", "ray", "--ray-address", "auto", "--results", str(tmp_path / "r")]
+    assert sweep.main([str(path), *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [ln for ln in lines if ln.startswith(("error", "Traceback"))] == lines[-1:]
+    assert lines[-1] == (
+        "error: --ray-address auto: Could not find any running Ray instance; start the cluster first "
+        "(`ray start --head`), give its address, or drop --executor ray to run the cells on this machine"
+    )
+
+
 def test_a_cell_no_node_can_hold_is_one_line_before_it_is_submitted(tmp_path, capsys, fake_ray):
     """A one-rank cell asking for more CPUs than any live node has would wait for ever (the check
     covered only cells of several ranks); so would a GPU cell on a cluster without GPUs."""

@@ -256,8 +256,9 @@ def _dead_nodes(nodes: list[str | None]) -> list[str]:
 
 def _init_ray(ray_address: str | None) -> None:
     """ray.init: the cluster at `ray_address` once it answers (`ray_checks.check_address`), else a local
-    Ray. ray.init replaces the driver's SIGTERM handler by its own (which exits at once); the sweep's
-    (polgrad/sweep/cli.py: a SIGTERM stops the cells like ^C, then says how to resume) is put back."""
+    Ray (a cluster Ray cannot find is one line). ray.init replaces the driver's SIGTERM handler by its
+    own (which exits at once); the sweep's (polgrad/sweep/cli.py: a SIGTERM stops the cells like ^C,
+    then says how to resume) is put back."""
     import logging
 
     import ray
@@ -271,6 +272,11 @@ def _init_ray(ray_address: str | None) -> None:
             ray.init(address=ray_address, **kwargs)
         else:
             ray.init(include_dashboard=False, **kwargs)
+    except ConnectionError as e:  # e.g. 'auto' with no cluster on this machine: Ray's first sentence
+        raise PolgradError(
+            f"--ray-address {ray_address}: {str(e).split('. ')[0].strip()}; start the cluster first "
+            "(`ray start --head`), give its address, or drop --executor ray to run the cells on this machine"
+        ) from None
     finally:
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
