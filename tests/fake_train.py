@@ -5,7 +5,9 @@
 Parses the files and bindings with gin, writes DIR/config.gin, one metrics.jsonl row per step
 (flushed), a checkpoint every `checkpoint_every` steps, and summary.json atomically at the end.
 Metrics are a deterministic function of (lr, kl, seed, step). `crash_at` makes it fail with a
-one-line `error: ...` on stderr; `sleep_s` slows each step down so tests can catch it running.
+one-line `error: ...` on stderr (`error_line = False`: a bare exception line instead; `progress_bar`: a
+progress bar after it; `kill_signal`: killed by that signal instead of exiting 1); `sleep_s` slows
+each step down so tests can catch it running.
 `table5` (a dict, default None) goes into summary.json as the Table-5 row, as the trainer writes it;
 `status = 'unstable'` makes summary.json say so, as the trainer does when too many steps were skipped.
 `warm_start` (a text formatted with {seed} and {lr}, default None: not written) is summary.json's
@@ -64,8 +66,14 @@ def settings(
     crash_rank=None,
     status: str = "ok",
     warm_start=None,
+    kill_signal=None,
+    progress_bar: bool = False,
+    error_line: bool = True,
 ):
     return dict(
+        kill_signal=kill_signal,
+        progress_bar=progress_bar,
+        error_line=error_line,
         status=status,
         warm_start=None if warm_start is None else str(warm_start).format(seed=seed, lr=lr),
         zero_stage=zero_stage,
@@ -162,9 +170,7 @@ def main(argv=None) -> int:
     with open(metrics_path, "a") as fh:
         for step in range(start, cfg["steps"]):
             if cfg["crash_at"] is not None and step == cfg["crash_at"] and cfg["crash_rank"] in (None, 0):
-                print("Traceback (most recent call last): ...", file=sys.stderr)
-                print(f"error: {cfg['crash_message']} at step {step}", file=sys.stderr)
-                return 1
+                return _crash(cfg, step)
             time.sleep(cfg["sleep_s"])
             row = _metrics(cfg, step)
             rows.append(row)
@@ -198,6 +204,23 @@ def main(argv=None) -> int:
         fh.write(json.dumps({"end": time.time(), "pid": os.getpid()}) + "\n")
     _atomic_json(out / "summary.json", summary)
     return 0
+
+
+def _crash(cfg: dict, step: int) -> int:
+    """The crash at `step`: a traceback and the one-line `error:` (or, with `error_line` False, the
+    exception's own last line), then a progress bar on stderr (`progress_bar`: as HF's loading bars
+    draw it, carriage returns and all), then exit 1, or death by `kill_signal` (as the OOM killer's)."""
+    print("Traceback (most recent call last): ...", file=sys.stderr)
+    message = f"{cfg['crash_message']} at step {step}"
+    print(f"error: {message}" if cfg["error_line"] else f"RuntimeError: {message}", file=sys.stderr)
+    if cfg["progress_bar"]:
+        sys.stderr.write("\rLoading weights:   0%|          | 0/3 [00:00<?, ?it/s]")
+        sys.stderr.write("\rLoading weights: 100%|##########| 3/3 [00:00<00:00, 99.0it/s]\n")
+    sys.stderr.flush()
+    if cfg["kill_signal"]:
+        os.kill(os.getpid(), cfg["kill_signal"])
+        time.sleep(10)  # the signal ends it
+    return 1
 
 
 def _other_rank(cfg: dict, start: int, rank: int) -> int:

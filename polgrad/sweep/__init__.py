@@ -112,7 +112,9 @@ missing include or spec, no seeds, an empty axis or grid, or a grid axis that so
 when varying it gives otherwise identical cells (polgrad/sweep/reads.py; the rule is in
 CONTRIBUTING.md, "Adding an experiment"). With `Sweep.budget` the dry run also sets each cell's
 prompts per step from its built Algorithm and refuses a grid it cannot equalise, or cells of
-different `train.steps` (polgrad/sweep/budget.py). `--dry-run` marks a swept binding a cell does not read
+different `train.steps` (polgrad/sweep/budget.py), and a `Sweep.predictions` entry on a metric some run
+it compares does not record, e.g. a reward model's `final_gold_reward` on a task-reward sweep
+(polgrad/sweep/recorded.py). `--dry-run` marks a swept binding a cell does not read
 `(not read)` (the CSV's `not_read`; labels leave it out) and lists the other bindings a cell does not
 read (allowed, e.g. a base-config binding of a part the spec does not use).
 
@@ -150,8 +152,11 @@ sweep stops with one line naming them for `--restart`. The code: polgrad/sweep/t
 
 `--dry-run` validates and prints the cells (id, spec, bindings, seed). Re-running the same file
 skips finished cells (summary.json with status ok or unstable), resumes unfinished ones (`--resume` when the
-run folder has checkpoints) and re-runs failed ones. A crashing cell is recorded as failed with
-the last line of its stderr; the sweep goes on and exits 1 at the end with a summary (2 for a bad
+run folder has checkpoints) and re-runs failed ones; another experiment file with the same
+`Sweep.name` and results folder is refused (experiment.json records the file). A crashing cell is
+recorded as failed with its `error:` line, else the signal that killed it (SIGKILL: usually the
+kernel's out-of-memory killer), else the last line of its stderr that is not a progress bar; the
+sweep goes on and exits 1 at the end with a summary (2 for a bad
 experiment file, 130 when interrupted: ^C or SIGTERM stops the running cells with SIGTERM, and each
 finishes its current step and checkpoints it, within 60 s, before the sweep exits). A cell whose
 trainer reports status `unstable` (more than `train.unstable_skip_frac` of its optimizer steps
@@ -164,10 +169,12 @@ stays until the new run replaces it. A write that fails (disk full, read-only re
 the sweep with one line naming the file; the CSV is replaced atomically, so no recorded row is
 lost, and a re-run records finished cells from their run folders.
 
-`--executor local` (default) runs cells one at a time, or N at a time with `--parallel N`, each
+`--executor local` (default) runs cells one at a time, or N at a time with `--parallel N` (fewer
+when N cells would not fit in the memory available: polgrad/sweep/memory.py), each
 with OMP_NUM_THREADS = cores // N (on a GPU node: each running cell gets its own
 CUDA_VISIBLE_DEVICES slice, see `slots.assign_gpu_slots`). `--executor ray` hands cells to Ray as
-tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address` of a cluster); its nodes need
+tasks asking for `num_cpus`/`num_gpus` (a local Ray, or `--ray-address` of a cluster, which must
+answer, and have a node that can hold a cell: polgrad/sweep/ray_checks.py); its nodes need
 not share a disk: a cell trains in its node's own folder and streams its run folder to the driver,
 and a cell whose node dies starts again on another from the checkpoints the driver holds
 (polgrad/sweep/ray_cells.py; docs/scaling.md). A cell of k ranks gets a placement group of k
@@ -194,6 +201,7 @@ them; experiment.json records both and the budget, whose statement heads the md 
     experiment.py   load_experiment: read and check the file -> Experiment
     grid.py         expand: Experiment -> [Cell] with stable ids; format_cells for --dry-run
     budget.py       Sweep.budget: each cell's prompts per step and stop; a grid it cannot equalise
+    recorded.py     the metrics a built cell records; a prediction its runs cannot decide
     validation.py   validate(exp, cells, train_module): every cell parsed with gin before training
     reads.py        which bindings a built cell reads; the refusal of an axis that changes nothing
     slots.py        GPU slots; launch commands (LAUNCH: a dict launcher -> command prefix)
@@ -201,6 +209,8 @@ them; experiment.json records both and the budget, whose statement heads the md 
     executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar
     ray_cells.py    the 'ray' executor: cells and their ranks as Ray tasks, restarted after a lost node
     ray_sync.py     a cell's run folder between its node and the driver (no shared disk)
+    ray_checks.py   before Ray waits: a cluster address that answers, cells a node can hold
+    memory.py       how many cells at a time fit in this machine's available memory
     cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
     tuning.py       Sweep.tuning: the tuning stage's cells, the choice, its binding in the evaluation
 """

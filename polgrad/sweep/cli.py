@@ -24,7 +24,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
-from polgrad.sweep import budget, launch, tuning
+from polgrad.sweep import budget, launch, memory, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -32,7 +32,7 @@ from polgrad.sweep.launch import FINISHED, is_finished
 from polgrad.sweep.validation import validate
 
 
-def _no_preflight() -> None:
+def _no_preflight(ray_address: str | None = None) -> None:
     pass
 
 
@@ -61,6 +61,8 @@ def run(
     cells with the chosen values bound (`tuning.bind`)."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
+    check_results_folder(results_dir)
+    _check_own_folder(exp, Path(results_dir))
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
     code = 0
@@ -98,6 +100,47 @@ def run(
             command=command,
         )
     return max(code, done)
+
+
+def check_results_folder(results_dir: str | os.PathLike) -> None:
+    """The results folder must be a folder, or not exist yet below one: a file on its path would stop
+    the sweep with NotADirectoryError at its first mkdir; one line instead, before any work."""
+    path = Path(results_dir)
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise PolgradError(
+                    f"--results {results_dir}: {part} is a file, not a folder; give --results a folder "
+                    "(it is created if missing; default: results)"
+                )
+            return
+
+
+def _recorded_file(exp: Experiment) -> str:
+    """The experiment file as experiment.json records it: relative to its repository's root."""
+    return _results.repo_relative(exp.file, _results.repo_root(Path(exp.file).resolve().parent))
+
+
+def _check_own_folder(exp: Experiment, results_dir: Path) -> None:
+    """results/<name>/ is the sweep of one experiment file. Another file of the same Sweep.name would
+    replace experiment.json's cells with its own, record its rows beside the first file's in the CSV
+    and train into the same folder: one line instead, before anything is written. The same file
+    re-run (a resume, an edited grid: its cells are recorded and the others' rows kept) passes."""
+    path = results_dir / exp.name / "experiment.json"
+    try:
+        recorded = json.loads(path.read_text()).get("file")
+    except (OSError, ValueError, AttributeError):
+        return  # no sweep there yet (or no file recorded): nothing to keep apart
+    if not recorded or recorded == _recorded_file(exp):
+        return
+    root = _results.repo_root(Path(exp.file).resolve().parent) or Path.cwd()
+    if (root / recorded).resolve() == Path(exp.file).resolve():
+        return
+    raise PolgradError(
+        f"{path} is the sweep of {recorded}, not of {exp.file}: both are Sweep.name = '{exp.name}', so "
+        f"their cells would mix in one CSV and folder; rename Sweep.name in {exp.file} or give it "
+        "another --results folder"
+    )
 
 
 def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) -> None:
@@ -208,9 +251,15 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         print(rebuilt, file=sys.stderr)
     todo = [cell for cell in cells if not is_finished(run_dirs[cell.id])]
     skipped = len(cells) - len(todo)
+    if parallel and todo:  # no more at a time than there are cells to run, nor than fit in memory here
+        parallel = min(parallel, len(todo))
+        if executor == "local" and exp.num_gpus == 0:
+            parallel, lowered = memory.fit(exp.name, parallel, run_dirs.values(), exp.processes_per_cell)
+            if lowered:
+                print(lowered, file=sys.stderr)
     print(
         f"{exp.name}: {len(cells)} cells, {skipped} already finished, {len(todo)} to run "
-        f"({executor}{f', {parallel} at a time' if parallel else ''}); results in {results_dir}/",
+        f"({executor}{f', {parallel} at a time' if parallel and todo else ''}); results in {results_dir}/",
         file=sys.stderr,
     )
     progress = _Progress(len(cells), skipped, exp.name)
@@ -249,7 +298,7 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[
     root = _results.repo_root(Path(exp.file).resolve().parent)
     meta = {
         "name": exp.name,
-        "file": _results.repo_relative(exp.file, root),
+        "file": _recorded_file(exp),
         "command": command,
         "primary_metric": exp.primary_metric,
         "higher_is_better": exp.higher_is_better,
@@ -357,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--parallel must be >= 1")
     train_module = args.train_module or os.environ.get(TRAIN_MODULE_ENV) or DEFAULT_TRAIN_MODULE
     try:
-        PREFLIGHT.get(args.executor, _no_preflight)()
+        PREFLIGHT.get(args.executor, _no_preflight)(args.ray_address)
+        if not args.dry_run:
+            check_results_folder(args.results)
         exp, cells = prepare(args.experiment, train_module)
         if args.dry_run:
             print(tuning.format_stages(exp, cells))

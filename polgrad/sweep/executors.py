@@ -25,7 +25,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError
-from polgrad.sweep import ray_cells
+from polgrad.sweep import ray_cells, ray_checks
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.launch import _failed, last_step, run_cell
 from polgrad.sweep.slots import GpuSlot, assign_gpu_slots, visible_gpus
@@ -160,14 +160,17 @@ def _run_local(exp, todo, run_dirs, record, progress, *, parallel, train_module,
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _require_ray() -> None:
+def _require_ray(ray_address: str | None = None) -> None:
+    """Ray is installed and the cluster at `ray_address` answers (else ray.init would wait minutes)."""
     try:
         import ray  # noqa: F401
     except ImportError as e:
         raise PolgradError(f"--executor ray needs Ray: pip install 'polgrad[ray]' ({e})") from None
+    ray_checks.check_address(ray_address)
 
 
 # --executor name -> executor; the CLI offers exactly these names.
 EXECUTORS: dict[str, Callable[..., None]] = {"local": _run_local, "ray": ray_cells.run}
-# --executor name -> a check to run before the experiment is validated (raises PolgradError).
-PREFLIGHT: dict[str, Callable[[], None]] = {"ray": _require_ray}
+# --executor name -> a check of (--ray-address) to run before the experiment is validated (raises
+# PolgradError).
+PREFLIGHT: dict[str, Callable[[str | None], None]] = {"ray": _require_ray}

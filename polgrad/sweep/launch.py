@@ -16,6 +16,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -223,20 +224,52 @@ def _parent_death_signal(sig: int):
     return preexec
 
 
+# A launcher's report of a rank that died of a signal: torchrun's "Signal 9 (SIGKILL) received by PID
+# n", DeepSpeed's "... exits with return code = -9".
+_RANK_SIGNAL = re.compile(r"Signal (\d+) \(\w+\) received by PID|exits with return code = -(\d+)")
+# A progress bar's line (tqdm: "Loading weights: 100%|####| 3/3 [00:01<00:00, 2.9it/s]", or without a
+# total "12it [00:01, 9.8it/s]"), for a bar that reached stderr without its carriage returns.
+_PROGRESS_BAR = re.compile(r"\d+%\||\[\d+:\d\d(?::\d\d)?(?:<[\d:?]+)?, ")
+
+
+def is_progress(line: str, after_cr: bool) -> bool:
+    """True for a line of stderr that is a progress bar's update, never a failure's reason: one ending
+    in a bare carriage return, one right after such a line (the same terminal line redrawn, e.g. a
+    bar's final state before its newline), or one in tqdm's format."""
+    return after_cr or (line.endswith("\r") and not line.endswith("\r\n")) or bool(_PROGRESS_BAR.search(line))
+
+
+def killed_by(signum: int) -> str:
+    """How a process killed by signal `signum` is reported; SIGKILL from outside is, on a machine
+    running cells side by side, usually the kernel's out-of-memory killer."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"killed by signal {signum}"
+    if signum == signal.SIGKILL:
+        return (
+            "killed by SIGKILL, usually the kernel's out-of-memory killer (dmesg says so): "
+            "run fewer cells at a time (a lower --parallel)"
+        )
+    return f"killed by {name}"
+
+
 def _error_line(first_error: str | None, stderr_tail: Sequence[str], returncode: int) -> str:
     """The trainer's one-line error: its first `error: ...` line (with several ranks, the first rank to
-    fail; the others' errors are mostly its consequence, e.g. a closed connection), else the last line
-    of stderr, else how the process ended."""
+    fail; the others' errors are mostly its consequence, e.g. a closed connection), else the signal that
+    killed it (or, under a launcher, one of its ranks), else the last line of stderr (`stderr_tail`
+    holds no progress bar's line: `is_progress`), else its exit code."""
     if first_error is not None:
         return first_error[len("error:") :].strip()
+    if returncode < 0:
+        return killed_by(-returncode)
     lines = [ln.strip() for ln in stderr_tail if ln.strip()]
+    for ln in lines:
+        rank = _RANK_SIGNAL.search(ln)
+        if rank:
+            return f"a rank {killed_by(int(rank.group(1) or rank.group(2)))}"
     if lines:
         return lines[-1]
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
 
 
@@ -413,13 +446,18 @@ def _run_trainer(
                 start_new_session=n_ranks > 1,
                 preexec_fn=_parent_death_signal(die_with_parent) if die_with_parent else None,
             )
+            # carriage returns kept, so that a progress bar's redrawn line is seen as one (`is_progress`)
+            proc.stderr.reconfigure(newline="")
             running = _RUNNING[cell.id] = _Running(proc, run_dir, own_group=n_ranks > 1)
         (run_dir / "trainer.pid").write_text(f"{proc.pid}\n")
 
         def pump():
+            after_cr = False  # the line before ended in a bare carriage return: a bar being redrawn
             for line in proc.stderr:
                 log.write(line)
-                tail.append(line)
+                if not is_progress(line, after_cr):
+                    tail.append(line)
+                after_cr = line.endswith("\r") and not line.endswith("\r\n")
                 if not first_error and line.strip().startswith("error:"):
                     first_error.append(line.strip())
 

@@ -38,6 +38,7 @@ from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.launch import _failed, _now, run_cell
+from polgrad.sweep.ray_checks import check_address, check_resources
 from polgrad.sweep.ray_sync import (  # noqa: F401 - ATTEMPTS and read_tree are this module's too
     ATTEMPTS,
     Mirror,
@@ -253,33 +254,32 @@ def _dead_nodes(nodes: list[str | None]) -> list[str]:
     return [n for n in nodes if n is not None and n not in alive]
 
 
-def _check_placement(exp, world: int) -> None:
-    """A placement group the cluster can never hold would wait forever: one line instead."""
+def _init_ray(ray_address: str | None) -> None:
+    """ray.init: the cluster at `ray_address` once it answers (`ray_checks.check_address`), else a local
+    Ray (a cluster Ray cannot find is one line). ray.init replaces the driver's SIGTERM handler by its
+    own (which exits at once); the sweep's (polgrad/sweep/cli.py: a SIGTERM stops the cells like ^C,
+    then says how to resume) is put back."""
+    import logging
+
     import ray
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    per_node = [n.get("Resources", {}).get("CPU", 0.0) for n in nodes]
-    cpus, biggest = sum(per_node), max(per_node, default=0.0)
-    if exp.num_cpus / world > biggest:
+    check_address(ray_address)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    try:
+        if ray_address:
+            ray.init(address=ray_address, **kwargs)
+        else:
+            ray.init(include_dashboard=False, **kwargs)
+    except ConnectionError as e:  # e.g. 'auto' with no cluster on this machine: Ray's first sentence
         raise PolgradError(
-            f"{exp.file}: Sweep.num_cpus = {exp.num_cpus:g} gives each of the {world} ranks "
-            f"{exp.num_cpus / world:g} CPUs, more than any node of the Ray cluster has ({biggest:g})"
-        )
-    if exp.placement == "STRICT_PACK" and exp.num_cpus > biggest:
-        raise PolgradError(
-            f"{exp.file}: Sweep.placement = 'STRICT_PACK' puts the {world} ranks on one node, but no node "
-            f"of the Ray cluster has Sweep.num_cpus = {exp.num_cpus:g} CPUs ({biggest:g} at most)"
-        )
-    if exp.num_cpus > cpus:
-        raise PolgradError(
-            f"{exp.file}: Sweep.num_cpus = {exp.num_cpus:g} for a cell of {world} ranks, but the Ray cluster "
-            f"has {cpus:g} CPUs: lower Sweep.num_cpus or add nodes"
-        )
-    if exp.placement == "STRICT_SPREAD" and world > len(nodes):
-        raise PolgradError(
-            f"{exp.file}: Sweep.placement = 'STRICT_SPREAD' puts each of the {world} ranks on its own node, "
-            f"but the Ray cluster has {len(nodes)}: use 'SPREAD' or add nodes"
-        )
+            f"--ray-address {ray_address}: {str(e).split('. ')[0].strip()}; start the cluster first "
+            "(`ray start --head`), give its address, or drop --executor ray to run the cells on this machine"
+        ) from None
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:
@@ -287,19 +287,13 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
     A cell of `Sweep.processes_per_cell` = k > 1 ranks gets a placement group of k bundles
     (`Sweep.placement`: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD) and one task per rank in it; the
     ranks wait for the group (the driver does not: it goes on syncing and recording other cells)."""
-    import logging
-
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     started_here = not ray.is_initialized()
     if started_here:
-        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-        if ray_address:
-            ray.init(address=ray_address, **kwargs)
-        else:
-            ray.init(include_dashboard=False, **kwargs)
+        _init_ray(ray_address)
     world = exp.processes_per_cell if exp.num_gpus == 0 else 1
     per_rank = {"num_cpus": exp.num_cpus / world, "num_gpus": exp.num_gpus}
     remote = ray.remote(cell_task)
@@ -424,8 +418,8 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             att.deadline = time.monotonic() + LOSS_GRACE_S  # the others may be about to say why
 
     try:
-        if world > 1:
-            _check_placement(exp, world)
+        if todo:  # every cell asks alike: one that no node can hold would wait for ever
+            check_resources(exp, todo[0].id, world, ray.nodes())
         while queue_ or inflight:
             while queue_ and len(attempts) < limit:
                 cell, number = queue_.pop(0)

@@ -29,6 +29,7 @@ from polgrad.sweep import budget
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, _fail
 from polgrad.sweep.grid import Cell, with_budget
 from polgrad.sweep.reads import bound_keys, check_axes, reads_of
+from polgrad.sweep.recorded import check_predictions, recorded
 
 __all__ = ["validate"]
 
@@ -71,6 +72,7 @@ def validate(
     ranks, ranks_label = ranks_per_cell(exp)
     out = list(cells)
     built: dict[str, budget.Facts] = {}  # what Sweep.budget needs of each built cell
+    records: dict[str, tuple[str, ...]] = {}  # the outcome metrics each built cell records
     try:
         for i, cell in enumerate(cells):
             where = f"cell {cell.id} ({cell.spec}; {cell.describe()})"
@@ -105,6 +107,7 @@ def validate(
                     not_read = ((k, reads.why_unread(k)) for k in keys)
                     out[i] = dataclasses.replace(cell, not_read=tuple((k, w) for k, w in not_read if w))
                     built[cell.id] = budget.facts(cfg, algo)
+                    records[cell.id] = recorded(cfg, algo)
             except PolgradError as e:
                 if str(e).startswith(f"{exp.file}: "):
                     raise
@@ -112,6 +115,7 @@ def validate(
     finally:
         gin.clear_config()
     check_axes(exp.file, out, {c.id: dict(c.not_read) for c in out})
+    check_predictions(exp, out, records)  # a prediction on a metric its runs do not record
     # Sweep.budget: each cell's prompts per step and stop, or one line for a grid it cannot equalise.
     planned = budget.plan(exp.file, exp.budget, out, built, ranks)
     return [with_budget(exp, c, planned[c.id]) if c.id in planned else c for c in out]
