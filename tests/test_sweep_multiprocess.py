@@ -150,7 +150,7 @@ def test_two_rank_cell_runs_both_ranks_and_records_world_size(tmp_path, fake_tra
 
 def test_concurrent_deepspeed_cells_get_their_own_master_ports(tmp_path, fake_trainer):
     path = fake_exp(
-        tmp_path, "deepspeed", "fake_train.sleep_s = 1.0\nSweep.grid = {'fake_train.lr': [0.1, 0.2]}\n"
+        tmp_path, "deepspeed", "fake_train.sleep_s = 3.0\nSweep.grid = {'fake_train.lr': [0.1, 0.2]}\n"
     )
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out), "--parallel", "2"]) == 0
@@ -165,7 +165,10 @@ def test_concurrent_deepspeed_cells_get_their_own_master_ports(tmp_path, fake_tr
         assert all(s["omp"] == str(max(1, results.cpu_count() // 4)) for s in ranks)  # 2 cells x 2 ranks
         spans.append(min(s["t0"] for s in ranks))
     assert len(ports) == 2
-    assert abs(spans[0] - spans[1]) < 4.0  # the two cells ran at once (each runs 4 s)
+    # The two cells ran at once: each runs 4 steps of 3 s, so one started before the other ended. (Each
+    # start waits for its launcher, ranks and imports: seconds apart on a loaded machine, which a
+    # 4 x 1 s run could not absorb.)
+    assert abs(spans[0] - spans[1]) < 12.0
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -185,13 +188,15 @@ def test_a_failing_rank_fails_the_cell_with_its_error(tmp_path, fake_trainer, la
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_timeout_kills_every_rank_of_the_cell(tmp_path, fake_trainer, launcher):
-    path = fake_exp(tmp_path, launcher, "fake_train.sleep_s = 60.0\nSweep.timeout_s = 12\n")
+    # 30 s: the launcher and both ranks start well within it even on a loaded machine (they took
+    # over 12 s there), and the run stops long before the 120 s its first step sleeps.
+    path = fake_exp(tmp_path, launcher, "fake_train.sleep_s = 120.0\nSweep.timeout_s = 30\n")
     out = tmp_path / "results"
     start = time.monotonic()
     assert sweep.main([str(path), "--results", str(out)]) == 1
-    assert time.monotonic() - start < 60  # not the 60 s a step sleeps
+    assert time.monotonic() - start < 100  # not the 120 s a step sleeps
     (row,) = csv_rows(out / "exp.csv")
-    assert row["status"] == "failed" and row["error"] == "timed out after 12 s (Sweep.timeout_s)"
+    assert row["status"] == "failed" and row["error"] == "timed out after 30 s (Sweep.timeout_s)"
     run_dir = out / "exp" / "runs" / row["cell_id"]
     ranks = starts(run_dir)
     assert sorted(s["rank"] for s in ranks) == [0, 1]  # both were running when the time was up
