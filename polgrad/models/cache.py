@@ -8,6 +8,13 @@ weights: the task name and kwargs, a digest of the data actually drawn, the mode
 training hyperparameters, the seed and `MODEL_CODE_VERSION`. A cache entry appears by an atomic rename
 of a finished temporary directory, so a killed run never leaves a half-written entry, and a per-key
 file lock makes concurrent sweep cells train it only once.
+
+A hit is checked before it is trusted (`entry_problem`): a weights file deleted or truncated after the
+entry was made (a disk cleaner, a full disk while copying a cache) would otherwise be a hit on which
+every run fails while loading, and is never rebuilt. The check is cheap: every file's size against the
+sizes polgrad.json records (`files`, written when the entry is made), and for every entry, older ones
+included, a config.json that parses, a weights file, and each safetensors file as long as its own
+header says. A broken entry is rebuilt under the same lock, with one line on stderr saying so.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +38,10 @@ from typing import Any
 MODEL_CODE_VERSION = 3
 
 POLGRAD_JSON = "polgrad.json"
+WEIGHTS = (
+    "*.safetensors",
+    "*.bin",
+)  # an entry holds at least one (SFT: model.safetensors; a LoRA RM: its adapter)
 
 
 def default_cache_dir() -> Path:
@@ -66,9 +78,16 @@ def cache_entry(root: Path, name: str) -> Iterator[tuple[Path, Path | None]]:
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if (final / POLGRAD_JSON).is_file():
+            problem = entry_problem(final) if final.exists() else None
+            if final.exists() and problem is None:
                 yield final, None
                 return
+            if problem is not None:
+                print(
+                    f"warning: cache entry {final} is broken ({problem}); rebuilding it",
+                    file=sys.stderr,
+                    flush=True,
+                )
             for stale in root.glob(f".tmp-{name}-*"):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -77,7 +96,8 @@ def cache_entry(root: Path, name: str) -> Iterator[tuple[Path, Path | None]]:
                 yield final, tmp
                 if not (tmp / POLGRAD_JSON).is_file():
                     raise RuntimeError(f"cache entry {tmp} was not completed (no {POLGRAD_JSON})")
-                if final.exists():  # an incomplete entry left by hand: replace it
+                write_info(tmp, {**read_info(tmp), "files": _sizes(tmp)})  # what `entry_problem` checks
+                if final.exists():  # a broken or incomplete entry: replace it
                     shutil.rmtree(final)
                 os.rename(tmp, final)
             finally:
@@ -85,6 +105,57 @@ def cache_entry(root: Path, name: str) -> Iterator[tuple[Path, Path | None]]:
                     shutil.rmtree(tmp, ignore_errors=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _sizes(path: Path) -> dict[str, int]:
+    """The size in bytes of every file of the entry at `path` but its polgrad.json, by relative path."""
+    files = (f for f in sorted(path.rglob("*")) if f.is_file() and f.name != POLGRAD_JSON)
+    return {str(f.relative_to(path)): f.stat().st_size for f in files}
+
+
+def entry_problem(path: Path) -> str | None:
+    """What is wrong with the finished cache entry at `path` (a few words), or None if it is whole.
+
+    Whole: polgrad.json parses; every file it records (`files`) has its recorded size; config.json
+    parses; at least one weights file; every safetensors file is as long as its header says (entries
+    made before `files` was recorded are checked by these last three alone). Stats and headers only,
+    no weights are read."""
+    try:
+        info = json.loads((path / POLGRAD_JSON).read_text())
+    except (OSError, ValueError):
+        return f"no readable {POLGRAD_JSON}"
+    recorded = info.get("files") if isinstance(info, dict) else None
+    for name, size in (recorded if isinstance(recorded, dict) else {}).items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} is {f.stat().st_size:,} bytes, {size:,} when made"
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return "no readable config.json"
+    weights = [f for pattern in WEIGHTS for f in sorted(path.glob(pattern))]
+    if not weights:
+        return "no weights file"
+    return next(filter(None, (_safetensors_problem(f) for f in weights if f.suffix == ".safetensors")), None)
+
+
+def _safetensors_problem(f: Path) -> str | None:
+    """None if the safetensors file `f` is as long as its header says: 8 bytes of header length, the
+    JSON header, then the tensors up to the largest end offset; else what is wrong."""
+    size = f.stat().st_size
+    try:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n)) if 8 + n <= size else None
+        ends = [v["data_offsets"][1] for k, v in (header or {}).items() if k != "__metadata__"]
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        header = None
+    if header is None:
+        return f"{f.name} has no readable header ({size:,} bytes)"
+    want = 8 + n + max(ends, default=0)
+    return None if size == want else f"{f.name} is {size:,} bytes, its header says {want:,}"
 
 
 def read_info(path: str | os.PathLike) -> dict[str, Any]:
