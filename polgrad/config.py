@@ -219,6 +219,7 @@ def parse_config(files: Sequence[str], bindings: Sequence[str] = (), base: str |
     if base:
         paths = [resolve(base), *paths]
     for p in paths:
+        check_include_cycle(p)  # gin would recurse until Python's limit
         try:
             gin.parse_config_file(p)
         except Exception as e:  # noqa: BLE001 - explained below from the file's statements
@@ -359,6 +360,38 @@ def _explain_statements(text: str, where: Callable[[Any], str], base_dir: str | 
         if problem:
             return where(stmt) + problem
     return None
+
+
+def check_include_cycle(path: str) -> None:
+    """A ConfigError naming the files of an include cycle reachable from the gin file `path` (a file
+    that includes itself, or a -> b -> a), which gin follows until Python's recursion limit. Each file
+    is read once; a file that does not parse is left to gin and `explain_file`."""
+    done: set[str] = set()
+
+    def visit(file: str, chain: list[tuple[str, str]], line: int) -> None:
+        real, seen = os.path.realpath(file), [r for r, _ in chain]
+        if real in seen:
+            names = [name for _, name in chain[seen.index(real) :]] + [file]
+            raise ConfigError(
+                f"{path}: include cycle {' -> '.join(names)} (line {line} of {chain[-1][1]} includes "
+                f"{file} again); remove that include"
+            )
+        if real in done:
+            return
+        try:
+            with open(file) as f:
+                statements = [stmt for stmt, _ in _statements(f.read())]
+        except Exception:  # noqa: BLE001 - unreadable or a syntax error: gin's parse says which
+            statements = []
+        for stmt in statements:
+            found = isinstance(stmt, config_parser.IncludeStatement) and _find_include(
+                stmt.filename, os.path.dirname(file)
+            )
+            if found:
+                visit(found, [*chain, (real, file)], stmt.location.line_num)
+        done.add(real)
+
+    visit(path, [], 0)
 
 
 def _find_include(name: str, base_dir: str | None) -> str | None:

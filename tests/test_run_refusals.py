@@ -1,0 +1,47 @@
+"""Bad run configurations refused in one line before any work (the trainer, its config and model loading).
+
+Each test builds the bad input and calls the function that refuses it: no model is trained here.
+"""
+
+from __future__ import annotations
+
+import gin
+import pytest
+
+from polgrad import config
+from polgrad.errors import ConfigError
+
+
+# ----------------------------------------------------------------------------- include cycles
+def test_a_gin_file_that_includes_itself_is_one_line_naming_it(tmp_path):
+    me = tmp_path / "self.gin"
+    me.write_text(f"include '{me}'\n")
+    with pytest.raises(ConfigError) as err:
+        config.parse_config([str(me)], [], base=None)
+    assert str(err.value) == (
+        f"{me}: include cycle {me} -> {me} (line 1 of {me} includes {me} again); remove that include"
+    )
+
+
+def test_an_include_cycle_through_two_files_names_both(tmp_path):
+    a, b = tmp_path / "a.gin", tmp_path / "b.gin"
+    a.write_text("train.steps = 3\ninclude 'b.gin'\n")  # found beside the including file
+    b.write_text("\n\ninclude 'a.gin'\n")
+    with pytest.raises(ConfigError) as err:
+        config.parse_config([str(a)], [], base=None)
+    assert str(err.value) == (
+        f"{a}: include cycle {a} -> {tmp_path / 'b.gin'} -> {tmp_path / 'a.gin'} (line 3 of "
+        f"{tmp_path / 'b.gin'} includes {tmp_path / 'a.gin'} again); remove that include"
+    )
+
+
+def test_a_file_included_twice_without_a_cycle_is_no_cycle(tmp_path):
+    """a includes b and c, which both include d: d is parsed twice (later bindings win), no cycle."""
+    d = tmp_path / "d.gin"
+    d.write_text("train.steps = 3\n")
+    for name in ("b", "c"):
+        (tmp_path / f"{name}.gin").write_text(f"include '{d}'\n")
+    a = tmp_path / "a.gin"
+    a.write_text(f"include '{tmp_path / 'b.gin'}'\ninclude '{tmp_path / 'c.gin'}'\n")
+    config.parse_config([str(a)], [], base=None)
+    assert gin.query_parameter("train.steps") == 3
