@@ -81,6 +81,12 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
             f"train.critic_warmup_steps = {cfg.critic_warmup_steps}: {algo.name} {what}; a warm-up needs a "
             "critic with its own engine (e.g. Algorithm.value_init = @value_init.policy), or bind it to 0"
         )
+    if cfg.critic_warmup_steps >= cfg.steps:  # the run would end 'ok' with the starting policy
+        raise ConfigError(
+            f"train.critic_warmup_steps = {cfg.critic_warmup_steps} is not below train.steps = {cfg.steps}: "
+            f"every step would train the critic alone and {algo.name} would never update the policy; bind "
+            f"train.critic_warmup_steps below {cfg.steps}, or raise train.steps"
+        )
     if value_init is not None and value_init.meta.get("lora") and cfg.lora is None:
         raise ConfigError(
             f"Algorithm.value_init = @{value_init.full_name} needs a LoRA policy: bind train.lora_r > 0 "

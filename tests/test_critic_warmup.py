@@ -3,6 +3,7 @@ does not move (verl's critic_warmup, OpenRLHF's freezing_actor_steps)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def _run(tmp_path, name: str, warmup: int, calls: list | None = None) -> tuple[d
     from polgrad import distributed
     from polgrad.build import warm_start
     from polgrad.models import ScalarHeadModel
-    from polgrad.train import run
+    from polgrad.trainer import train
 
     backward, step = distributed.backward, distributed.step
     if calls is not None:
@@ -109,13 +110,15 @@ def _run(tmp_path, name: str, warmup: int, calls: list | None = None) -> tuple[d
             "train.eval_size = 16",
             "train.progress = False",
             "train.threads = 1",
-            f"train.critic_warmup_steps = {warmup}",
         ],
     )
-    cfg, _, _ = config.build()
+    cfg, algo, task = config.build()
+    # config.build() refuses a warm-up as long as the run (the policy would never move); to watch the
+    # warm-up steps alone the trainer is handed the config with it set, as run() hands its overrides.
+    cfg = dataclasses.replace(cfg, critic_warmup_steps=warmup)
     out = tmp_path / name
     try:
-        run(str(out))
+        train(cfg, algo, task, str(out), record=config.record())
     finally:
         distributed.backward, distributed.step = backward, step
         gin.clear_config()

@@ -11,6 +11,8 @@ import pytest
 from polgrad import config
 from polgrad.errors import ConfigError
 
+PPO = str(config.resolve("registry/ppo.gin"))
+
 
 # ----------------------------------------------------------------------------- include cycles
 def test_a_gin_file_that_includes_itself_is_one_line_naming_it(tmp_path):
@@ -45,3 +47,22 @@ def test_a_file_included_twice_without_a_cycle_is_no_cycle(tmp_path):
     a.write_text(f"include '{tmp_path / 'b.gin'}'\ninclude '{tmp_path / 'c.gin'}'\n")
     config.parse_config([str(a)], [], base=None)
     assert gin.query_parameter("train.steps") == 3
+
+
+# ----------------------------------------------------------------------------- critic warm-up
+@pytest.mark.parametrize("warmup", [3, 4])
+def test_a_critic_warm_up_as_long_as_the_run_is_one_line_naming_both_bindings(warmup):
+    config.parse_config([PPO], ["train.steps = 3", f"train.critic_warmup_steps = {warmup}"])
+    with pytest.raises(ConfigError) as err:
+        config.build()
+    assert str(err.value) == (
+        f"train.critic_warmup_steps = {warmup} is not below train.steps = 3: every step would train the "
+        "critic alone and ppo would never update the policy; bind train.critic_warmup_steps below 3, or "
+        "raise train.steps"
+    )
+
+
+def test_a_critic_warm_up_shorter_than_the_run_builds():
+    config.parse_config([PPO], ["train.steps = 3", "train.critic_warmup_steps = 2"])
+    cfg, _, _ = config.build()
+    assert (cfg.critic_warmup_steps, cfg.steps) == (2, 3)
