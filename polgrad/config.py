@@ -35,6 +35,7 @@ from gin import config_parser
 from polgrad import registry, table5
 from polgrad.algorithm import Algorithm
 from polgrad.errors import ConfigError, PolgradError, did_you_mean
+from polgrad.tasks.base import check_eval_size
 from polgrad.train_config import TrainConfig
 
 # Bindings that existed once: a file that still binds one is told what replaced it.
@@ -65,6 +66,7 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
     except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
         raise ConfigError(_first_line(e)) from None
     _check_task_needs(cfg, algo, task)
+    check_eval_size(task, cfg.eval_size)  # before the warm start, not after it at the first evaluation
     if cfg.asynchronous and algo.offline:
         raise ConfigError(
             f"train.max_staleness = {cfg.max_staleness} (asynchronous rollouts): {algo.name} samples nothing "

@@ -38,7 +38,7 @@ def test_the_whole_split_of_add_is_every_held_out_sum():
         f"{a}+{b}=" for a in range(10) for b in range(10) if in_eval_split(f"{a}+{b}=", task.eval_fraction)
     }
     assert {ex.prompt for ex in task.eval_examples(None)} == held
-    with pytest.raises(ConfigError, match="fewer than 500 distinct prompts"):
+    with pytest.raises(ConfigError, match="eval_size = 500 is more than the 10 distinct held-out prompts"):
         task.eval_examples(500)
 
 

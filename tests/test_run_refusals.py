@@ -5,13 +5,15 @@ Each test builds the bad input and calls the function that refuses it: no model 
 
 from __future__ import annotations
 
+import json
+
 import gin
 import pytest
 
 from polgrad import config
 from polgrad.errors import ConfigError
 
-PPO = str(config.resolve("registry/ppo.gin"))
+PPO, GRPO = (str(config.resolve(f"registry/{spec}.gin")) for spec in ("ppo", "grpo"))
 
 
 # ----------------------------------------------------------------------------- include cycles
@@ -66,3 +68,42 @@ def test_a_critic_warm_up_shorter_than_the_run_builds():
     config.parse_config([PPO], ["train.steps = 3", "train.critic_warmup_steps = 2"])
     cfg, _, _ = config.build()
     assert (cfg.critic_warmup_steps, cfg.steps) == (2, 3)
+
+
+# ----------------------------------------------------------------------------- train.eval_size
+def test_an_eval_size_above_the_tasks_held_out_prompts_is_refused_before_any_is_drawn(monkeypatch):
+    """task.add (digits 2) has 1,008 held-out prompts of its 10,000: counted by hashing, never drawn."""
+    from polgrad.tasks import synthetic
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("drew examples before refusing the eval size")
+
+    config.parse_config([GRPO], ["train.eval_size = 100000"])
+    monkeypatch.setattr(synthetic._Generated, "_draw", no_draw)
+    with pytest.raises(ConfigError) as err:
+        config.build()
+    assert str(err.value) == (
+        "train.eval_size = 100000 is more than the 1,008 distinct held-out prompts task.add can make; bind "
+        "train.eval_size to at most 1008, or to None to evaluate on all of them"
+    )
+    monkeypatch.undo()
+    gin.clear_config()
+    config.parse_config([GRPO], ["train.eval_size = 1008"])  # every held-out prompt: builds
+    assert config.build()[0].eval_size == 1008
+
+
+def test_a_file_tasks_eval_size_is_checked_against_its_distinct_held_out_prompts(tmp_path):
+    from polgrad.tasks.files import file_task
+
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = file_task(path=str(path), answer_format="exact", eval_fraction=0.5)
+    n = task.eval_split_size()
+    assert 0 < n == len(task.eval_examples(None)) < 40
+    with pytest.raises(ConfigError) as err:
+        task.eval_examples(n + 1)
+    assert str(err.value) == (
+        f"train.eval_size = {n + 1} is more than the {n} distinct held-out prompts task.file ({path}) can "
+        f"make; bind train.eval_size to at most {n}, or to None to evaluate on all of them"
+    )

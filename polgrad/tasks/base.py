@@ -9,7 +9,9 @@ deterministic given the seed, so a run is reproducible from its config alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from polgrad.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,25 @@ class Task(Protocol):
         """(prompt, chosen, rejected) with chosen scoring higher than rejected, for the reward model."""
         ...
 
+    # Optional: eval_split_size() -> int | None, how many distinct held-out prompts the task can make
+    # (None: not counted), so that a train.eval_size above it is refused before any is drawn
+    # (`check_eval_size`).
     # Optional: heldout_preference_pairs(n) -> list of (prompt, chosen, rejected) | None, the task's own
     # held-out pairs (prompts never trained on) for the reward model's held-out accuracy; without it
     # (or when it returns None) the reward model draws fresh pairs with another seed (task.file with
     # a preference file has it).
+
+
+def check_eval_size(task: Any, n: int | None) -> None:
+    """A one-line ConfigError when `n` (train.eval_size) is more than the distinct held-out prompts the
+    task can make (its optional `eval_split_size()`), before any example is drawn: drawing towards a
+    count the split cannot reach would run until the draw's budget gives up (minutes, gigabytes)."""
+    count = getattr(task, "eval_split_size", None)
+    limit = count() if n is not None and callable(count) else None
+    if limit is not None and n > limit:
+        where = f" ({task.path})" if getattr(task, "path", None) else ""
+        raise ConfigError(
+            f"train.eval_size = {n} is more than the {limit:,} distinct held-out prompts task."
+            f"{getattr(task, 'name', type(task).__name__)}{where} can make; bind train.eval_size to at most "
+            f"{limit}, or to None to evaluate on all of them"
+        )

@@ -59,7 +59,7 @@ from typing import Any
 from polgrad.components.reward import final_answer, normalize, reference_answer, response_answer  # noqa: F401
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import get, lookup, names, register
-from polgrad.tasks.base import Example
+from polgrad.tasks.base import Example, check_eval_size
 from polgrad.tasks.datasets_io import utf8_lines
 from polgrad.tasks.synthetic import (
     DIGITS,
@@ -300,15 +300,15 @@ class FileTask:
         rows = self._draw(split, n, random.Random(f"file|{split}|{seed}"))
         return [Example(prompt=r.prompt, answer=r.answer) for r in rows]
 
+    def eval_split_size(self) -> int:
+        """The distinct prompts of the eval split."""
+        return len({r.prompt for r in self._rows("eval")})
+
     def eval_examples(self, n: int | None) -> list[Example]:
         rows: dict[str, _Row] = {}
         for r in sorted(self._rows("eval"), key=lambda r: prompt_hash(r.prompt)):  # distinct prompts
             rows.setdefault(r.prompt, r)
-        if n is not None and n > len(rows):
-            raise DataError(
-                f"{self.path}: the eval split has {len(rows)} distinct prompts, fewer than "
-                f"train.eval_size = {n}"
-            )
+        check_eval_size(self, n)
         return [Example(prompt=r.prompt, answer=r.answer) for r in list(rows.values())[:n]]
 
     def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]:

@@ -35,7 +35,7 @@ from typing import ClassVar
 
 from polgrad.errors import ConfigError
 from polgrad.registry import register
-from polgrad.tasks.base import Example
+from polgrad.tasks.base import Example, check_eval_size
 
 DIGITS = "0123456789"
 SPLITS = ("train", "eval")
@@ -129,9 +129,17 @@ class _Generated:
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         return self._draw(split, n, random.Random(f"{self.name}|{split}|{seed}"))
 
+    def eval_split_size(self) -> int | None:
+        """The distinct held-out prompts: counted (hashed, not drawn) when the task has at most
+        MAX_ENUMERATED problems, else None."""
+        if self._count() > MAX_ENUMERATED:
+            return None
+        return sum(in_eval_split(ex.prompt, self.eval_fraction) for ex in self._all())
+
     def eval_examples(self, n: int | None) -> list[Example]:
         if self.eval_fraction == 0.0:
             raise ConfigError(f"task.{self.name}.eval_fraction is 0, so the eval split is empty; set it > 0")
+        check_eval_size(self, n)  # before drawing 50 n + 100 examples towards a count out of reach
         if n is None:  # the whole split: every problem, held-out ones kept, ordered by prompt hash
             if self._count() > MAX_ENUMERATED:
                 raise ConfigError(
