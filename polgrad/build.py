@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import os
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,7 @@ def build_models(
     resumed async sampler reads. The roles are built in a fixed order (policy, reward model,
     reference, critic, engines, sampler): each draws its random initialisation from the RNG
     `distributed.setup` seeded, so the order is part of the run's reproducibility."""
+    check_tiny_positions(cfg, task)  # before the warm start's SFT trains on prompts it cannot hold
     t_pretrain = time.perf_counter()
     with collective.rank_zero_first():  # rank 0 fills the cache, the others read it
         policy_path = warm_start(cfg)
@@ -317,6 +319,20 @@ def warm_start_id(policy_path: str) -> str:
                     content = hashlib.sha256(head + fh.read(EDGE_BYTES)).hexdigest()
             h.update(f"{f.name}\0{size}\0{content}\n".encode())
     return "path-" + h.hexdigest()[:16]
+
+
+def check_tiny_positions(cfg: config.TrainConfig, task: Any) -> None:
+    """Without train.policy_path, the task's prompts + train.max_new_tokens against the positions the
+    tiny default will have (`models.tiny_positions`, capped), before its SFT warm start: the length check
+    `_policy` makes on the loaded model, made early (one line naming the prompt, no training)."""
+    if cfg.policy_path is not None:
+        return
+    tokenizer = models.build_tokenizer(task.alphabet)
+    positions = types.SimpleNamespace(max_position_embeddings=models.tiny_positions(task))
+    prompts, _ = models.inputs.sample_texts(task)
+    models.inputs.check_positions(
+        prompts, tokenizer, positions, cfg.max_new_tokens, path=None, name=cfg.task_name
+    )
 
 
 def warm_start(cfg: config.TrainConfig) -> str:

@@ -10,7 +10,7 @@ import json
 import gin
 import pytest
 
-from polgrad import config
+from polgrad import build, config, models, pretrain
 from polgrad.errors import ConfigError
 
 PPO, GRPO = (str(config.resolve(f"registry/{spec}.gin")) for spec in ("ppo", "grpo"))
@@ -107,3 +107,60 @@ def test_a_file_tasks_eval_size_is_checked_against_its_distinct_held_out_prompts
         f"train.eval_size = {n + 1} is more than the {n} distinct held-out prompts task.file ({path}) can "
         f"make; bind train.eval_size to at most {n}, or to None to evaluate on all of them"
     )
+
+
+# ----------------------------------------------------------------------------- the tiny default's positions
+def _long_prompt_task(tmp_path, chars: int = 5003) -> str:
+    """A task file whose longest prompt is `chars` characters (the rest short), as a --bind list."""
+    rows = [{"prompt": "1" * chars, "answer": "1"}] + [
+        {"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(30)
+    ]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["train.task = @task.file", f"task.file.path = '{path}'", "task.file.answer_format = 'exact'"]
+
+
+def test_the_tiny_defaults_positions_are_capped():
+    from polgrad.tasks.synthetic import Add
+
+    class Long:
+        alphabet, max_prompt_chars, max_response_chars = "0123456789+=", 5003, 4
+
+    assert models.tiny_positions(Add()) == 128  # 2 + 6 + 3 + 1 = 12 tokens: the floor, as before
+    assert models.tiny_positions(Long()) == models.tiny.MAX_POSITIONS == 1024  # was 8,192
+    model, _ = models.build_tiny(Long())
+    assert model.config.max_position_embeddings == 1024
+
+
+def test_a_prompt_longer_than_the_tiny_defaults_positions_is_refused_before_the_warm_start(
+    tmp_path, monkeypatch
+):
+    def no_training(*args, **kwargs):
+        raise AssertionError("the warm start trained before the length check")
+
+    monkeypatch.setattr(pretrain, "warm_start", no_training)
+    config.parse_config([GRPO], _long_prompt_task(tmp_path))
+    cfg, algo, task = config.build()
+    with pytest.raises(ConfigError) as err:
+        build.build_models(cfg, algo, task, out_dir=str(tmp_path), seed_of=lambda s: s)
+    assert str(err.value) == (
+        f"task.file: the prompt '{'1' * 60}...' is 5004 tokens, so with train.max_new_tokens = "
+        f"{cfg.max_new_tokens} a sequence needs {5004 + cfg.max_new_tokens} positions, but the tiny default "
+        "model (train.policy_path = None) has 1024 (max_position_embeddings); shorten the task's prompts (or "
+        "drop the longest), or use a model with more positions"
+    )
+
+
+def test_a_prompt_that_fits_the_capped_positions_goes_on_to_the_warm_start(tmp_path, monkeypatch):
+    class Trained(Exception):
+        pass
+
+    def warm_start(*args, **kwargs):
+        raise Trained
+
+    monkeypatch.setattr(pretrain, "warm_start", warm_start)
+    config.parse_config([GRPO], _long_prompt_task(tmp_path, chars=900))  # 901 + max_new_tokens <= 1024
+    cfg, algo, task = config.build()
+    assert 901 + cfg.max_new_tokens <= 1024
+    with pytest.raises(Trained):
+        build.build_models(cfg, algo, task, out_dir=str(tmp_path), seed_of=lambda s: s)

@@ -36,7 +36,7 @@ from polgrad.models.heads import HEAD_FILE, ScalarHeadModel, load_reward_model, 
 from polgrad.models.inputs import check_inputs
 from polgrad.models.loading import check_dir, freeze, load_policy, load_reference
 from polgrad.models.threads import default_num_threads, seeded, torch_threads
-from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs
+from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs, tiny_positions
 from polgrad.models.tokenizer import (
     BOS,
     EOS,
@@ -85,6 +85,7 @@ __all__ = [
     "resolved_model_kwargs",
     "seeded",
     "sequence_scores",
+    "tiny_positions",
     "torch_threads",
     "write_info",
 ]

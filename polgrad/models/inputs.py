@@ -92,9 +92,14 @@ def check_positions(prompts: list[str], tokenizer, model_config, max_new_tokens:
     )
     raise ConfigError(
         f"task.{name}: the prompt {_short(prompts[longest])} is {lengths[longest]} tokens, so with "
-        f"train.max_new_tokens = {max_new_tokens} a sequence needs {need} positions, but the model at "
-        f"{path} has {positions} (max_position_embeddings); {fix}, or use a model with more positions"
+        f"train.max_new_tokens = {max_new_tokens} a sequence needs {need} positions, but "
+        f"{_model(path)} has {positions} (max_position_embeddings); {fix}, or use a model with more positions"
     )
+
+
+def _model(path) -> str:
+    """The model a message names: the checkpoint at `path`, or the tiny default before its warm start."""
+    return f"the model at {path}" if path is not None else "the tiny default model (train.policy_path = None)"
 
 
 def check_alphabet(texts: list[str], tokenizer, *, path, name) -> None:

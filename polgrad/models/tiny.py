@@ -16,6 +16,18 @@ from polgrad.models.tokenizer import build_tokenizer
 # Measured on this CPU (tiny model, 1 thread): sdpa 49 ms vs eager 53 ms per SFT step of 64, and 14.0k vs
 # 12.9k tokens/s for an RL rollout of 512 rows; with 2 threads the two are equal. sdpa it is.
 ATTN_IMPLEMENTATION = "sdpa"
+# The tiny default's most positions. They follow the task's longest prompt and response, so without a cap
+# a 5,003-character prompt made an 8,192-position model whose SFT batches (64 rows of 5,004 tokens) the
+# OOM killer stopped at 24 GB: attention keeps 64 x heads (4) x S^2 fp32 scores per layer, 25.6 GB at
+# S = 5,004 and 1 GiB at S = 1,024. A longer prompt is refused by models.check_inputs (its one line).
+MAX_POSITIONS = 1024
+
+
+def tiny_positions(task) -> int:
+    """The tiny default's `max_position_embeddings` for `task`: BOS + the longest prompt + the longest
+    response + EOS, rounded up to a power of two, at least 128 and at most MAX_POSITIONS."""
+    need = 2 + int(task.max_prompt_chars) + int(task.max_response_chars) + 1
+    return min(MAX_POSITIONS, max(128, 2 ** math.ceil(math.log2(need))))
 
 
 def build_tiny(
@@ -32,8 +44,7 @@ def build_tiny(
 
     Defaults give 596k parameters (4 layers, hidden 128, 4 query / 2 key-value heads of head_dim 32,
     SwiGLU width 256, tied input/output embeddings), fp32, sdpa attention. head_dim = hidden / heads
-    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` covers BOS + the longest
-    prompt + the longest response + EOS, rounded up to a power of two (at least 128).
+    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` is `tiny_positions(task)`.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -46,7 +57,6 @@ def build_tiny(
             f"head_dim = hidden / heads = {hidden // heads} must be >= 32 (vLLM CPU); lower heads"
         )
     tokenizer = build_tokenizer(task.alphabet)
-    need = 2 + int(task.max_prompt_chars) + int(task.max_response_chars) + 1
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -55,7 +65,7 @@ def build_tiny(
         num_key_value_heads=kv_heads,
         head_dim=hidden // heads,
         intermediate_size=intermediate,
-        max_position_embeddings=max(128, 2 ** math.ceil(math.log2(need))),
+        max_position_embeddings=tiny_positions(task),
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
