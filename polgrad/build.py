@@ -207,8 +207,8 @@ def build_models(
 def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch.nn.Module, Any]:
     """The warm-started policy and its tokenizer, checked against the task; with LoRA the backbone is
     frozen and the actor trains its adapter (polgrad/models/lora.py)."""
+    tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)  # first: it may refuse
     policy = models.load_policy(policy_path)
-    tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)
     models.check_inputs(
         task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
     )
@@ -232,8 +232,8 @@ def reward_models(
     rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
     if lora_rm:
         rm["lora"] = cfg.lora.settings()
-    if not cfg.chat_template:
-        rm["chat_template"] = False
+    if cfg.chat_template is not None:
+        rm["chat_template"] = cfg.chat_template
     trained = [
         pretrain.train_reward_model(
             policy_path, task, seed=cfg.warm_start_seed, progress=cfg.progress, member=k, **rm

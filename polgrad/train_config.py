@@ -62,9 +62,11 @@ class TrainConfig:
     polgrad.pretrain.sft), stopping early once its probe accuracy reaches the target unless
     `sft_stop_at_target` is False (then every step runs: a task whose probe, cut at the longest answer,
     counts answers without EOS as right would otherwise stop before the model learns to stop).
-    chat_template: a policy whose tokenizer has a chat template gets each prompt as one user message
-    rendered by it (add_generation_prompt; polgrad.models.prompt_ids), in sampling, SFT, DPO and the
-    reward model alike; False feeds prompts raw. The tiny default has no template.
+    chat_template: None (default) renders each prompt as one user message through the policy's chat
+    template when its tokenizer has one (add_generation_prompt; polgrad.models.prompt_ids), in sampling,
+    SFT, DPO and the reward model alike, and feeds it raw when it has none (the tiny default); True
+    requires the template (a tokenizer without one is refused in one line, rather than run raw while
+    the config says True); False feeds prompts raw.
     reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     rm_ensemble: K reward models (1, default: one) trained on the same pairs from K initialisation
@@ -152,7 +154,7 @@ class TrainConfig:
     model_kwargs: dict | None = None
     sft_steps: int | None = None
     sft_stop_at_target: bool = True
-    chat_template: bool = True
+    chat_template: bool | None = None
     policy_path: str | None = None
     reward_source: str = "task"
     rm_steps: int | None = None
@@ -199,8 +201,17 @@ class TrainConfig:
             )
         if self.sft_steps is not None and (not is_int(self.sft_steps) or self.sft_steps < 0):
             raise ConfigError(f"train.sft_steps must be an integer >= 0 or None, got {self.sft_steps!r}")
-        if not isinstance(self.chat_template, bool):
-            raise ConfigError(f"train.chat_template must be True or False, got {self.chat_template!r}")
+        if self.chat_template is not None and not isinstance(self.chat_template, bool):
+            raise ConfigError(
+                f"train.chat_template must be None (the tokenizer's template if it has one), True or False, "
+                f"got {self.chat_template!r}"
+            )
+        if self.chat_template is True and self.policy_path is None:
+            raise ConfigError(
+                "train.chat_template = True needs a tokenizer with a chat template, and the tiny default "
+                "(train.policy_path = None) has none; bind train.chat_template = None (a template when the "
+                "tokenizer has one) or False, or train.policy_path to a model whose tokenizer has one"
+            )
         if not isinstance(self.sft_stop_at_target, bool):
             raise ConfigError(
                 f"train.sft_stop_at_target must be True or False, got {self.sft_stop_at_target!r}"

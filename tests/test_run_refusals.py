@@ -164,3 +164,37 @@ def test_a_prompt_that_fits_the_capped_positions_goes_on_to_the_warm_start(tmp_p
     assert 901 + cfg.max_new_tokens <= 1024
     with pytest.raises(Trained):
         build.build_models(cfg, algo, task, out_dir=str(tmp_path), seed_of=lambda s: s)
+
+
+# ----------------------------------------------------------------------------- train.chat_template
+def test_chat_template_true_with_a_tokenizer_without_one_is_refused_naming_its_path(tmp_path):
+    from polgrad.tasks.synthetic import Add
+
+    models.build_tokenizer(Add().alphabet).save_pretrained(tmp_path)  # the tiny default's: no template
+    assert models.load_tokenizer(tmp_path).chat_template is None  # None (the default): raw prompts
+    assert models.load_tokenizer(tmp_path, chat_template=False).chat_template is None
+    with pytest.raises(ConfigError) as err:
+        models.load_tokenizer(tmp_path, chat_template=True)
+    assert str(err.value) == (
+        f"train.chat_template = True but the tokenizer of {tmp_path} has no chat template; bind "
+        "train.chat_template = None (a template when the tokenizer has one) or False (raw prompts), or use a "
+        "model whose tokenizer has one"
+    )
+    tok = models.build_tokenizer(Add().alphabet)
+    tok.chat_template = "{{ messages[0]['content'] }}="
+    tok.save_pretrained(tmp_path)
+    assert models.load_tokenizer(tmp_path, chat_template=True).chat_template == tok.chat_template
+
+
+def test_chat_template_true_with_the_tiny_default_is_refused_at_config_time():
+    config.parse_config([GRPO], ["train.chat_template = True"])
+    with pytest.raises(ConfigError) as err:
+        config.build()
+    assert str(err.value) == (
+        "train.chat_template = True needs a tokenizer with a chat template, and the tiny default "
+        "(train.policy_path = None) has none; bind train.chat_template = None (a template when the tokenizer "
+        "has one) or False, or train.policy_path to a model whose tokenizer has one"
+    )
+    gin.clear_config()
+    config.parse_config([GRPO], [])
+    assert config.build()[0].chat_template is None  # the default: the template if there is one

@@ -61,9 +61,11 @@ def build_tokenizer(alphabet: str):
 _GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_tokenizer(path: str | os.PathLike, *, chat_template: bool = True):
-    """The tokenizer saved in a checkpoint directory, left-padding; with `chat_template=False`
-    (train.chat_template = False) without its chat template, so prompts are fed raw (`prompt_ids`).
+def load_tokenizer(path: str | os.PathLike, *, chat_template: bool | None = None):
+    """The tokenizer saved in a checkpoint directory, left-padding. `chat_template` (train.chat_template):
+    None keeps its chat template if it has one; False drops it, so prompts are fed raw (`prompt_ids`);
+    True requires one: a tokenizer without it is a one-line ConfigError (not raw prompts under a
+    config that says True).
 
     A generic fast tokenizer (polgrad's character tokenizer) is loaded exactly as saved: transformers
     5's `AutoTokenizer` would pick the class of the model type instead (Qwen2Tokenizer for the tiny
@@ -81,8 +83,14 @@ def load_tokenizer(path: str | os.PathLike, *, chat_template: bool = True):
     loader = PreTrainedTokenizerFast if saved_class in _GENERIC_CLASSES else AutoTokenizer
     tok = loader.from_pretrained(str(path))
     tok.padding_side = "left"
-    if not chat_template:
+    if chat_template is False:
         tok.chat_template = None
+    elif chat_template is True and not getattr(tok, "chat_template", None):
+        raise ConfigError(
+            f"train.chat_template = True but the tokenizer of {path} has no chat template; bind "
+            "train.chat_template = None (a template when the tokenizer has one) or False (raw prompts), or "
+            "use a model whose tokenizer has one"
+        )
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise DataError(

@@ -90,7 +90,7 @@ def train_reward_model(
     threads: int | None = None,
     lora: dict | None = None,
     member: int = 0,
-    chat_template: bool = True,
+    chat_template: bool | None = None,
 ) -> tuple[str, float]:
     """Bradley-Terry reward model on `task.preference_pairs`; returns (checkpoint dir, held-out accuracy).
 

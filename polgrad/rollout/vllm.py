@@ -140,7 +140,7 @@ class VLLMRollout:
         max_model_len: int | None = None,
         seed: int = 0,
         num_threads: int | None = 1,
-        chat_template: bool = True,
+        chat_template: bool | None = None,
         lora_rank: int | None = None,
         **engine_kwargs: Any,
     ):
