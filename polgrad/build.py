@@ -207,7 +207,9 @@ def build_models(
 def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch.nn.Module, Any]:
     """The warm-started policy and its tokenizer, checked against the task; with LoRA the backbone is
     frozen and the actor trains its adapter (polgrad/models/lora.py)."""
-    tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)  # first: it may refuse
+    # a config.json that is no model's: one line here, not a traceback from the tokenizer's loader
+    models.load_config(models.check_dir(policy_path, "policy"), "policy")
+    tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)  # before the weights
     policy = models.load_policy(policy_path)
     models.check_inputs(
         task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name

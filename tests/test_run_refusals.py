@@ -11,7 +11,7 @@ import gin
 import pytest
 
 from polgrad import build, config, models, pretrain
-from polgrad.errors import ConfigError
+from polgrad.errors import ConfigError, DataError
 
 PPO, GRPO = (str(config.resolve(f"registry/{spec}.gin")) for spec in ("ppo", "grpo"))
 
@@ -198,3 +198,49 @@ def test_chat_template_true_with_the_tiny_default_is_refused_at_config_time():
     gin.clear_config()
     config.parse_config([GRPO], [])
     assert config.build()[0].chat_template is None  # the default: the template if there is one
+
+
+# ----------------------------------------------------------------------------- a policy_path's config.json
+def _transformers_version() -> str:
+    from transformers import __version__
+
+    return __version__
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("garbage{", "is not valid JSON (Expecting value at line 1 column 1)"),
+        ("[1, 2]", "holds a JSON list, not an object"),
+        ('{"hidden_size": 8}', "has no 'model_type', so it is not a model config"),
+        (
+            '{"model_type": "nosuchmodel"}',
+            "names model_type 'nosuchmodel', which transformers {v} does not know (a typo, or a model newer "
+            "than this transformers)",
+        ),
+    ],
+    ids=["not-json", "not-an-object", "no-model-type", "unknown-model-type"],
+)
+def test_a_config_json_that_is_no_models_config_is_one_line_naming_the_file(tmp_path, text, problem):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(DataError) as err:
+        models.load_policy(tmp_path)
+    problem = problem.format(v=_transformers_version())
+    assert str(err.value) == (
+        f"policy checkpoint '{tmp_path}': its config.json {problem}; pass a save_pretrained directory of a "
+        "transformers model"
+    )
+
+
+def test_a_config_json_whose_values_transformers_refuses_is_one_line_before_the_tokenizer_loads(tmp_path):
+    """The tokenizer's loader reads config.json too: the run's policy is checked before either loads."""
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "hidden_size": "abc"}')
+    config.parse_config([GRPO], [f"train.policy_path = '{tmp_path}'"])
+    cfg, _, task = config.build()
+    with pytest.raises(DataError) as err:
+        build._policy(cfg, task, str(tmp_path))
+    msg = str(err.value)
+    assert (
+        msg.startswith(f"policy checkpoint '{tmp_path}': its config.json does not load: ") and "\n" not in msg
+    )
+    assert "hidden_size" in msg

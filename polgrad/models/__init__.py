@@ -34,7 +34,7 @@ from polgrad.models.cache import (
 )
 from polgrad.models.heads import HEAD_FILE, ScalarHeadModel, load_reward_model, sequence_scores
 from polgrad.models.inputs import check_inputs
-from polgrad.models.loading import check_dir, freeze, load_policy, load_reference
+from polgrad.models.loading import check_dir, freeze, load_config, load_policy, load_reference
 from polgrad.models.threads import default_num_threads, seeded, torch_threads
 from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs, tiny_positions
 from polgrad.models.tokenizer import (
@@ -74,6 +74,7 @@ __all__ = [
     "prompt_ids",
     "encode_sequences",
     "freeze",
+    "load_config",
     "load_policy",
     "load_reference",
     "load_reward_model",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from polgrad.errors import DataError
-from polgrad.models.loading import check_dir, freeze, no_dropout
+from polgrad.models.loading import check_dir, freeze, load_config, no_dropout
 from polgrad.models.threads import seeded
 from polgrad.models.tiny import ATTN_IMPLEMENTATION
 from polgrad.models.tokenizer import position_ids_from_mask
@@ -84,10 +84,10 @@ class ScalarHeadModel(nn.Module):
         """The backbone of the checkpoint at `path` (causal LM or ScalarHeadModel) + a fresh head.
 
         Without dropout, like the policy (`loading.load_policy`)."""
-        from transformers import AutoConfig, AutoModel
+        from transformers import AutoModel
 
         p = check_dir(path, "backbone")
-        config = AutoConfig.from_pretrained(str(p))
+        config = load_config(p, "backbone")
         no_dropout(config)
         backbone = AutoModel.from_pretrained(
             str(p), config=config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION

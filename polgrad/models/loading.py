@@ -6,6 +6,7 @@ Any causal LM checkpoint works as `train.policy_path`: its dropout is switched o
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,11 +18,56 @@ from polgrad.models.tiny import ATTN_IMPLEMENTATION
 
 
 def check_dir(path: str | os.PathLike, what: str) -> Path:
-    """`path` as a Path if it holds a config.json (a save_pretrained dir); else a DataError naming `what`."""
+    """`path` as a Path if it holds a config.json (a save_pretrained dir) that reads as a transformers
+    model config (`config_problem`); else a DataError naming `what`, the file and what is wrong (not
+    transformers' traceback, which for any config.json it cannot read advises upgrading it)."""
     p = Path(path)
     if not (p / "config.json").is_file():
         raise DataError(f"{what} checkpoint '{p}' has no config.json; pass a save_pretrained directory")
+    problem = config_problem(p / "config.json")
+    if problem:
+        raise DataError(
+            f"{what} checkpoint '{p}': its config.json {problem}; pass a save_pretrained directory of a "
+            "transformers model"
+        )
     return p
+
+
+def config_problem(file: Path) -> str | None:
+    """What keeps `file` from being a transformers model config, in a few words, or None: it must be a
+    JSON object whose `model_type` this transformers knows."""
+    from transformers import __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        config = json.loads(file.read_text())
+    except UnicodeDecodeError:
+        return "is not text"
+    except json.JSONDecodeError as e:
+        return f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    if not isinstance(config, dict):
+        return f"holds a JSON {type(config).__name__}, not an object"
+    kind = config.get("model_type")
+    if not isinstance(kind, str) or not kind:
+        return "has no 'model_type', so it is not a model config"
+    if kind not in CONFIG_MAPPING:
+        return (
+            f"names model_type '{kind}', which transformers {__version__} does not know (a typo, or a model "
+            "newer than this transformers)"
+        )
+    return None
+
+
+def load_config(path: Path, what: str):
+    """The transformers config of the checked directory `path` (`check_dir`): a value the config class
+    refuses is a DataError naming the file and what it said (on one line, cut at 300 characters)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - any refusal of the config class, told in one line
+        said = " ".join(str(e).split())[:300] or type(e).__name__
+        raise DataError(f"{what} checkpoint '{path}': its config.json does not load: {said}") from None
 
 
 def no_dropout(config) -> list[str]:
@@ -55,10 +101,10 @@ def load_policy(path: str | os.PathLike):
     (the sampler's and the trainer's), and dropout in the training forward makes them differ
     on-policy (a GPT-2 with its 0.1 gives an approx_kl of ~2e-3 where it should be ~1e-14).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     p = check_dir(path, "policy")
-    config = AutoConfig.from_pretrained(str(p))
+    config = load_config(p, "policy")
     no_dropout(config)
     model = AutoModelForCausalLM.from_pretrained(
         str(p), config=config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
