@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from polgrad import collective
+from polgrad.collapse import RULE, collapse_reason
 from polgrad.evaluation import read_evals
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
@@ -27,6 +28,10 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
 
     `status` is 'unstable' when more than `unstable_skip_frac` of the run's optimizer steps were
     skipped for a non-finite loss or gradient (`skipped_frac`; `unstable` says so in words), else 'ok'.
+    A run whose held-out accuracy collapsed by the collapse rule (polgrad/collapse.py) also gets
+    `collapsed`, which says so in words with the rule's numbers; its status stays what it was, since
+    a sweep reruns what is not finished and ranks what is ok (its results name the collapse, from
+    the same rule).
     `wall_time_s` is the RL run's (the trainer leaves the warm start out: its `warm_start_s`);
     `reward_errors` counts the faulty rewards of every step (train.reward_errors). A run trained on a
     reward model also gets the gold beside the proxy (`REWARD_MODEL_KEYS`): `final_gold_reward` (the
@@ -56,10 +61,12 @@ def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0)
             (r["rm_heldout_accuracy"] for r in rows if "rm_heldout_accuracy" in r), None
         ),
     }
+    collapse = collapse_reason(evals[-1] if evals else None, init[0] if init else None)
     return {
         **{k: v for k, v in gold.items() if v is not None},  # a reward-model run's only
         **{k: v for k, v in _lengths(rows).items() if v is not None},
         **stability,
+        **({"collapsed": f"collapsed: {collapse} (the collapse rule: {RULE})"} if collapse else {}),
         "steps": len(rows),
         "final_train_reward": mean("reward_mean"),
         "eval_accuracy": evals[-1] if evals else None,

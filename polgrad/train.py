@@ -132,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
+    collapsed = summary.get("collapsed")  # the collapse rule's words (polgrad/summary.py)
     print(
         f"done: {out}  eval_accuracy={summary.get('eval_accuracy')}  "
-        f"final_train_reward={summary.get('final_train_reward')}"
+        f"final_train_reward={summary.get('final_train_reward')}" + (f"  {collapsed}" if collapsed else "")
     )
     if summary.get("status") == "unstable":
         print(f"warning: {summary.get('unstable')}", file=sys.stderr)

@@ -15,7 +15,8 @@ It writes into out_dir:
                           the per-prompt results on the same held-out prompts every time
     summary.json          written atomically at the end; its "table5" is the Algorithm's Table-5 row;
                           status 'ok', or 'unstable' when skipped_frac (skipped optimizer steps /
-                          optimizer steps) is above train.unstable_skip_frac
+                          optimizer steps) is above train.unstable_skip_frac; `collapsed` beside it
+                          when the held-out accuracy collapsed (polgrad/collapse.py)
     operative_config.gin  the bindings gin actually used
     checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below), all
                           kept; a resume loads the newest intact one (polgrad/checkpoints.py), and

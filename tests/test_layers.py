@@ -31,6 +31,7 @@ LAYERS: list[list[str]] = [
         "polgrad.collective",
         "polgrad.stopping",
         "polgrad.machine",
+        "polgrad.collapse",
     ],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks", "polgrad.checks"],

@@ -34,8 +34,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from polgrad.collapse import COLLAPSE_MIN_INIT
 from polgrad.results.compare import ALPHA, POWER, RULE_T, decide, rule_of, twins
-from polgrad.results.health import COLLAPSE_MIN_INIT, config_key, failed_keys
+from polgrad.results.health import config_key, failed_keys
 from polgrad.results.stats import holm, min_signflip_p, paired
 
 END, START = "eval_accuracy", "eval_accuracy_init"

@@ -3,10 +3,11 @@ flag, named in the md; a failure is never averaged into a 'no difference'.
 
 From the columns the CSV has, a finished run (an ok CSV row) is
 
-- **failed (collapsed)** when its held-out accuracy (eval_accuracy) ended at 0, or fell below
-  COLLAPSE_FRACTION (half) of its own warm start's accuracy (eval_accuracy_init) where that warm
-  start's accuracy is at least COLLAPSE_MIN_INIT (0.1): below it, a fall to half (e.g. 0.024 to
-  0.01, a few questions of the eval set) is within the noise of the eval set, not a collapse;
+- **failed (collapsed)** by the library's collapse rule (polgrad/collapse.py, which the trainer reports
+  from too): its held-out accuracy (eval_accuracy) ended at 0, or fell below COLLAPSE_FRACTION (half)
+  of its own warm start's accuracy (eval_accuracy_init) where that warm start's accuracy is at least
+  COLLAPSE_MIN_INIT (0.1): below it, a fall to half (e.g. 0.024 to 0.01, a few questions of the eval
+  set) is within the noise of the eval set, not a collapse;
 - **flagged as drifted far from the reference** when its KL to the reference (kl_exact, else the
   sampled kl) ends above KL_LIMIT (1 nat per token; inf included). A flag, not a failure: a run can
   drift far and still improve (0.024 to 0.443 accuracy).
@@ -30,8 +31,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-COLLAPSE_FRACTION = 0.5
-COLLAPSE_MIN_INIT = 0.1  # a warm start below this accuracy: a fall to half of it is eval-set noise
+from polgrad.collapse import COLLAPSE_FRACTION, COLLAPSE_MIN_INIT, collapse_reason
+
 KL_LIMIT = 1.0  # nats per token
 HEADING = "## Failed and flagged runs"
 
@@ -75,15 +76,10 @@ def run_failures(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -
     for r in rows:
         if r.get("status") != "ok":
             continue
-        acc, init, kl = _f(r, "eval_accuracy"), _f(r, "eval_accuracy_init"), _f(r, kl_col)
-        why = []
-        collapsed = False
-        if math.isfinite(acc) and acc <= 0.0:
-            collapsed = True
-            why.append(f"held-out accuracy ended at {acc:.3g}" + (f" (from {init:.3g})" if init > 0 else ""))
-        elif math.isfinite(acc) and init >= COLLAPSE_MIN_INIT and acc < COLLAPSE_FRACTION * init:
-            collapsed = True
-            why.append(f"held-out accuracy fell from {init:.3g} to {acc:.3g}")
+        collapse = collapse_reason(_f(r, "eval_accuracy"), _f(r, "eval_accuracy_init"))
+        kl = _f(r, kl_col)
+        why = [collapse] if collapse else []
+        collapsed = collapse is not None
         exploded = kl > KL_LIMIT  # inf too (NaN compares False)
         if exploded:
             why.append(f"drifted far from the reference: {kl_col} {kl:.3g} nats per token (> {KL_LIMIT:g})")
