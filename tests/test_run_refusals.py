@@ -133,7 +133,7 @@ def test_the_tiny_defaults_positions_are_capped():
 
 
 def test_a_prompt_longer_than_the_tiny_defaults_positions_is_refused_before_the_warm_start(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capfd
 ):
     def no_training(*args, **kwargs):
         raise AssertionError("the warm start trained before the length check")
@@ -149,6 +149,7 @@ def test_a_prompt_longer_than_the_tiny_defaults_positions_is_refused_before_the_
         "model (train.policy_path = None) has 1024 (max_position_embeddings); shorten the task's prompts (or "
         "drop the longest), or use a model with more positions"
     )
+    assert "Token indices" not in capfd.readouterr().err  # no transformers warning before the one line
 
 
 def test_a_prompt_that_fits_the_capped_positions_goes_on_to_the_warm_start(tmp_path, monkeypatch):

@@ -112,13 +112,17 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
     one user message rendered by `apply_chat_template(..., add_generation_prompt=True)` (the template
     writes its own special tokens), as TRL renders a string prompt for a chat model; without one (the
     tiny default's character tokenizer, or a run with train.chat_template = False, whose tokenizer
-    `load_tokenizer` loads without it), the tokenizer's own encoding: BOS + the prompt's tokens."""
+    `load_tokenizer` loads without it), the tokenizer's own encoding: BOS + the prompt's tokens.
+
+    Without transformers' warning for a prompt longer than the tokenizer's `model_max_length` (the
+    tiny default's says 4096, whatever its positions): polgrad checks prompts against the model's own
+    positions (models.check_inputs), so a too-long prompt gets that check's one line and no other."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    return list(tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"])
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
