@@ -4,9 +4,12 @@ normalisation) gives each rank exactly the rows of the estimator on the concaten
 
 from __future__ import annotations
 
+import pytest
 import rank_stats_worker as w
 import torch
 import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.cpu_matrix
 
 
 def test_two_gloo_ranks_equal_the_concatenated_batch(tmp_path):

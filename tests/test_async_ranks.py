@@ -65,6 +65,7 @@ def _equal_weights(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.cpu_matrix
 def test_async_at_world_size_2_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
     """ZeRO-2 at world size 2: each rank's producer samples its own prompts from a snapshot of the
     step's weights, which is what the synchronous loop samples with: the same rollouts, losses, weights."""
@@ -77,6 +78,7 @@ def test_async_at_world_size_2_with_staleness_zero_is_the_synchronous_run_exactl
     assert _equal_weights(w_sync, w_async)
 
 
+@pytest.mark.cpu_matrix
 def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
     """ZeRO-3 at world size 2: the producer samples from the gathered weights with a plain copy of the
     policy, the synchronous loop through the partitioned module, whose every forward is a collective:
@@ -93,6 +95,7 @@ def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_
     assert _equal_weights(w_sync, w_async)
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_resumed_async_run_at_world_size_2_ends_where_the_uninterrupted_one_ends(tmp_path, stage):
     bind = ["train.max_staleness = 2", "Algorithm.clip = @clip.tis", f"train.zero_stage = {stage}"]
@@ -109,6 +112,7 @@ def test_a_resumed_async_run_at_world_size_2_ends_where_the_uninterrupted_one_en
     assert _equal_weights(w_full, w_resumed)
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("shift", [0.0, 1e-3])
 def test_ranks_whose_weights_differ_stop_with_one_line(tmp_path, shift):
     mp.spawn(
@@ -123,6 +127,7 @@ def test_ranks_whose_weights_differ_stop_with_one_line(tmp_path, shift):
             assert "\n" not in text
 
 
+@pytest.mark.cpu_matrix
 def test_the_producer_gathers_zero3_partitions_and_samples_with_a_plain_copy(tmp_path):
     """The trainer's tiny model keeps its small weights whole under ZeRO-3 (DeepSpeed's persistence
     threshold), so the end-to-end test above does not make the snapshot gather: here every weight is

@@ -89,6 +89,7 @@ def _drive(setup, k: int, start: int = 0, saved=None, stop: int = STEPS, out=Non
     return rollouts, staleness
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_step_s_samples_with_the_weights_of_step_s_minus_k(setup, k):
     task, model, tokenizer, base = setup
@@ -140,6 +141,7 @@ def test_an_error_in_the_producer_reaches_the_trainer_as_it_was_and_no_thread_is
     assert not [t for t in threading.enumerate() if t.name.startswith("polgrad-producer")]
 
 
+@pytest.mark.cpu_matrix
 def test_a_further_sampling_round_is_sampled_from_the_same_stale_version(setup):
     """Dynamic sampling asks for rounds the producer did not queue (another seed): same version v(s)."""
     task, model, tokenizer, base = setup
@@ -363,6 +365,7 @@ def _equal_weights(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.slow
 def test_async_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path, monkeypatch):
     """The producer at k = 0 (forced: train.max_staleness = 0 is the synchronous loop) samples what the
@@ -427,6 +430,7 @@ def test_a_resumed_async_run_ends_where_the_uninterrupted_one_ends(tmp_path):
     assert sorted(load_saved(str(tmp_path / "cut" / "checkpoints" / "sampler"), 2)) == [0, 1]
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.slow
 def test_a_lora_policy_async_with_staleness_zero_is_the_synchronous_lora_run_exactly(tmp_path, monkeypatch):
     """LoRA (rank 8): the producer's copy of the peft model loads each version's snapshot (backbone and

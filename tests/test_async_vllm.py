@@ -35,7 +35,7 @@ from polgrad.rollout.vllm import VLLMRollout  # noqa: E402
 from polgrad.train import run as train  # noqa: E402
 from polgrad.train_config import TrainConfig  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cpu_matrix]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "registry", "grpo.gin")

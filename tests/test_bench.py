@@ -197,6 +197,7 @@ def test_never_eos_model(tmp_path):
     assert model.get_output_embeddings().weight.shape[0] == info["vocab"]
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("frameworks", ["polgrad,trl" if HAS_TRL else "polgrad"])
 def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):
     """One interleaved pair of fresh-process runs on a tiny workload, plus a tiny composition benchmark."""

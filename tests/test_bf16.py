@@ -25,6 +25,8 @@ from polgrad.config import load_spec, parse_config
 from polgrad.registry import StepCounts, get
 from polgrad.rollout import hf
 
+pytestmark = pytest.mark.cpu_matrix
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "registry", "grpo.gin")
 U_BF16 = 2.0**-8  # unit roundoff of bf16: 8 significant bits (7 stored + the implicit one)

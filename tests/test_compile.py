@@ -18,6 +18,8 @@ from polgrad.config import parse_config
 from polgrad.models import build_tiny, compiled, encode_prompts, position_ids_from_mask
 from polgrad.rollout.static_decode import StaticDecoder
 
+pytestmark = pytest.mark.cpu_matrix
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

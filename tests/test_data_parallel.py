@@ -54,6 +54,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.cpu_matrix
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "dp_worker.py"
 GRAD_REL, UPDATE_REL, F64_REL = 1e-5, 1e-5, 1e-9  # see the module docstring

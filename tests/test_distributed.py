@@ -187,6 +187,7 @@ def test_peak_memory_mb():
 # --- world size 1: gradient and step equal plain PyTorch ----------------------------------------
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_world_size_1_matches_plain_adamw(stage):
     from deepspeed.utils import safe_get_full_grad
@@ -226,6 +227,7 @@ def test_world_size_1_matches_plain_adamw(stage):
     _assert_params_close(_full_params(engine), ref_params)
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize(("stage", "step_every_micro_batch"), [(0, False), (1, True), (2, False), (3, True)])
 def test_variable_micro_batch_count_with_boundary(stage, step_every_micro_batch):
     """backward(boundary=...) lets each optimizer step have its own number of micro-batches."""
@@ -266,6 +268,7 @@ def test_variable_micro_batch_count_with_boundary(stage, step_every_micro_batch)
 # --- non-finite loss: the whole step is skipped -------------------------------------------------
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize(("stage", "bad"), [(0, math.nan), (1, math.inf), (2, -math.inf), (3, math.nan)])
 def test_nonfinite_loss_skips_the_step(stage, bad):
     distributed.setup()
@@ -308,6 +311,7 @@ def test_nonfinite_loss_skips_the_step(stage, bad):
     _assert_params_close(_full_params(engine), {n: p.detach() for n, p in ref.named_parameters()})
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_nonfinite_loss_skips_the_step_bf16(stage):
     """bf16 goes through other DeepSpeed optimizer wrappers; their overflow check must fire too."""
@@ -385,6 +389,7 @@ def test_checkpoint_misuse_raises(tmp_path):
 # --- world size 2 under torchrun ----------------------------------------------------------------
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.slow
 def test_world_size_2_matches_world_size_1(tmp_path):
     """Stage 0 (allreduce), ZeRO-2 and ZeRO-3 on 2 ranks: the gradient and step of the global batch."""

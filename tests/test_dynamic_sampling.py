@@ -160,6 +160,7 @@ def test_concat_keeps_the_groups_of_different_parts_apart_whatever_their_ids():
     assert joined.group_ids.tolist() == [0, 0, 2, 2, 3, 3, 4, 4, 5, 5]
 
 
+@pytest.mark.cpu_matrix
 def test_two_ranks_sample_the_same_rounds_and_train_on_the_same_number_of_groups(tmp_path):
     """tests/refill_worker.py on two gloo ranks. Rank 0 keeps 3 groups in round 0 but rank 1 keeps
     only 1, so the stop decision (the fewest kept groups of any rank) makes both sample again; after

@@ -156,6 +156,7 @@ def test_ppo_final_has_the_critic_with_its_value_head(tmp_path):
     _assert_equal(ScalarHeadModel.from_pretrained(exported / "critic"), critic_w)
 
 
+@pytest.mark.cpu_matrix
 def test_zero3_final_and_checkpoint_export_are_the_gathered_weights(tmp_path):
     out = tmp_path / "run"
     seen = _run(out, "grpo.gin", ["train.zero_stage = 3"])
@@ -168,6 +169,7 @@ def test_zero3_final_and_checkpoint_export_are_the_gathered_weights(tmp_path):
     _assert_equal(_load_policy(export.export_checkpoint(out)), policy_w)
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.vllm
 def test_final_loads_in_the_vllm_backend(grpo):
     """vLLM's sampled-token log-probs from final/ equal the HF recompute of final/."""

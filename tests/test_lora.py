@@ -520,6 +520,7 @@ def test_a_resumed_lora_run_ends_where_an_uninterrupted_one_ends(tmp_path):
     ]
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.slow
 def test_zero3_with_micro_batches_is_the_zero0_run(tmp_path):
     """The LoRA critic's forward runs outside the engine's forward (the policy's forward counts the

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from polgrad.sweep.slots import free_port
+
+pytestmark = pytest.mark.cpu_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import rank_order_worker as w
 import torch
 import torch.multiprocessing as mp
 
 import polgrad
 from polgrad.models import build_tiny, load_policy
+
+pytestmark = pytest.mark.cpu_matrix
 
 
 def test_rank_0_runs_the_block_before_the_others(tmp_path):

@@ -322,6 +322,7 @@ def _span_experiment(tmp_path: Path, name: str, steps: int, seeds: str = "[0]", 
     return exp
 
 
+@pytest.mark.cpu_matrix
 def test_cells_spanning_two_nodes_equal_the_two_process_cells_of_one_node(tmp_path, cluster):
     """ZeRO-3 at world size 2: rank 0 on one node, rank 1 on the other (a placement group, SPREAD),
     torch.distributed (gloo) between them, against the same cells as 2 processes under torchrun on one
@@ -374,6 +375,7 @@ def test_a_placement_the_cluster_cannot_hold_is_one_line(tmp_path, cluster):
     )
 
 
+@pytest.mark.cpu_matrix
 def test_a_cell_spanning_two_nodes_starts_again_whole_when_one_node_dies(tmp_path, cluster):
     """The worker node dies while it holds one rank of a 2-rank ZeRO-3 cell: the rank on the head fails
     (its peer is gone) and Ray reports the other lost; the attempt counts as a lost node, not a failed

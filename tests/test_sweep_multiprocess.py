@@ -268,6 +268,7 @@ def test_ranks_left_by_a_killed_sweep_are_stopped_before_the_cell_runs_again(tmp
 
 # Trains the real model, yet not marked slow: 14 s (torchrun) and 19 s (deepspeed) on 2 idle cores,
 # 31 s and 49 s on the same cores under load.
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_zero3_cell_of_two_ranks_trains_through_the_sweep(tmp_path, launcher):
     exp = tmp_path / "ws2.gin"

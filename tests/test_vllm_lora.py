@@ -23,7 +23,7 @@ from polgrad.rollout import hf  # noqa: E402
 from polgrad.rollout.vllm import VLLMRollout  # noqa: E402
 from polgrad.tasks.synthetic import add  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cpu_matrix]
 TOL = 1e-5
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

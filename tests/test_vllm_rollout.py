@@ -33,7 +33,7 @@ from polgrad.rollout.vllm import VLLMRollout  # noqa: E402
 from polgrad.tasks.base import Example  # noqa: E402
 from polgrad.tasks.synthetic import add  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cpu_matrix]
 
 TOL = 1e-5
 SET_NUM_THREADS = torch.set_num_threads  # before any engine exists

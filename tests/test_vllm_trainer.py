@@ -18,6 +18,8 @@ else:
 from polgrad.config import parse_config  # noqa: E402
 from polgrad.train import run as train  # noqa: E402
 
+pytestmark = pytest.mark.cpu_matrix
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
