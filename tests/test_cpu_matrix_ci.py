@@ -32,7 +32,7 @@ AVX512 = {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF
 AVX512["MKL_ENABLE_INSTRUCTIONS"] = "AVX512"
 
 
-def _matrix(tmp_path: Path, flags: str, fail: str = "", args: tuple[str, ...] = ()):
+def _matrix(tmp_path: Path, flags: str, fail: str = "", args: tuple[str, ...] = (), own: bool = False):
     """Run .ci/cpu_matrix on a CPU with these flags; (exit code, stdout, the stub's calls)."""
     stub = tmp_path / "python"
     stub.write_text(STUB)
@@ -42,7 +42,7 @@ def _matrix(tmp_path: Path, flags: str, fail: str = "", args: tuple[str, ...] = 
     calls = tmp_path / "calls.jsonl"
     (tmp_path / "tmp").mkdir()
     env = dict(os.environ, PYTHON=str(stub), POLGRAD_CPUINFO=str(cpuinfo), TMPDIR=str(tmp_path / "tmp"))
-    env.update(STUB_CALLS=str(calls), STUB_FAIL=fail)
+    env.update(STUB_CALLS=str(calls), STUB_FAIL=fail, POLGRAD_MATRIX_OWN="1" if own else "0")
     proc = subprocess.run(
         ["bash", str(REPO / ".ci" / "cpu_matrix"), *args], env=env, capture_output=True, text=True, timeout=60
     )
@@ -50,8 +50,16 @@ def _matrix(tmp_path: Path, flags: str, fail: str = "", args: tuple[str, ...] = 
     return proc.returncode, proc.stdout, made
 
 
-def test_an_avx2_only_cpu_runs_the_avx2_leg_and_says_why_not_the_others(tmp_path):
-    rc, out, calls = _matrix(tmp_path, "fpu sse4_2 avx avx2 fma", args=("-x",))
+def test_an_avx2_only_cpu_runs_no_leg_again_unless_asked_and_says_why(tmp_path):
+    """On an AVX2-only CPU the AVX2 leg is the main test run again (same kernels, same empty cache of
+    a fresh clone): skipped and said so; POLGRAD_MATRIX_OWN=1 runs it, e.g. for the matrix alone."""
+    rc, out, calls = _matrix(tmp_path, "fpu sse4_2 avx avx2 fma")
+    assert (rc, calls) == (0, [])
+    assert "AVX2 leg: not run again, AVX2 is this CPU's own best: the main test run used its kernels" in out
+    assert "AVX-512 leg: not run, this CPU has no AVX-512" in out
+    assert "AMX: not run, it cannot be emulated: it runs only on a host that has it" in out
+    (tmp_path / "own").mkdir()
+    rc, out, calls = _matrix(tmp_path / "own", "fpu sse4_2 avx avx2 fma", args=("-x",), own=True)
     assert rc == 0, out
     (call,) = calls
     assert {k: call["env"][k] for k in AVX2} == AVX2 and call["cache_empty"]
@@ -59,13 +67,20 @@ def test_an_avx2_only_cpu_runs_the_avx2_leg_and_says_why_not_the_others(tmp_path
     assert argv[:5] == ["-m", "pytest", "-q", "-m", "cpu_matrix"] and argv[-1] == "-x"
     assert any(a.startswith("--basetemp=") for a in argv)
     assert "AVX2 leg: passed in" in out and "(83 passed in 0.01s)" in out
-    assert "AVX-512 leg: not run, this CPU has no AVX-512" in out
-    assert "AMX: not run, it cannot be emulated: it runs only on a host that has it" in out
-    assert os.listdir(tmp_path / "tmp") == []  # a leg that passed leaves no cache or runs behind
+    assert os.listdir(tmp_path / "own" / "tmp") == []  # a leg that passed leaves no cache or runs behind
 
 
-def test_an_avx512_cpu_runs_both_legs_each_from_its_own_empty_cache_and_a_failed_leg_fails(tmp_path):
-    rc, out, calls = _matrix(tmp_path, "sse4_2 avx2 avx512f avx512bw avx512_bf16", fail="avx512")
+def test_an_avx512_cpu_without_amx_runs_the_avx2_leg(tmp_path):
+    rc, out, calls = _matrix(tmp_path, "sse4_2 avx2 avx512f avx512bw avx512_bf16")
+    assert rc == 0, out
+    assert [{k: c["env"][k] for k in AVX2} for c in calls] == [AVX2]
+    assert "AVX-512 leg: not run again, AVX-512 without AMX is this CPU's own best" in out
+
+
+def test_an_amx_cpu_runs_both_legs_each_from_its_own_empty_cache_and_a_failed_leg_fails(tmp_path):
+    rc, out, calls = _matrix(
+        tmp_path, "sse4_2 avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile", fail="avx512"
+    )
     assert rc == 1, out
     assert [{k: c["env"][k] for k in AVX2} for c in calls] == [AVX2, AVX512]
     assert all(c["cache_empty"] for c in calls)
@@ -73,6 +88,7 @@ def test_an_avx512_cpu_runs_both_legs_each_from_its_own_empty_cache_and_a_failed
     basetemps = [next(a for a in c["argv"] if a.startswith("--basetemp=")) for c in calls]
     assert basetemps[0] != basetemps[1]
     assert "AVX2 leg: passed in" in out and "AVX-512 leg: FAILED (pytest exit 1)" in out
+    assert "AMX: not a leg (it cannot be emulated); this CPU has it, so the main test run used it" in out
     (kept,) = os.listdir(tmp_path / "tmp")  # the failed leg's folder, named in the summary
     assert kept.startswith("polgrad-cpu-matrix-AVX-512.") and kept in out
 
