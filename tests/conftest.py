@@ -31,25 +31,14 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Under pytest-xdist (`-n 2`, the README's test command) the workers share the cores: each worker's own
-# torch gets its share (cores // workers), so two workers do not both start a team of every core's
-# threads (the trainer's default is torch's thread count). Processes a test starts set their own.
+# Under pytest-xdist (`-n auto --dist loadfile`, the README's test command) the workers share the cores:
+# each worker's own torch gets its share (cores // workers), so two workers do not both start a team
+# of every core's threads (the trainer's default is torch's thread count). Processes a test starts set
+# their own. `--dist loadfile` keeps a module's tests on one worker, in order, so its module-scoped
+# fixtures (a trained run, a vLLM engine, a Ray cluster) are built once.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
-
-
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist's `--dist loadgroup`, the tests of one module run on one worker, in order: a
-    module's fixtures (a trained run, a vLLM engine, a Ray cluster) are built once, not once per
-    worker. Every Ray test runs on one worker (one local cluster at a time), and so does every vLLM
-    test (one engine's KV cache in memory at a time)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            shared = next((m for m in ("ray", "vllm") if item.get_closest_marker(m)), None)
-            item.add_marker(pytest.mark.xdist_group(shared or item.module.__name__))
 
 
 @pytest.fixture(scope="module")

@@ -269,6 +269,8 @@ def _fake_ray(plan: list[str]):
     ray.put = ray.get = lambda x: x
     ray.wait = lambda refs, num_returns, timeout: (refs[:num_returns], refs[num_returns:])
     ray.cancel = lambda ref, force=False: None
+    # one live node that holds the cell (run() checks every cell's resources against the nodes first)
+    ray.nodes = lambda: [{"NodeID": "n", "Alive": True, "Resources": {"CPU": 64.0}}]
     ray.exceptions = types.SimpleNamespace(NodeDiedError=_NodeDied)
     util = types.ModuleType("ray.util")
     pg = types.ModuleType("ray.util.placement_group")
@@ -304,7 +306,13 @@ def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(tmp_pat
     cell = Cell("c", 0, "g.gin", "g", "g.gin", config_files=(), swept=(), seed=0, bindings=())
     run_dir = tmp_path / "results" / "x" / "runs" / cell.id
     exp = SimpleNamespace(
-        name="x", processes_per_cell=1, num_gpus=0, num_cpus=1, launcher="torchrun", timeout_s=None
+        name="x",
+        file="x.gin",
+        processes_per_cell=1,
+        num_gpus=0,
+        num_cpus=1,
+        launcher="torchrun",
+        timeout_s=None,
     )
     recorded = []
     progress = SimpleNamespace(

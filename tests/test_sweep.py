@@ -381,10 +381,15 @@ def test_rerun_skips_finished_cells_and_results_are_deterministic(tmp_path):
     assert [r["cell_id"] for r in a] == [c.id for c in cells]  # expansion order, not finish order
 
 
-def test_parallel_runs_cells_concurrently_with_split_threads(tmp_path):
+def test_parallel_runs_cells_concurrently_with_split_threads(tmp_path, monkeypatch):
+    from polgrad.sweep import memory
+
+    # Memory is not what this test is about: --parallel 2 must not be lowered by a busy machine's
+    # MemAvailable. Each cell runs 4 steps of 1.5 s, so two starts seconds apart still overlap.
+    monkeypatch.setattr(memory, "available_mb", lambda: 1e9)
     path = write_exp(
         tmp_path,
-        "fake_train.sleep_s = 0.25\n"
+        "fake_train.sleep_s = 1.5\n"
         + specs("spec_a.gin")
         + "Sweep.grid = {'fake_train.lr': [0.1, 0.2]}\nSweep.seeds = [0]\n",
     )

@@ -148,7 +148,10 @@ def test_two_rank_cell_runs_both_ranks_and_records_world_size(tmp_path, fake_tra
     assert_all_ended(s["pid"] for s in ranks)
 
 
-def test_concurrent_deepspeed_cells_get_their_own_master_ports(tmp_path, fake_trainer):
+def test_concurrent_deepspeed_cells_get_their_own_master_ports(tmp_path, fake_trainer, monkeypatch):
+    from polgrad.sweep import memory
+
+    monkeypatch.setattr(memory, "available_mb", lambda: 1e9)  # --parallel 2 not lowered by a busy machine
     path = fake_exp(
         tmp_path, "deepspeed", "fake_train.sleep_s = 3.0\nSweep.grid = {'fake_train.lr': [0.1, 0.2]}\n"
     )
