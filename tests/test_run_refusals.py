@@ -245,3 +245,15 @@ def test_a_config_json_whose_values_transformers_refuses_is_one_line_before_the_
         msg.startswith(f"policy checkpoint '{tmp_path}': its config.json does not load: ") and "\n" not in msg
     )
     assert "hidden_size" in msg
+
+
+def test_an_empty_held_out_split_is_left_to_the_tasks_own_error_not_called_at_most_0():
+    """A task whose held-out split is empty (eval_split_size() == 0, e.g. eval_fraction 0) has its own
+    error to give; 'bind train.eval_size to at most 0' would be no fix. A split of 5 still refuses 6."""
+    from types import SimpleNamespace
+
+    from polgrad.tasks.base import check_eval_size
+
+    check_eval_size(SimpleNamespace(name="t", eval_split_size=lambda: 0), 16)  # no refusal here
+    with pytest.raises(ConfigError, match="at most 5"):
+        check_eval_size(SimpleNamespace(name="t", eval_split_size=lambda: 5), 6)

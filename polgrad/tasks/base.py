@@ -64,7 +64,9 @@ def check_eval_size(task: Any, n: int | None) -> None:
     count the split cannot reach would run until the draw's budget gives up (minutes, gigabytes)."""
     count = getattr(task, "eval_split_size", None)
     limit = count() if n is not None and callable(count) else None
-    if limit is not None and n > limit:
+    # An empty held-out split (limit 0) is the task's own error to give (e.g. its eval_fraction is 0):
+    # "at most 0" would be no fix.
+    if limit and n > limit:
         where = f" ({task.path})" if getattr(task, "path", None) else ""
         raise ConfigError(
             f"train.eval_size = {n} is more than the {limit:,} distinct held-out prompts task."
