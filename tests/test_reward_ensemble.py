@@ -192,19 +192,20 @@ def test_the_default_combine_is_the_mean():
 @pytest.mark.slow
 def test_members_share_the_pairs_and_differ_in_their_seed(tmp_path, monkeypatch):
     """Member 0 is the single reward model (the same cache entry as without `member`); member 1 is
-    trained on the same pairs from its own initialisation seed: another entry, other scores, both
-    above chance on held-out pairs (a few steps suffice on sort)."""
+    trained on the same pairs from its own initialisation seed: another entry, other scores. That a
+    reward model learns is test_models' claim (200 steps on 2,048 pairs); a few steps, as here, left
+    member 0 at chance on one thread (0.53 on 128 held-out pairs after 40 steps), so no accuracy bound."""
     policy = pretrain.warm_start("sort", {}, {}, seed=0, cache_dir=tmp_path, progress=False)
-    kw = dict(pairs=512, steps=40, seed=0, cache_dir=tmp_path, progress=False, heldout_pairs=128)
+    kw = dict(pairs=512, steps=8, seed=0, cache_dir=tmp_path, progress=False, heldout_pairs=128)
     single = pretrain.train_reward_model(policy, "sort", **kw)
     assert pretrain.train_reward_model(policy, "sort", member=0, **kw) == single
     m1_path, m1_acc = pretrain.train_reward_model(policy, "sort", member=1, **kw)
-    m2_path, _ = pretrain.train_reward_model(policy, "sort", member=2, **kw)
+    m2_path, m2_acc = pretrain.train_reward_model(policy, "sort", member=2, **kw)
     assert len({single[0], m1_path, m2_path}) == 3
     info0, info1 = models.read_info(single[0]), models.read_info(m1_path)
     assert info0["data"] == info1["data"]  # the same training and held-out pairs
     assert info1["rm"]["member"] == 1 and "member" not in info0["rm"]
-    assert min(single[1], m1_acc) > 0.6
+    assert info1["stats"]["heldout_pairwise_accuracy"] == m1_acc and 0 <= m2_acc <= 1
     sort = polgrad.get("task", "sort")()
     tok = models.load_tokenizer(policy)
     pairs = sort.preference_pairs(16, 99)
@@ -213,7 +214,8 @@ def test_members_share_the_pairs_and_differ_in_their_seed(tmp_path, monkeypatch)
     with torch.no_grad():
         s0 = _pair_scores(models.load_reward_model(single[0]), tok, pairs)[0]
         s1 = _pair_scores(models.load_reward_model(m1_path), tok, pairs)[0]
-    assert not torch.allclose(s0, s1)  # another member, another function
+        s2 = _pair_scores(models.load_reward_model(m2_path), tok, pairs)[0]
+    assert not torch.allclose(s0, s1) and not torch.allclose(s1, s2)  # another member, another function
     with pytest.raises(ConfigError, match="member must be an integer >= 0"):
         pretrain.train_reward_model(policy, "sort", member=-1, **kw)
 
