@@ -26,6 +26,7 @@ symbols is easier).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import random
@@ -50,6 +51,12 @@ def prompt_hash(prompt: str) -> int:
 def in_eval_split(prompt: str, eval_fraction: float) -> bool:
     """True iff `prompt` is held out: prompt_hash(prompt) < eval_fraction * 2**64."""
     return prompt_hash(prompt) < eval_fraction * 2.0**64
+
+
+@functools.lru_cache(maxsize=64)
+def _held_out_count(task) -> int:
+    """How many of a (frozen, hashable) task's enumerated prompts are held out."""
+    return sum(in_eval_split(ex.prompt, task.eval_fraction) for ex in task._all())
 
 
 def exact_or_partial(answer: str, response: str, partial: bool) -> float:
@@ -131,10 +138,14 @@ class _Generated:
 
     def eval_split_size(self) -> int | None:
         """The distinct held-out prompts: counted (hashed, not drawn) when the task has at most
-        MAX_ENUMERATED problems, else None."""
+        MAX_ENUMERATED problems, else None. Counted once per process for equal settings (a sweep
+        builds every cell's task, and hashing 100,000 prompts takes about a second)."""
         if self._count() > MAX_ENUMERATED:
             return None
-        return sum(in_eval_split(ex.prompt, self.eval_fraction) for ex in self._all())
+        try:
+            return _held_out_count(self)
+        except TypeError:  # a subclass with an unhashable field: count without the cache
+            return _held_out_count.__wrapped__(self)
 
     def eval_examples(self, n: int | None) -> list[Example]:
         if self.eval_fraction == 0.0:
