@@ -1,9 +1,11 @@
 """Worker of tests/test_data_parallel.py: one trainer step at world size 2, and its world-size-1 twin.
 
-    torchrun --standalone --nproc_per_node 2 tests/dp_worker.py OUT SPEC STAGES   # the ranks
-    python tests/dp_worker.py OUT SPEC --reference STAGES                         # world size 1
+    torchrun --standalone --nproc_per_node 2 tests/dp_worker.py OUT CASES   # the ranks
+    python tests/dp_worker.py OUT CASES --reference                         # world size 1
 
-Under the launcher, for each ZeRO stage in STAGES (e.g. "0,1,2,3") each rank builds the run of
+CASES is `SPEC=STAGES;SPEC=STAGES...`, e.g. "grpo=0,1,2,3;ppo=0,3": every case runs in one launch
+(a launch costs the two ranks' imports and the process group's start, ~10 s each time).
+Under the launcher, for each SPEC and each ZeRO stage in its STAGES each rank builds the run of
 `SPEC` (registry/<SPEC>.gin on the tiny base config) with `polgrad.trainer`'s own functions,
 collects its batch (its own prompts: the step seed includes the rank), computes advantages and
 runs `trainer.update` (one optimizer step), and writes OUT/<SPEC>_stage<S>_rank<R>.pt: the
@@ -139,9 +141,8 @@ def reference(out: Path, spec: str, stages: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    out_dir, spec_name = Path(sys.argv[1]), sys.argv[2]
-    stage_list = [int(s) for s in sys.argv[-1].split(",")]
-    if sys.argv[3] == "--reference":
-        reference(out_dir, spec_name, stage_list)
-    else:
-        ranks(out_dir, spec_name, stage_list)
+    out_dir = Path(sys.argv[1])
+    run = reference if sys.argv[3:] == ["--reference"] else ranks
+    for case in sys.argv[2].split(";"):
+        spec_name, _, stages = case.partition("=")
+        run(out_dir, spec_name, [int(s) for s in stages.split(",")])
