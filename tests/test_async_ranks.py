@@ -96,9 +96,10 @@ def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_
 
 
 @pytest.mark.cpu_matrix
-@pytest.mark.parametrize("stage", [2, 3])
-def test_a_resumed_async_run_at_world_size_2_ends_where_the_uninterrupted_one_ends(tmp_path, stage):
-    bind = ["train.max_staleness = 2", "Algorithm.clip = @clip.tis", f"train.zero_stage = {stage}"]
+def test_a_resumed_async_run_at_world_size_2_ends_where_the_uninterrupted_one_ends(tmp_path):
+    """At ZeRO-3, whose checkpoint is partitioned over the ranks (the ZeRO-2 case was dropped for time:
+    three 2-rank runs; a producer that ignores the checkpoint's saved versions still fails here)."""
+    bind = ["train.max_staleness = 2", "Algorithm.clip = @clip.tis", "train.zero_stage = 3"]
     full, w_full = _train(tmp_path, "full", bind)
     assert [r["staleness_max"] for r in full] == [0.0, 1.0, 2.0, 2.0]
     for r in full[1:]:  # stale rollouts: pi_old recomputed by the trainer differs from the behaviour policy
