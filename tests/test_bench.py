@@ -491,20 +491,36 @@ def test_cli_sizes_smoke(tmp_path, monkeypatch):
     table with every arm and the TRL/polgrad ratio where TRL ran, and the figure."""
     out = tmp_path / "out"
     fws = "polgrad,trl" if HAS_TRL else "polgrad"
-    assert bench.main(_small_sizes_argv(monkeypatch, out, fws, "1,2")) == 0
+    # one batch-axis point: each point costs a fresh process per framework (~20 s each); `points`
+    # and its batch axis of several are test_sizes_points' claim
+    assert bench.main(_small_sizes_argv(monkeypatch, out, fws, "1")) == 0
     rows = list(csv.DictReader(open(out / "sizes.csv")))
-    # size axis: 0.6m at 2 x G 2 = 4 rows; batch axis on the "6m" model: 1 x 2 and 2 x 2 rows
-    assert [(r["point"], r["axis"], r["batch"]) for r in rows] == [
-        ("0.6m x 4", "size", "4"),
-        ("6m x 2", "batch", "2"),
-        ("6m x 4", "batch", "4"),
-    ]
+    # size axis: 0.6m at 2 x G 2 = 4 rows; batch axis on the "6m" model: 1 x 2 rows
+    got = [(r["point"], r["axis"], r["batch"]) for r in rows]
+    assert got == [("0.6m x 4", "size", "4"), ("6m x 2", "batch", "2")]
     for r in rows:
         assert 0 < float(r["polgrad_roofline"]) < 1 and float(r["polgrad_s_per_step"]) > 0
     summary = open(out / "summary.md").read()
     assert "## Scaling with the model and the batch" in summary and "| 0.6m x 4 |" in summary
     assert ("TRL/polgrad fp32" in summary) == HAS_TRL
     assert os.path.getsize(out / "sizes.png") > 0
+
+
+def test_sizes_points():
+    """The size axis at the workload's batch, then the batch axis on BATCH_MODEL, without the point
+    the size axis already has (BATCH_MODEL at the workload's own batch)."""
+    from benchmarks import sizes
+    from benchmarks.workload import Workload
+
+    w = Workload(prompts=2, group_size=2)
+    got = [(label, axis, wp.batch) for label, axis, wp in sizes.points(w, ["0.6m", "6m"], [1, 2, 4])]
+    assert got == [
+        ("0.6m x 4", "size", 4),
+        ("6m x 4", "size", 4),
+        ("6m x 2", "batch", 2),
+        ("6m x 8", "batch", 8),
+    ]
+    assert [wp.prompts for _, _, wp in sizes.points(w, ["0.6m"], [1, 2])] == [2, 1, 2]
 
 
 def test_cli_sizes_keeps_finished_points_when_a_later_point_dies(tmp_path, monkeypatch):
