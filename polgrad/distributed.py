@@ -121,6 +121,28 @@ _SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory comm op (module docs
 _MISSING = object()  # set by torchrun and the deepspeed launcher
 
 
+def import_deepspeed() -> Any:
+    """The deepspeed module, imported without the optional `import mlflow` of its autotuner.
+
+    `import deepspeed` imports deepspeed.autotuning, whose module tries `import mlflow` (for its own
+    autotuning runs, which polgrad never starts): with mlflow installed (the `mlflow` extra) that was
+    3.7 of deepspeed's 4.7 s of import here, in every trainer process and every rank. mlflow is
+    hidden (`sys.modules["mlflow"] = None`, which makes its import fail) for deepspeed's import only,
+    and only when nothing imported it yet; polgrad's mlflow tracker imports it as usual afterwards.
+    Callers set DS_ACCELERATOR first (`setup`)."""
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hide = "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]
+    try:
+        import deepspeed
+    finally:
+        if hide and sys.modules.get("mlflow", _MISSING) is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 @dataclass(frozen=True)
 class DistInfo:
     """Where this process sits: global rank, world size, rank on its node, and its device."""
@@ -170,6 +192,7 @@ def setup(seed: int | None = None) -> DistInfo:
         else:
             tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
 
+    import_deepspeed()  # then `import deepspeed` finds it imported
     import deepspeed
     import deepspeed.comm
     from deepspeed.accelerator import get_accelerator
@@ -313,7 +336,7 @@ def make_engine(
         raise ConfigError(f"{where}: eps must be a number > 0, got {eps!r}")
     setup()
     config = ds_config(**ds_kwargs)
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
