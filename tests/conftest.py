@@ -41,6 +41,34 @@ if WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
 
 
+# The modules that take minutes, longest first (worker-seconds of the README test command on a 2-core
+# AMD EPYC, AVX2: ray_cluster 765, async_ranks 355, compile 335, sweep_multiprocess 285, bench 255,
+# recover_signals 180, multinode_torchrun 170, lora 140). xdist hands modules to its workers in
+# collection order (`pytest_configure` turns off its own reordering by test count, which put these
+# last): started first, the short modules fill in around them instead of one worker finishing alone.
+# Order only: every test runs, in any order, alone or on any worker.
+LONGEST_FIRST = (
+    "test_ray_cluster.py",
+    "test_async_ranks.py",
+    "test_compile.py",
+    "test_sweep_multiprocess.py",
+    "test_bench.py",
+    "test_recover_signals.py",
+    "test_multinode_torchrun.py",
+    "test_lora.py",
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's --dist loadfile
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): small
