@@ -217,3 +217,24 @@ def test_without_run_folders_a_csv_missing_rows_gives_an_md_that_says_so(swept):
     md = (out / "exp.md").read_text()
     assert "**Incomplete.** 2 of the experiment's 6 cells have no row in the CSV" in md
     assert "4 cells (4 " in md and csv_file.read_text() == csv_before
+
+
+def test_a_finished_rows_time_is_its_summarys_so_a_rebuilt_row_agrees(tmp_path):
+    """The sweep's row and a row rebuilt from the folder both say the run finished when it wrote its
+    summary.json (the CI once failed on a rebuilt row a second later than the recorded one); a failed
+    run without a finished summary gets the clock."""
+    import os
+
+    from polgrad.results import record
+
+    run_dir = tmp_path / "exp" / "runs" / "c"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"status": "ok", "steps": 1}))
+    os.utime(run_dir / "summary.json", (1577836800, 1577836800))  # 2020-01-01T00:00:00Z
+    cell = {"id": "c", "spec": "s", "spec_file": "s.gin", "swept": {}, "seed": 0}
+    env = {"git_commit": "x"}
+    row = record.cell_row("exp", cell, run_dir, tmp_path, {"status": "ok", "summary": {}, "environment": env})
+    assert row["finished_at"] == "2020-01-01T00:00:00+00:00"
+    assert record.finished_outcome(run_dir)["finished_at"] == row["finished_at"]
+    failed = record.cell_row("exp", cell, run_dir, tmp_path, {"status": "failed", "environment": env})
+    assert failed["finished_at"] > "2025"  # the clock, not the stale summary's time

@@ -87,8 +87,21 @@ def cell_row(
     except ValueError:
         row["run_dir"] = str(run_dir)
     row.update(outcome.get("environment") or environment())
-    row["finished_at"] = outcome.get("finished_at") or _now()
+    row["finished_at"] = outcome.get("finished_at") or _summary_time(run_dir, outcome) or _now()
     return row
+
+
+def _summary_time(run_dir: Path, outcome: dict[str, Any]) -> str | None:
+    """When a finished run wrote its summary.json (UTC, seconds): the time a row rebuilt from the folder
+    gets too (`finished_outcome`), so the sweep's row and a rebuilt one agree (the clock at recording
+    time differed from it by a second under load). None for a run that did not finish."""
+    if outcome.get("status") not in FINISHED:
+        return None
+    try:
+        mtime = (run_dir / "summary.json").stat().st_mtime
+    except OSError:
+        return None
+    return _dt.datetime.fromtimestamp(mtime, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _now() -> str:
@@ -109,14 +122,13 @@ def finished_outcome(run_dir: Path) -> dict[str, Any] | None:
     if summary is None or summary.get("status") not in FINISHED:
         return None
     cell = _json(run_dir / "cell.json") or {}
-    when = _dt.datetime.fromtimestamp((run_dir / "summary.json").stat().st_mtime, _dt.timezone.utc)
     return {
         "status": summary["status"],
         "error": str(summary.get("unstable", "")),
         "summary": summary,
         "environment": cell.get("environment"),
         "world_size": cell.get("ranks"),
-        "finished_at": when.isoformat(timespec="seconds"),
+        "finished_at": _summary_time(run_dir, {"status": summary["status"]}),
     }
 
 
