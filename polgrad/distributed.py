@@ -102,18 +102,9 @@ if TYPE_CHECKING:  # deepspeed is imported lazily: DS_ACCELERATOR must be set be
     from deepspeed import DeepSpeedEngine
 
 __all__ = [
-    "DistInfo",
-    "session",
-    "backward",
-    "ds_config",
-    "has_checkpoint",
-    "load_checkpoint",
-    "make_engine",
-    "peak_memory_mb",
-    "save_checkpoint",
-    "setup",
-    "step",
-]
+    "DistInfo", "session", "backward", "ds_config", "has_checkpoint", "import_deepspeed", "load_checkpoint",
+    "make_engine", "peak_memory_mb", "save_checkpoint", "setup", "step",
+]  # fmt: skip
 
 _RNG_KEY = "polgrad_rng"  # where save_checkpoint puts every rank's RNG states in client_state
 _LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
@@ -122,25 +113,17 @@ _MISSING = object()  # set by torchrun and the deepspeed launcher
 
 
 def import_deepspeed() -> Any:
-    """The deepspeed module, imported without the optional `import mlflow` of its autotuner.
-
-    `import deepspeed` imports deepspeed.autotuning, whose module tries `import mlflow` (for its own
-    autotuning runs, which polgrad never starts): with mlflow installed (the `mlflow` extra) that was
-    3.7 of deepspeed's 4.7 s of import here, in every trainer process and every rank. mlflow is
-    hidden (`sys.modules["mlflow"] = None`, which makes its import fail) for deepspeed's import only,
-    and only when nothing imported it yet; polgrad's mlflow tracker imports it as usual afterwards.
-    Callers set DS_ACCELERATOR first (`setup`)."""
-    if "deepspeed" in sys.modules:
-        return sys.modules["deepspeed"]
-    hide = "mlflow" not in sys.modules
-    if hide:
-        sys.modules["mlflow"] = None  # type: ignore[assignment]
-    try:
-        import deepspeed
-    finally:
-        if hide and sys.modules.get("mlflow", _MISSING) is None:
-            del sys.modules["mlflow"]
-    return deepspeed
+    """deepspeed, imported with mlflow hidden unless something imported it already: the optional
+    `import mlflow` of deepspeed.autotuning (an autotuner polgrad never runs) was 3.7 of deepspeed's
+    4.7 s of import in every rank; a None entry in sys.modules makes that import fail, then goes."""
+    if "deepspeed" not in sys.modules:
+        sys.modules.setdefault("mlflow", None)  # type: ignore[arg-type]  (an imported mlflow stays)
+        try:
+            import deepspeed  # noqa: F401
+        finally:
+            if sys.modules.get("mlflow", _MISSING) is None:
+                del sys.modules["mlflow"]
+    return sys.modules["deepspeed"]
 
 
 @dataclass(frozen=True)
@@ -192,9 +175,8 @@ def setup(seed: int | None = None) -> DistInfo:
         else:
             tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
 
-    import_deepspeed()  # then `import deepspeed` finds it imported
-    import deepspeed
-    import deepspeed.comm
+    import_deepspeed()
+    import deepspeed.comm  # binds `deepspeed` too, found imported
     from deepspeed.accelerator import get_accelerator
 
     if not deepspeed.comm.is_initialized():
