@@ -289,3 +289,23 @@ def test_a_run_trains_on_a_reasoning_gym_task_and_evaluates_by_its_score(tmp_pat
             response, value = scored[prompt][0 if record["step"] == 0 else 1]  # steps 0 and 2
             assert value == theirs.score_answer(answer=response.strip(), entry=held[prompt].entry)
             assert correct == int(value >= 1.0)
+
+
+def test_a_task_is_probed_once_per_process_for_the_same_arguments(monkeypatch):
+    """A sweep builds every cell's task; the probe (1,000 items; seconds for spell_backward) runs once
+    per set of arguments, and other arguments give another task."""
+    from polgrad.tasks import gym
+
+    calls = []
+    real = gym._probed
+    monkeypatch.setattr(gym, "_probed", lambda *a: (calls.append(a[2:]), real(*a))[1])
+    monkeypatch.setattr(gym, "_BUILT", {})
+    first = make(config={**CHAIN, "max_terms": 2})
+    assert make(config={"max_digits": 2, "max_terms": 2, "min_terms": 2}) is first  # key order aside
+    assert len(calls) == 1
+    other = make(config={**CHAIN, "max_terms": 2}, eval_fraction=0.2)
+    assert other is not first and other.eval_fraction == 0.2 and len(calls) == 2
+    with pytest.raises(ConfigError, match="max_prompt_chars = 0 must be >= 1"):
+        make(config={**CHAIN, "max_terms": 2}, max_prompt_chars=0)  # an error is never cached
+    with pytest.raises(ConfigError, match="max_prompt_chars = 0 must be >= 1"):
+        make(config={**CHAIN, "max_terms": 2}, max_prompt_chars=0)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import random
 import re
 import string
@@ -264,6 +265,24 @@ def reasoning_gym_task(
         raise ConfigError(
             f"task.reasoning_gym.config sets {reserved}; polgrad sets the seed and size itself: remove them"
         )
+    # the dataset's classes and the extractor themselves (a test's stand-in dataset is another task)
+    key = (tuple(datasets[name]), extract, json.dumps(
+        [name, config, eval_fraction, answer_format, max_prompt_chars, max_response_chars],
+        sort_keys=True, default=repr))  # fmt: skip
+    if key not in _BUILT:  # the probe reads 1,000 items: a sweep builds every cell's task (seconds each)
+        _BUILT[key] = _probed(datasets, extract, name, config, eval_fraction, answer_format,
+                              max_prompt_chars, max_response_chars)  # fmt: skip
+    return _BUILT[key]
+
+
+_BUILT: dict[tuple, ReasoningGymTask] = {}  # built tasks (frozen, their scorer read-only) by their arguments
+
+
+def _probed(
+    datasets, extract, name, config, eval_fraction, answer_format, max_prompt_chars, max_response_chars
+):
+    """`reasoning_gym_task`'s task once its arguments are checked: the dataset's config checked and the
+    alphabet and bounds fixed from a probe of its items."""
     dataset_cls, config_cls = datasets[name]
     try:
         scorer = dataset_cls(config=config_cls(**config, seed=0, size=CHUNK))
