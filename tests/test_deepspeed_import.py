@@ -19,26 +19,27 @@ def _fresh(code: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+# (a fresh interpreter's script, what its last line prints)
+NOT_IMPORTED_FIRST = (  # deepspeed without mlflow; mlflow imports afterwards
+    "from polgrad.distributed import import_deepspeed\n"
+    "ds = import_deepspeed()\n"
+    "before = ('mlflow' in sys.modules, ds is sys.modules['deepspeed'], import_deepspeed() is ds)\n"
+    "import mlflow\n"
+    "print(before, type(mlflow).__name__)",
+    "(False, True, True) module",
+)
+IMPORTED_FIRST = (  # an mlflow imported before is left as it is
+    "import mlflow\n"
+    "from polgrad.distributed import import_deepspeed\n"
+    "import_deepspeed()\n"
+    "print(sys.modules['mlflow'] is mlflow)",
+    "True",
+)
+
+
 @pytest.mark.skipif(not HAS_MLFLOW, reason="mlflow is not installed: deepspeed cannot import it anyway")
-def test_deepspeed_is_imported_without_mlflow_and_mlflow_imports_after():
-    code = (
-        "import os, sys; os.environ.setdefault('DS_ACCELERATOR', 'cpu')\n"
-        "from polgrad.distributed import import_deepspeed\n"
-        "ds = import_deepspeed()\n"
-        "before = ('mlflow' in sys.modules, ds is sys.modules['deepspeed'], import_deepspeed() is ds)\n"
-        "import mlflow\n"
-        "print(before, type(mlflow).__name__)"
-    )
-    assert _fresh(code) == "(False, True, True) module"
-
-
-@pytest.mark.skipif(not HAS_MLFLOW, reason="mlflow is not installed")
-def test_an_mlflow_imported_first_is_left_as_it_is():
-    code = (
-        "import os, sys; os.environ.setdefault('DS_ACCELERATOR', 'cpu')\n"
-        "import mlflow\n"
-        "from polgrad.distributed import import_deepspeed\n"
-        "import_deepspeed()\n"
-        "print(sys.modules['mlflow'] is mlflow)"
-    )
-    assert _fresh(code) == "True"
+@pytest.mark.parametrize(
+    ("script", "printed"), [NOT_IMPORTED_FIRST, IMPORTED_FIRST], ids=["fresh", "mlflow_first"]
+)
+def test_deepspeed_is_imported_without_mlflow_and_an_imported_mlflow_stays(script, printed):
+    assert _fresh("import os, sys; os.environ.setdefault('DS_ACCELERATOR', 'cpu')\n" + script) == printed

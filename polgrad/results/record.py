@@ -87,16 +87,14 @@ def cell_row(
     except ValueError:
         row["run_dir"] = str(run_dir)
     row.update(outcome.get("environment") or environment())
-    row["finished_at"] = outcome.get("finished_at") or _summary_time(run_dir, outcome) or _now()
+    row["finished_at"] = outcome.get("finished_at") or (_summary_time(run_dir) if ok else None) or _now()
     return row
 
 
-def _summary_time(run_dir: Path, outcome: dict[str, Any]) -> str | None:
-    """When a finished run wrote its summary.json (UTC, seconds): the time a row rebuilt from the folder
-    gets too (`finished_outcome`), so the sweep's row and a rebuilt one agree (the clock at recording
-    time differed from it by a second under load). None for a run that did not finish."""
-    if outcome.get("status") not in FINISHED:
-        return None
+def _summary_time(run_dir: Path) -> str | None:
+    """When a finished run wrote its summary.json (UTC, seconds): the time both the sweep's row and a row
+    rebuilt from the folder (`finished_outcome`) give it, so the two agree (the clock at recording time
+    differed from it by a second under load). None without a summary."""
     try:
         mtime = (run_dir / "summary.json").stat().st_mtime
     except OSError:
@@ -128,7 +126,7 @@ def finished_outcome(run_dir: Path) -> dict[str, Any] | None:
         "summary": summary,
         "environment": cell.get("environment"),
         "world_size": cell.get("ranks"),
-        "finished_at": _summary_time(run_dir, {"status": summary["status"]}),
+        "finished_at": _summary_time(run_dir),
     }
 
 

@@ -142,10 +142,7 @@ class _Generated:
         builds every cell's task, and hashing 100,000 prompts takes about a second)."""
         if self._count() > MAX_ENUMERATED:
             return None
-        try:
-            return _held_out_count(self)
-        except TypeError:  # a subclass with an unhashable field: count without the cache
-            return _held_out_count.__wrapped__(self)
+        return _held_out_count(self)  # the tasks are frozen dataclasses of scalars: hashable
 
     def eval_examples(self, n: int | None) -> list[Example]:
         if self.eval_fraction == 0.0:
