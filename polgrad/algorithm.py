@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-import gin
 import torch
 from torch import Tensor
 
@@ -38,9 +37,12 @@ def _global_sums(*values: float | Tensor) -> list[float]:
     return collective.all_sum(t).tolist()
 
 
-@gin.configurable
 class Algorithm:
     """A policy-gradient algorithm as a composition of registered parts, one per axis.
+
+    Built from gin by the config layer (`config_parts.algorithm()`, gin's `Algorithm`), which hands
+    every part over as a `registry.Bound`: its hyperparameters fixed then, read from nothing later.
+    A part passed here directly (a plain registered function) runs with its own defaults.
 
     Args (all bound in gin; the parts by reference, e.g. `@advantage.rloo`):
       name: the spec's name, as it appears in CSVs and in Table 5.
@@ -65,9 +67,14 @@ class Algorithm:
       source: citation shown in the spec's header and in the comparison table.
     """
 
+    # The part an axis gets when its binding is left out (the config layer binds it like any other).
+    DEFAULT_PARTS = MappingProxyType(
+        {"kl_controller": ("kl_controller", "fixed"), "value_loss": ("value_loss", "clipped")}
+    )
+
     def __init__(
         self,
-        name: str = gin.REQUIRED,
+        name: str,
         advantage: Callable[..., Any] | None = None,
         clip: Callable[..., Any] | None = None,
         aggregate: Callable[..., Any] | None = None,
@@ -97,10 +104,10 @@ class Algorithm:
         self.kl = kl
         self.kl_placement = kl_placement
         self.kl_coef = float(kl_coef)
-        self.kl_controller = kl_controller or registry.get("kl_controller", "fixed")
+        self.kl_controller = kl_controller or registry.get(*self.DEFAULT_PARTS["kl_controller"])
         self.entropy_coef = float(entropy_coef)
         self.value_init = value_init
-        self.value_loss = value_loss or registry.get("value_loss", "clipped")
+        self.value_loss = value_loss or registry.get(*self.DEFAULT_PARTS["value_loss"])
         self.vf_coef = float(vf_coef)
         self.ppo_epochs = int(ppo_epochs)
         self.minibatches = int(minibatches)
@@ -119,6 +126,12 @@ class Algorithm:
                 "pass kl_coef to prepare/loss"
             )
         super().__setattr__(name, value)
+
+    def part(self, binding: str) -> Any:
+        """The part bound to `binding`, a key of `parts` ('Algorithm.kl', 'Algorithm.filters[0]')."""
+        attr, _, index = binding.removeprefix("Algorithm.").partition("[")
+        value = getattr(self, attr)
+        return value[int(index.rstrip("]"))] if index else value
 
     # ------------------------------------------------------------------ what the loop must provide
     def _any(self, key: str) -> bool:

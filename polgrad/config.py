@@ -9,7 +9,7 @@
     build()                         the run's validated `TrainConfig` (the `train.*` bindings,
                                     polgrad/train_config.py), its `Algorithm` and its task: the
                                     trainer's inputs (`polgrad.trainer.train(cfg, algo, task, ...)`)
-    record()                        the `ConfigRecord` a run writes down (config.gin, operative config)
+    record(cfg, algo)               the `ConfigRecord` a run writes down (config.gin, operative config)
     load_spec / table_row_from_file / comparison_table
                                     a spec file to its Algorithm and Table-5 row
 
@@ -32,7 +32,7 @@ from typing import Any
 import gin
 from gin import config_parser
 
-from polgrad import registry, table5
+from polgrad import config_parts, registry, table5
 from polgrad.algorithm import Algorithm
 from polgrad.errors import ConfigError, PolgradError, did_you_mean
 from polgrad.tasks.base import check_eval_size
@@ -57,7 +57,7 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
         for name in _unbound_required(selector, cls):
             raise ConfigError(f"{selector}.{name} is required: bind it in a gin file or with --bind")
     try:
-        algo = Algorithm()
+        algo = config_parts.algorithm()  # every part bound now: nothing below reads gin
         cfg = TrainConfig()
         _check_task_bindings(cfg)
         task = cfg.task()  # a task's own checks (e.g. task.file's path and columns)
@@ -101,16 +101,18 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
 class ConfigRecord:
     """The gin configuration a run writes into its folder, handed to the trainer by the entry point so
     that nothing below it reads gin: `bindings`, the parsed bindings (config.gin; a resume compares
-    them with the folder's), and `operative()`, the values gin actually used, read when the run ends
-    (parts called during training add theirs: operative_config.gin and the model card)."""
+    them with the folder's), and `operative`, the values the run uses (operative_config.gin and the
+    model card): gin's for what it built, then each bound part's hyperparameters."""
 
     bindings: str
-    operative: Callable[[], str]
+    operative: str
 
 
-def record() -> ConfigRecord:
-    """The `ConfigRecord` of the parsed gin configuration (call it at the entry point, after `build`)."""
-    return ConfigRecord(gin.config_str(), gin.operative_config_str)
+def record(cfg: TrainConfig, algo: Algorithm) -> ConfigRecord:
+    """The `ConfigRecord` of the parsed gin configuration (at the entry point, after `build`)."""
+    parts = [algo.part(b) for b in algo.parts] + [cfg.ensemble_combine, *cfg.trackers().values()]
+    operative = gin.operative_config_str().rstrip("\n") + "\n\n" + config_parts.part_blocks(parts) + "\n"
+    return ConfigRecord(gin.config_str(), operative)
 
 
 def _check_task_bindings(cfg: TrainConfig) -> None:
@@ -178,10 +180,10 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
 
 
 def _unbound_required(selector: str, cls: Any) -> list[str]:
-    """The %gin.REQUIRED parameters of `cls` that no binding sets (gin's public query)."""
+    """The required parameters of `cls` (no default, or %gin.REQUIRED) that no binding sets."""
     out = []
     for p in inspect.signature(cls).parameters.values():
-        if p.default is gin.REQUIRED:
+        if p.default is gin.REQUIRED or p.default is inspect.Parameter.empty:
             try:
                 gin.query_parameter(f"{selector}.{p.name}")
             except ValueError:
@@ -451,7 +453,7 @@ def load_spec(path: str, bindings: Sequence[str] = (), base: str | None = None) 
     gin.clear_config()
     parse_config([path], bindings, base=base)
     try:
-        return Algorithm()
+        return config_parts.algorithm()
     except PolgradError as e:
         raise ConfigError(f"{path}: {_first_line(e)}") from None
     except (ValueError, TypeError, KeyError) as e:

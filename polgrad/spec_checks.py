@@ -3,7 +3,7 @@
 validate(algo)                     every check of an Algorithm's bindings in order, then `probe`
 probe(algo)                        each tensor part called once on a tiny batch, as the loop will
 entry_of_kind(binding, fn, kind)   the registry entry of a part bound to `binding`, of `kind`
-unbound_hyperparameters(entry)     the part's hyperparameters no parsed binding gives a value yet
+unbound_hyperparameters(part)      the part's hyperparameters that had no value when it was bound
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import gin
 import torch
 
 from polgrad import registry
@@ -44,32 +43,19 @@ def entry_of_kind(binding: str, fn: Any, kind: str) -> registry.Entry:
     return entry
 
 
-def unbound_hyperparameters(entry: registry.Entry) -> list[str]:
-    """The part's hyperparameters that no parsed binding gives a value yet, by gin's public queries.
-
-    Unbound means: a parameter without a default (or defaulting to gin.REQUIRED) that no binding
-    sets, or one bound to %gin.REQUIRED or to a %MACRO that has no value yet. A spec leaves such a
-    value to a config parsed later (the base config), so the probe does not call that part; the
-    real call reports it if it is still unbound then.
-    """
-    unbound = []
-    for p in registry.kinds.hyperparameters(entry.kind, entry.fn):
-        required = p.default is inspect.Parameter.empty or p.default is gin.REQUIRED
-        try:
-            value = gin.query_parameter(f"{entry.full_name}.{p.name}")
-        except ValueError:  # no binding
-            if required:
-                unbound.append(p.name)
-            continue
-        if isinstance(value, gin.config.ConfigurableReference) and str(value).startswith("%"):
-            macro = str(value)
-            try:
-                if macro == "%gin.REQUIRED":
-                    raise ValueError(macro)
-                gin.query_parameter(macro)
-            except ValueError:  # a macro with no value yet
-                unbound.append(p.name)
-    return unbound
+def unbound_hyperparameters(part: Any) -> list[str]:
+    """The part's hyperparameters that had no value when the config layer bound it (`Bound.unbound`):
+    a spec parsed alone leaves such a value to a config parsed later (the base config), so the probe
+    does not call that part; the real call reports it if it is still unbound then. A plain
+    registered function (no binding at all): its required keyword-only hyperparameters."""
+    if isinstance(part, registry.Bound):
+        return list(part.unbound)
+    entry = registry.entry_of(part)
+    return [
+        p.name
+        for p in registry.kinds.hyperparameters(entry.kind, entry.fn)
+        if p.default is inspect.Parameter.empty
+    ]
 
 
 def validate(algo: Any) -> None:
@@ -227,7 +213,7 @@ def probe(algo: Any) -> None:
         adv_kwargs = dict(group_ids=group_ids, values=None, token_rewards=tok, baseline_rewards=None)
         probes.append(("Algorithm.advantage", lambda: algo.advantage(rewards, mask, **adv_kwargs)))
     for binding, call in probes:
-        if unbound_hyperparameters(algo.parts[binding]):
+        if unbound_hyperparameters(algo.part(binding)):
             continue
         try:
             call()

@@ -6,12 +6,13 @@
     track.log(row)                                                     with each metrics.jsonl row
     track.finish(summary)                                              after summary.json
 
-`start` opens every chosen tracker through the registry (`registry.get('tracker', name)`, so a
-user's own registered tracker is chosen the same way) and, on a fresh start, logs the starting
-policy's held-out accuracy (eval.jsonl's step 0) as `eval_accuracy` at step 0. Each row goes out
-with its "step" (the steps done) and its numbers only (a string such as `skipped_update` is not
-sent); the summary's numbers go out as `summary/<key>` at the last step. A run that stops early
-(an exception, ^C) closes its trackers at exit with status failed.
+`start` opens every chosen tracker as the config bound it (`cfg.trackers()`: registry parts, so a
+user's own registered tracker is chosen the same way, its hyperparameters read at the build) and,
+on a fresh start, logs the starting policy's held-out accuracy (eval.jsonl's step 0) as
+`eval_accuracy` at step 0. Each row goes out with its "step" (the steps done) and its numbers
+only (a string such as `skipped_update` is not sent); the summary's numbers go out as
+`summary/<key>` at the last step. A run that stops early (an exception, ^C) closes its trackers at
+exit with status failed.
 
 What a tracker run is called: its name is $POLGRAD_CELL_ID, else the run folder's name; its group
 (MLflow experiment, W&B group) $POLGRAD_EXPERIMENT, else 'polgrad'; its params the spec's name and
@@ -28,7 +29,6 @@ import json
 import os
 from typing import Any
 
-from polgrad import registry
 from polgrad.components.tracker import numbers
 
 ENV_NAME, ENV_GROUP, ENV_PARAMS = "POLGRAD_CELL_ID", "POLGRAD_EXPERIMENT", "POLGRAD_CELL_PARAMS"
@@ -87,10 +87,8 @@ def start(cfg: Any, out_dir: str, spec: str, resume_step: int, *, enabled: bool)
     group = os.environ.get(ENV_GROUP) or DEFAULT_GROUP
     params = run_params(cfg, spec)
     parts = [
-        registry.get("tracker", logger)(
-            out_dir, name=name, group=group, params=params, resume_step=resume_step
-        )
-        for logger in cfg.loggers
+        tracker(out_dir, name=name, group=group, params=params, resume_step=resume_step)
+        for tracker in cfg.trackers().values()
     ]
     track = Trackers(parts, step=resume_step)
     if not resume_step:

@@ -49,7 +49,7 @@ def run(out_dir: str, *, resume: bool | None = None, progress: bool | None = Non
     cfg, algo, task = config.build()
     overrides = {"resume": resume, "progress": progress}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    return train(cfg, algo, task, out_dir, record=config.record())
+    return train(cfg, algo, task, out_dir, record=config.record(cfg, algo))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import gin
 from polgrad import registry
 from polgrad.checks import is_int, is_real
 from polgrad.components.tracker import check_loggers
+from polgrad.config_parts import bind
 from polgrad.errors import ConfigError
 from polgrad.tasks.rewards import check_policy, check_timeout
 
@@ -253,6 +254,11 @@ class TrainConfig:
             if name in kwargs and kwargs[name] == default:
                 del kwargs[name]
         object.__setattr__(self, "_task_kwargs", kwargs)
+        # The parts it names, bound now like the Algorithm's (polgrad.config_parts): read from gin once.
+        object.__setattr__(self, "_combine", bind(self.rm_combine or registry.get("reward_ensemble", "mean")))
+        object.__setattr__(
+            self, "_trackers", {name: bind(registry.get("tracker", name)) for name in self.loggers}
+        )
 
     @property
     def asynchronous(self) -> bool:
@@ -276,8 +282,13 @@ class TrainConfig:
 
     @property
     def ensemble_combine(self) -> Callable[..., Any]:
-        """The reward_ensemble part that reduces the members' scores [K,B] to [B] (train.rm_combine)."""
-        return self.rm_combine or registry.get("reward_ensemble", "mean")
+        """The reward_ensemble part that reduces the members' scores [K,B] to [B] (train.rm_combine),
+        bound when this config was built."""
+        return self._combine
+
+    def trackers(self) -> dict[str, Any]:
+        """{name: tracker part} of train.loggers, bound when this config was built."""
+        return dict(self._trackers)
 
     @property
     def lora(self) -> LoraSpec | None:

@@ -167,11 +167,11 @@ def _train(
         atomic_write_text(
             os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)
         )
-        atomic_write_text(os.path.join(out_dir, "operative_config.gin"), record.operative())
+        atomic_write_text(os.path.join(out_dir, "operative_config.gin"), record.operative)
     track.finish(summary)
     # 8. The result as a model: out_dir/final/ (policy + tokenizer, critic, model card; polgrad/export.py).
     export.write_final(
-        m, out_dir, name=algo.name, source=algo.source, config=record.operative(), summary=summary
+        m, out_dir, name=algo.name, source=algo.source, config=record.operative, summary=summary
     )
     return summary
 

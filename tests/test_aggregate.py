@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polgrad.components import aggregate
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import StepCounts, get, lookup
 
@@ -287,7 +288,7 @@ def test_registry_metadata(name, denominator):
 
 def test_gin_binds_max_len():
     gin.parse_config("aggregate.seq_mean_token_sum_norm.max_len = 20")
-    out = aggregate.seq_mean_token_sum_norm(LOSS, MASK, StepCounts.of_step(MASK))
+    out = part("aggregate", "seq_mean_token_sum_norm")(LOSS, MASK, StepCounts.of_step(MASK))
     assert float(out) == pytest.approx(33 / 40, rel=4 * EPS)
 
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polgrad import registry
+from polgrad import config_parts, registry
 from polgrad.algorithm import Algorithm
 from polgrad.errors import ConfigError
 from polgrad.registry import StepCounts, register
@@ -28,7 +28,7 @@ Algorithm.group_size = 4
 
 def build(extra: str = "", base: str = GRPO) -> Algorithm:
     gin.parse_config(base + "\n" + extra)
-    return Algorithm()
+    return config_parts.algorithm()
 
 
 @pytest.mark.parametrize(

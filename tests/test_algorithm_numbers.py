@@ -11,7 +11,7 @@ import gin
 import pytest
 import torch
 
-from polgrad.algorithm import Algorithm
+from polgrad import config_parts
 from polgrad.registry import StepCounts
 
 F64 = torch.float64
@@ -60,7 +60,7 @@ def _kl_in_reward_batch() -> dict:
 
 def test_kl_in_reward_penalises_each_token_where_it_occurs():
     gin.parse_config(KL_IN_REWARD)
-    algo = Algorithm()
+    algo = config_parts.algorithm()
     out, _ = algo.prepare(_kl_in_reward_batch(), kl_coef=algo.kl_coef)
     # beta = 0.5: -beta * k1 = row 0 [-0.25, +0.125, +0.5], row 1 [-0.25, -0.25];
     # the score sits on the last valid token (row 0: t = 2, row 1: t = 1).
@@ -77,7 +77,7 @@ def test_kl_in_reward_penalises_each_token_where_it_occurs():
 
 def test_kl_in_reward_advantage_is_the_return_to_go_of_per_token_penalties():
     gin.parse_config(KL_IN_REWARD)
-    algo = Algorithm()
+    algo = config_parts.algorithm()
     out, _ = algo.prepare(_kl_in_reward_batch(), kl_coef=algo.kl_coef)
     # GAE with gamma = lam = 1 and V = 0: A_t = sum_{s >= t} r_s over the valid tokens.
     #   row 0: [-0.25 + 0.125 + 1.5, 0.125 + 1.5, 1.5] = [1.375, 1.625, 1.5]
@@ -115,7 +115,7 @@ def _entropy_mb(adv: torch.Tensor, entropy: torch.Tensor) -> dict:
 
 def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy():
     gin.parse_config(ENTROPY)
-    a = Algorithm()
+    a = config_parts.algorithm()
     counts = StepCounts.of_step(E_MASK)  # 3 valid tokens
     # adv = 0: the clipped surrogate is 0 on every token, so the loss is the bonus alone:
     #   token_mean(-0.25 * H) = -0.25 * (0.5 + 1.0 + 2.0) / 3 = -0.875 / 3 = -7/24.
@@ -140,7 +140,7 @@ def test_entropy_bonus_lowers_the_loss_by_coef_times_the_aggregated_entropy():
 def test_entropy_gradient_is_minus_coef_over_the_step_tokens():
     """d loss / d H_t = -c / N_tokens on valid tokens, 0 on padding: -0.25 / 3 = -1/12."""
     gin.parse_config(ENTROPY)
-    a = Algorithm()
+    a = config_parts.algorithm()
     ent = E_ENT.clone().requires_grad_(True)
     loss, _, _ = a.loss(
         _entropy_mb(torch.zeros(2, 3, dtype=F64), ent), StepCounts.of_step(E_MASK), kl_coef=a.kl_coef

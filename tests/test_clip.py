@@ -18,6 +18,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import polgrad  # noqa: F401  (registers the built-in parts)
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import get, lookup, names
 
@@ -61,7 +62,7 @@ def _run(name, old, d, adv, mask, *, rollout=None, **hparams):
     logp = (old_logp + torch.as_tensor(d, dtype=F64)).requires_grad_(True)
     adv_t, mask_t = torch.as_tensor(adv, dtype=F64), torch.as_tensor(mask, dtype=F64)
     rollout_t = None if rollout is None else torch.as_tensor(rollout, dtype=F64)
-    loss, metrics = get("clip", name)(logp, old_logp, adv_t, mask_t, rollout_logp=rollout_t, **hparams)
+    loss, metrics = part("clip", name)(logp, old_logp, adv_t, mask_t, rollout_logp=rollout_t, **hparams)
     loss.sum().backward()
     ratio = torch.exp(logp.detach() - old_logp)
     return loss.detach(), metrics, logp.grad, ratio

@@ -8,8 +8,7 @@ import gin
 import pytest
 import torch
 
-from polgrad import config
-from polgrad.algorithm import Algorithm
+from polgrad import config, config_parts
 from polgrad.batch import Batch
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import get
@@ -149,7 +148,7 @@ def test_prepare_and_loss_use_the_loop_s_kl_coefficient():
         "Algorithm.aggregate = @aggregate.token_mean\nAlgorithm.kl = @kl.k1\n"
         "Algorithm.kl_placement = 'reward'\nAlgorithm.kl_coef = 0.1"
     )
-    algo = Algorithm()
+    algo = config_parts.algorithm()
     mask = torch.ones(2, 3, dtype=torch.float64)
     old = torch.full((2, 3), -1.0, dtype=torch.float64)
     batch = dict(

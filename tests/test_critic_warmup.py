@@ -118,7 +118,7 @@ def _run(tmp_path, name: str, warmup: int, calls: list | None = None) -> tuple[d
     cfg = dataclasses.replace(cfg, critic_warmup_steps=warmup)
     out = tmp_path / name
     try:
-        train(cfg, algo, task, str(out), record=config.record())
+        train(cfg, algo, task, str(out), record=config.record(cfg, algo))
     finally:
         distributed.backward, distributed.step = backward, step
         gin.clear_config()

@@ -16,6 +16,7 @@ import pytest
 import reasoning_gym
 
 import polgrad  # noqa: F401  (registers the tasks)
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import get
 from polgrad.tasks.base import Example
@@ -229,7 +230,7 @@ def test_gin_binding_builds_the_task():
             "task.reasoning_gym.name = 'basic_arithmetic'\n"
             "task.reasoning_gym.config = {'min_terms': 2, 'max_terms': 2, 'operators': ('+', '-')}"
         )
-        task = get("task", "reasoning_gym")()
+        task = part("task", "reasoning_gym")()
         assert task.dataset == "basic_arithmetic"
         assert all(e.prompt.startswith("Calculate ") for e in task.examples("train", 20, 0))
     finally:

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import polgrad  # noqa: F401  (registers the built-in parts)
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import get, lookup, names
 
@@ -131,17 +132,17 @@ def test_k3_guards_and_their_gin_bindings():
     ref_logp = torch.zeros(1, 3, dtype=torch.float64)
     logp = torch.tensor([[-50.0, -3.0, 30.0]], dtype=torch.float64)  # e^{50} would be 5e21
     mask = torch.ones(1, 3, dtype=torch.float64)
-    out = get("kl", "k3")(logp, ref_logp, mask)
+    out = part("kl", "k3")(logp, ref_logp, mask)
     # x=-50: clamped to -20, e^{20} - 21 >> 10 -> value guard 10. x=-3: e^3 - 4 = 16.09 -> 10.
     # x=30: clamped to 20, e^{-20} - 1 + 20 = 19 + 2e-9 -> 10.
     torch.testing.assert_close(out, torch.full((1, 3), 10.0, dtype=torch.float64))
     gin.parse_config(["kl.k3.max_value = None", "kl.k3.max_log_ratio = None"])
-    out = get("kl", "k3")(logp, ref_logp, mask)
+    out = part("kl", "k3")(logp, ref_logp, mask)
     want = torch.expm1(-logp) + logp
     torch.testing.assert_close(out, want, rtol=1e-14, atol=0.0)
     gin.clear_config()
     gin.parse_config(["kl.k3.max_value = 1.0"])
-    assert get("kl", "k3")(logp, ref_logp, mask).max().item() == 1.0
+    assert part("kl", "k3")(logp, ref_logp, mask).max().item() == 1.0
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polgrad.components import kl_controller
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
-from polgrad.registry import get
 
 EPS = torch.finfo(torch.float64).eps
 
@@ -86,7 +86,7 @@ def test_accepts_a_zero_dim_tensor_kl():
 def test_gin_binds_target_and_horizon():
     gin.parse_config(["kl_controller.adaptive.target = 0.5", "kl_controller.adaptive.horizon = 1000"])
     # e = min(1.0 / 0.5 - 1, 0.2) = 0.2; 0.1 * (1 + 0.2 * 100 / 1000) = 0.102
-    assert get("kl_controller", "adaptive")(0.1, 1.0, 100) == pytest.approx(0.102, rel=16 * EPS)
+    assert part("kl_controller", "adaptive")(0.1, 1.0, 100) == pytest.approx(0.102, rel=16 * EPS)
 
 
 @pytest.mark.parametrize(

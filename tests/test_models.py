@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 import polgrad
 from polgrad import models, pretrain
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, DataError
 from polgrad.models import ScalarHeadModel, build_tiny, build_tokenizer, encode_prompts, encode_sequences
 from polgrad.pretrain import reward_model as rm_module
@@ -286,7 +287,7 @@ def test_value_init_policy_shares_backbone_with_fresh_head(policy_dir, rm_dir):
     values.sum().backward()
     assert critic.head.weight.grad is not None and critic.head.weight.grad.abs().sum() > 0
     gin.bind_parameter("value_init.policy.head_init_std", 0.1)
-    noisy = polgrad.get("value_init", "policy")(policy_path=policy_dir, reward_model_path=rm_dir)
+    noisy = part("value_init", "policy")(policy_path=policy_dir, reward_model_path=rm_dir)
     assert noisy(ids, mask).abs().sum() > 0
     with pytest.raises(ConfigError):
         polgrad.get("value_init", "policy")(

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from benchmarks.trl_run import trl_available
 from polgrad.components import preference
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
-from polgrad.registry import get
 
 HAS_TRL = trl_available()
 # CI's set-up installs the `bench` extra (tests/test_bench.py's convention): there a missing TRL
@@ -89,10 +89,10 @@ def test_cdpo_known_values():
 
 def test_gin_binds_beta_by_the_parts_full_name():
     gin.parse_config(["preference.dpo.beta = 0.5", "preference.cdpo.label_smoothing = 0.25"])
-    loss, rc, _ = get("preference", "dpo")(_t(2.0), _t(0.0))  # beta m = 1 -> s(-1)
+    loss, rc, _ = part("preference", "dpo")(_t(2.0), _t(0.0))  # beta m = 1 -> s(-1)
     assert loss.item() == pytest.approx(SOFTPLUS_M1, rel=1e-15) and rc.item() == 1.0
     # cdpo keeps its default beta = 0.1; m = 10 -> 0.75 s(-1) + 0.25 s(1) = s(-1) + 0.25
-    loss, _, _ = get("preference", "cdpo")(_t(10.0), _t(0.0))
+    loss, _, _ = part("preference", "cdpo")(_t(10.0), _t(0.0))
     assert loss.item() == pytest.approx(SOFTPLUS_M1 + 0.25, rel=1e-15)
 
 

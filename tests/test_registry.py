@@ -49,19 +49,6 @@ def test_name_must_be_identifier():
         registry.register("kl", "k-9")
 
 
-def test_registered_part_is_a_gin_configurable_under_kind_dot_name():
-    @registry.register("kl_controller", "test_halve", formula="beta/2")
-    def halve(coef, measured_kl, n_steps, *, factor=0.5):
-        """Multiply the coefficient by `factor`."""
-        return coef * factor
-
-    assert registry.get("kl_controller", "test_halve") is halve
-    assert registry.entry_of(halve).full_name == "kl_controller.test_halve"
-    assert registry.lookup("kl_controller", "test_halve").summary == "Multiply the coefficient by `factor`."
-    gin.parse_config("kl_controller.test_halve.factor = 0.25")
-    assert halve(1.0, 0.0, 1) == 0.25  # the gin binding applies through the registry's callable
-
-
 def test_every_kind_has_builtins():
     expected = {
         "advantage": {

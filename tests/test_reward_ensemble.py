@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import polgrad
-from polgrad import models, pretrain
+from polgrad import config_parts, models, pretrain
 from polgrad.build import RewardModelScorer
 from polgrad.components import reward_ensemble
 from polgrad.errors import ConfigError, ShapeError
@@ -104,7 +104,8 @@ def test_the_parts_are_registered_for_gin():
         gin.parse_config("reward_ensemble.uncertainty.lam = 2.0")
     try:
         s = torch.tensor([[0.0], [2.0]], dtype=F64)  # mean 1, variance 1: 1 - 2 * 1 = -1
-        assert polgrad.get("reward_ensemble", "uncertainty")(s).tolist() == [-1.0]
+        uncertainty = config_parts.bind(gin.get_configurable("reward_ensemble.uncertainty"))
+        assert uncertainty(s).tolist() == [-1.0]
     finally:
         gin.clear_config()
 
@@ -183,7 +184,9 @@ def test_the_default_combine_is_the_mean():
     )
     try:
         cfg, _, _ = build()
-        assert cfg.rm_ensemble == 2 and cfg.ensemble_combine is polgrad.get("reward_ensemble", "mean")
+        assert cfg.rm_ensemble == 2 and cfg.ensemble_combine.entry.fn is polgrad.get(
+            "reward_ensemble", "mean"
+        )
     finally:
         gin.clear_config()
 

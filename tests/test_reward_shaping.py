@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polgrad.components import reward_shaping
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import get, lookup
 
@@ -219,9 +220,9 @@ def test_gin_binds_hyperparameters():
         ]
     )
     s, m, tr = torch.tensor([5.0], dtype=F64), _mask([3], 4), torch.tensor([True])
-    assert reward_shaping.clip(s, m, truncated=tr).tolist() == [1.0]
-    assert reward_shaping.eos_only(s, m, truncated=tr).tolist() == [-2.0]
-    assert reward_shaping.overlong(s, m, truncated=tr).tolist() == [4.5]  # (2 - 3) / 2 = -0.5
+    assert part("reward_shaping", "clip")(s, m, truncated=tr).tolist() == [1.0]
+    assert part("reward_shaping", "eos_only")(s, m, truncated=tr).tolist() == [-2.0]
+    assert part("reward_shaping", "overlong")(s, m, truncated=tr).tolist() == [4.5]  # (2 - 3) / 2 = -0.5
 
 
 def test_overlong_lengths_are_required():

@@ -12,6 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import polgrad  # noqa: F401  (registers the built-in tasks)
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import get, names
 from polgrad.tasks.base import Example
@@ -248,7 +249,7 @@ def test_partial_credit_in_unit_interval(name, text):
 # --- built-in knobs -------------------------------------------------------------------------------
 def test_add_known_values_and_knobs():
     ex = Example("23+58=", "81")
-    add = get("task", "add")()
+    add = part("task", "add")()
     assert add.reward(ex, "81") == 1.0 and add.reward(ex, "80") == 0.0 and add.reward(ex, "081") == 0.0
     partial = get("task", "add")(partial=True)
     assert partial.reward(ex, "80") == pytest.approx(0.5)
@@ -287,10 +288,10 @@ def test_split_rule_is_stable_and_has_the_right_size():
 
 def test_gin_binding_changes_the_task():
     gin.parse_config("task.add.digits = 3\ntask.add.reverse = True\ntask.sort.length = 7")
-    add = get("task", "add")()
+    add = part("task", "add")()
     assert add.digits == 3 and add.reverse and add.max_response_chars == 4
     assert any(len(e.prompt) == 8 for e in add.examples("train", 50, seed=0))
-    assert len(get("task", "sort")().examples("train", 1, seed=0)[0].answer) == 7
+    assert len(part("task", "sort")().examples("train", 1, seed=0)[0].answer) == 7
 
 
 def test_gin_reference_builds_a_task():
@@ -321,7 +322,7 @@ def test_bad_knobs_raise_config_error(name, kwargs, fragment):
 
 
 def test_bad_split_and_empty_eval_raise():
-    add = get("task", "add")()
+    add = part("task", "add")()
     with pytest.raises(ConfigError, match="unknown split 'test'; valid splits: train, eval"):
         add.examples("test", 1, seed=0)
     with pytest.raises(ConfigError, match="eval split is empty"):
@@ -444,7 +445,7 @@ def test_file_numeric_answers_exact_format_and_response_column(tmp_path):
 def test_file_path_bound_by_gin(tmp_path):
     jl = _write_jsonl(tmp_path / "g.jsonl", ROWS)
     gin.parse_config(f"task.file.path = '{jl}'\ntask.file.eval_fraction = 0.3")
-    t = get("task", "file")()
+    t = part("task", "file")()
     assert t.path == str(jl) and len(t.eval) >= 1
 
 

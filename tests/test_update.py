@@ -33,8 +33,7 @@ import gin
 import pytest
 import torch
 
-from polgrad import distributed, hooks, trainer
-from polgrad.algorithm import Algorithm
+from polgrad import config_parts, distributed, hooks, trainer
 from polgrad.batch import Batch
 from polgrad.build import Models
 from polgrad.rollout.hf import Rollout, response_logprobs
@@ -91,7 +90,7 @@ def _one_update(agg: str, micro_batch_size: int):
 
     gin.clear_config()
     gin.parse_config(SPEC.format(agg=agg))
-    algo = Algorithm()
+    algo = config_parts.algorithm()
     distributed.setup()
     engine = distributed.make_engine(
         worker.build_model(),

@@ -9,8 +9,7 @@ import gin
 import pytest
 import torch
 
-from polgrad import registry
-from polgrad.algorithm import Algorithm
+from polgrad import config_parts, registry
 from polgrad.errors import RegistryError
 
 USER_MODULE = textwrap.dedent('''
@@ -46,7 +45,7 @@ def test_user_module_registers_an_estimator_used_from_gin(tmp_path, monkeypatch)
     cfg = tmp_path / "median_pg.gin"
     cfg.write_text(GIN)
     gin.parse_config_file(str(cfg))
-    algo = Algorithm()
+    algo = config_parts.algorithm()
     assert algo.parts["Algorithm.advantage"].full_name == "advantage.median_baseline"
     assert algo.table_row()["core_loss"].endswith("A_i = r_i - median_G(r)")
     mask = torch.ones(6, 2, dtype=torch.float64)

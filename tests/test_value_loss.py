@@ -9,6 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from polgrad.components import value_loss
+from polgrad.config_parts import part
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import lookup
 
@@ -127,7 +128,7 @@ def test_masked_positions_are_zero_even_with_garbage(name):
 
 def test_gin_binds_clip_eps_and_a_huge_eps_is_mse():
     gin.parse_config("value_loss.clipped.clip_eps = 1e9")
-    assert torch.equal(value_loss.clipped(V, V_OLD, R, M), value_loss.mse(V, V_OLD, R, M))
+    assert torch.equal(part("value_loss", "clipped")(V, V_OLD, R, M), value_loss.mse(V, V_OLD, R, M))
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, float("nan"), True, None, "0.2"])

@@ -3,11 +3,13 @@
     @register("advantage", "rloo", level="sequence", needs_groups=True)
     def rloo(rewards, mask, *, group_ids, ...): ...
 
-`register` puts the function in polgrad's table for its kind and makes it a gin configurable
-with module = kind, so `advantage.rloo` is the registry name, the gin name
-(`Algorithm.advantage = @advantage.rloo`, `advantage.rloo.some_hparam = 1`) and the name that
-lands in a results CSV. A user's module registers its own parts the same way; a gin file pulls
-it in with `import my_module`.
+`register` puts the plain function in polgrad's table for its kind and returns it unchanged.
+The config layer (polgrad.config_parts) makes every entry a gin configurable with module = kind,
+so `advantage.rloo` is the registry name, the gin name (`Algorithm.advantage = @advantage.rloo`,
+`advantage.rloo.some_hparam = 1`) and the name that lands in a results CSV; and at build it hands
+the run each part as a `Bound`: the plain function with its hyperparameters fixed, which reads no
+global configuration when called. A user's module registers its own parts the same way; a gin
+file pulls it in with `import my_module`.
 
 The contract of each kind (call signature, metadata keys) lives in `polgrad.registry.kinds` and
 is checked by `register`. `python -m polgrad.registry` lists every kind and name with its
@@ -18,13 +20,12 @@ Table 5 for every spec in registry/.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-import gin
-
-from polgrad.errors import RegistryError, did_you_mean
+from polgrad.errors import ConfigError, RegistryError, did_you_mean
 from polgrad.registry.kinds import (
     META_KEYS,
     PROTOCOLS,
@@ -40,6 +41,7 @@ __all__ = [
     "KINDS",
     "META_KEYS",
     "PROTOCOLS",
+    "Bound",
     "Entry",
     "StepCounts",
     "describe",
@@ -48,6 +50,7 @@ __all__ = [
     "get",
     "lookup",
     "names",
+    "on_register",
     "register",
 ]
 
@@ -57,7 +60,7 @@ KINDS: dict[str, str] = {kind: signature_text(kind) for kind in PROTOCOLS}
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered part: its kind, name, the gin-wrapped callable and its metadata."""
+    """One registered part: its kind, name, the plain function and its metadata."""
 
     kind: str
     name: str
@@ -75,7 +78,54 @@ class Entry:
         return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
+@dataclass(frozen=True, eq=False)
+class Bound:
+    """A part with its hyperparameters fixed: what a built run calls (`config.build()` makes them).
+
+    `Bound(entry, hparams)(*args, **kw)` is `entry.fn(*args, **hparams, **kw)`; nothing is looked
+    up when it is called, so rebinding or clearing the gin config after the build changes nothing.
+    `unbound` names the hyperparameters that had no value when it was made (a spec parsed without
+    its base config); calling it then raises one line naming the first.
+    """
+
+    entry: Entry
+    hparams: Mapping[str, Any] = field(default_factory=dict)
+    unbound: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hparams", MappingProxyType(dict(self.hparams)))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.unbound:
+            raise ConfigError(
+                f"{self.entry.full_name}.{self.unbound[0]} has no value: bind it in a gin file or with --bind"
+            )
+        return self.entry.fn(*args, **{**self.hparams, **kwargs})
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hparams.items())
+        return f"@{self.entry.full_name}({args})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # as its function (by reference: unpickling imports, hence registers, its module) and values
+        return (_bound, (self.entry.fn, dict(self.hparams), self.unbound))
+
+
+def _bound(fn: Callable[..., Any], hparams: dict[str, Any], unbound: tuple[str, ...]) -> Bound:
+    return Bound(fn.__polgrad_entry__, hparams, unbound)
+
+
 _TABLE: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+_HOOKS: list[Callable[[Entry], None]] = []
+
+
+def on_register(hook: Callable[[Entry], None]) -> None:
+    """Call `hook(entry)` for every part registered so far and every one registered later (the
+    config layer makes each a gin configurable this way)."""
+    _HOOKS.append(hook)
+    for table in _TABLE.values():
+        for entry in table.values():
+            hook(entry)
 
 
 def _check_kind(kind: str) -> None:
@@ -87,7 +137,7 @@ def _check_kind(kind: str) -> None:
 
 
 def register(kind: str, name: str, **meta: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register `fn` as `kind.name` in polgrad's table and in gin (module = kind).
+    """Decorator: register `fn` as `kind.name` in polgrad's table; `fn` itself is returned unchanged.
 
     Checked here, each failure a one-line RegistryError naming `kind.name (module:line)`: the
     name is new and an identifier; every `meta` key is declared for the kind (kinds.META_KEYS,
@@ -109,11 +159,12 @@ def register(kind: str, name: str, **meta: Any) -> Callable[[Callable[..., Any]]
                 f"{kind}.{name} is already registered (by {getattr(old, '__module__', '?')}."
                 f"{getattr(old, '__qualname__', '?')}); pick another name"
             )
-        wrapped = gin.configurable(name, module=kind)(fn)
-        entry = Entry(kind=kind, name=name, fn=wrapped, meta=dict(meta), where=at)
-        wrapped.__polgrad_entry__ = entry
+        entry = Entry(kind=kind, name=name, fn=fn, meta=dict(meta), where=at)
+        fn.__polgrad_entry__ = entry
         _TABLE[kind][name] = entry
-        return wrapped
+        for hook in _HOOKS:
+            hook(entry)
+        return fn
 
     return deco
 
@@ -130,13 +181,15 @@ def lookup(kind: str, name: str) -> Entry:
 
 
 def get(kind: str, name: str) -> Callable[..., Any]:
-    """The gin-wrapped callable registered as `kind.name` (bindings such as `kind.name.eps` apply)."""
+    """The plain function registered as `kind.name` (its own defaults; no gin binding applies)."""
     return lookup(kind, name).fn
 
 
 def entry_of(fn: Any) -> Entry | None:
-    """The registry entry behind a callable handed over by gin (`@advantage.rloo`), or None."""
-    # gin's scoped references (`@scope/kind.name`) wrap with functools.wraps, which copies the attribute.
+    """The registry entry behind a part: a `Bound`, the plain function, or gin's wrapper of it, or None."""
+    if isinstance(fn, Bound):
+        return fn.entry
+    # gin's wrappers (`@kind.name`, `@scope/kind.name`) use functools.wraps, which copies the attribute.
     return getattr(fn, "__polgrad_entry__", None)
 
 

@@ -53,7 +53,7 @@ class Reads:
             fn = gin.get_configurable(selector)
         except (ValueError, KeyError, SyntaxError):
             return None  # a macro or a name gin resolves otherwise: not ours to judge
-        if fn is Algorithm:
+        if fn is gin.get_configurable("Algorithm"):  # polgrad.config_parts' maker of the Algorithm
             return self.unread_algorithm.get(f"Algorithm.{key.rpartition('.')[2]}")
         entry = registry.entry_of(fn)
         if entry is None or entry.full_name in self.called:
@@ -92,7 +92,7 @@ def reads_of(cfg: TrainConfig, algo: Algorithm) -> Reads:
     todo = list(slots.values())
     while todo:  # parts bound to a called part by reference are called too
         entry = todo.pop()
-        for param, value in gin.get_bindings(entry.fn).items():
+        for param, value in gin.get_bindings(entry.full_name).items():
             for ref in _referenced(value):
                 slot = f"{entry.full_name}.{param}"
                 if ref.full_name not in {e.full_name for e in slots.values()}:
