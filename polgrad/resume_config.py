@@ -80,18 +80,21 @@ class _Delegate(config_parser.ParserDelegate):
         return _Ref(f"%{macro_name}")
 
 
-def _configurable(selector: str):
+def _full_name(selector: str) -> str:
+    """A configurable's canonical name however a file wrote it: a part's `kind.name` (for
+    'ppo' or 'polgrad.components.clip.ppo' too), another's own name ('Algorithm', 'train')."""
     try:
-        return gin.config._REGISTRY.get_match(selector)  # gin's own lookup: full name, module, wrapped
+        fn = gin.get_configurable(selector)  # gin's public lookup: full name, module or short name
     except (KeyError, ValueError):
-        return None
+        return selector
+    entry = registry.entry_of(fn)
+    return entry.full_name if entry else selector.rpartition(".")[2]
 
 
 def _name(scope: str, selector: str, arg: str) -> str:
     """The binding's full name ('clip.ppo.eps_high', 'Algorithm.kl_coef', 'MACRO'), scope first."""
-    match = _configurable(selector) if arg else None
-    if match is not None:
-        selector = f"{match.module}.{match.name}" if match.module in registry.KINDS else match.name
+    if arg:
+        selector = _full_name(selector)
     name = f"{selector}.{arg}" if arg else selector
     return f"{scope}/{name}" if scope else name
 
@@ -134,12 +137,10 @@ def _one_async_setting(out: dict[str, Any]) -> dict[str, Any]:
 def _default(name: str) -> Any:
     """The default of the parameter a binding name sets (its configurable's signature), else _UNSET."""
     selector, _, arg = name.rsplit("/", 1)[-1].rpartition(".")
-    match = _configurable(selector) if selector else None
-    if match is None:
-        return _UNSET
     try:
-        param = inspect.signature(match.wrapped).parameters.get(arg)
-    except (TypeError, ValueError):
+        fn = gin.get_configurable(selector) if selector else None
+        param = inspect.signature(fn).parameters.get(arg) if fn is not None else None  # through the wrapper
+    except (KeyError, TypeError, ValueError):
         return _UNSET
     if param is None or param.default is inspect.Parameter.empty or param.default is gin.REQUIRED:
         return _UNSET
