@@ -34,7 +34,7 @@ from polgrad.components.kl import full as exact_kl_part
 from polgrad.errors import ShapeError
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
-from polgrad.tasks.base import Example
+from polgrad.tasks.base import Example, is_correct
 from polgrad.tasks.rewards import RewardGuard
 
 
@@ -65,7 +65,7 @@ def greedy_results(
         generator_seed=0,
     )
     scores = (rewards or RewardGuard()).task_scores(task, rollout.examples, rollout.texts)
-    correct = [int(s >= 1.0) for s in scores.tolist()]  # NaN (a skipped faulty reward) is wrong
+    correct = [int(is_correct(s)) for s in scores.tolist()]
     return correct, (None if proxy is None else [float(x) for x in proxy(rollout).tolist()])
 
 

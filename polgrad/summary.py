@@ -12,6 +12,7 @@ from torch import Tensor
 from polgrad import collective
 from polgrad.collapse import RULE, collapse_reason
 from polgrad.evaluation import read_evals
+from polgrad.tasks.base import is_correct
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
 # A reward-model run's gold beside its proxy (summarize); the sweep's CSV has a column for each.
@@ -23,7 +24,7 @@ LENGTH_KEYS = ("final_len_correct", "final_len_incorrect", "len_incorrect_change
 LENGTH_WINDOW = 10
 
 
-def summarize(out_dir: str, wall_time_s: float, unstable_skip_frac: float = 1.0) -> dict[str, Any]:
+def summarize(out_dir: str, wall_time_s: float, *, unstable_skip_frac: float) -> dict[str, Any]:
     """The run's summary: means over the last steps, the last and the starting eval accuracy.
 
     `status` is 'unstable' when more than `unstable_skip_frac` of the run's optimizer steps were
@@ -88,7 +89,7 @@ def response_lengths(lengths: Tensor, scores: Tensor, gold: Tensor | None) -> di
     there are none. Right = the task verifier's score is 1.0: the gold score in a reward-model run
     (whose proxy score is no verdict); NaN (a skipped faulty reward) is wrong. The two curves in which a
     loss's length bias shows (Liu et al. 2025)."""
-    right = ((scores if gold is None else gold).double() >= 1.0).double()
+    right = is_correct((scores if gold is None else gold).double()).double()
     lengths = lengths.double()
     sums = torch.stack(
         [right.new_tensor(float(len(right))), right.sum(), lengths.sum(), (lengths * right).sum()]

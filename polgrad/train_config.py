@@ -225,8 +225,14 @@ class TrainConfig:
             raise ConfigError(f"train.temperature must be >= 0, got {self.temperature!r}")
         if not is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"train.top_p must be in (0, 1], got {self.top_p!r}")
-        if self.grad_clip is not None and (not is_real(self.grad_clip) or not self.grad_clip > 0):
-            raise ConfigError(f"train.grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        # the same rule as distributed.ds_config's, here so that the dry run refuses it (inf: before
+        # the warm start, not after it)
+        if self.grad_clip is not None and not (
+            is_real(self.grad_clip) and math.isfinite(self.grad_clip) and self.grad_clip > 0
+        ):
+            raise ConfigError(
+                f"train.grad_clip must be a finite number > 0 or None (off), got {self.grad_clip!r}"
+            )
         if not is_real(self.unstable_skip_frac) or not 0 <= self.unstable_skip_frac <= 1:
             raise ConfigError(f"train.unstable_skip_frac must be in [0, 1], got {self.unstable_skip_frac!r}")
         if self.zero_stage not in (0, 1, 2, 3):

@@ -86,6 +86,7 @@ from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
 from polgrad.sampling import round_seed, sample_kwargs, step_seed
 from polgrad.summary import response_lengths, summarize
+from polgrad.tasks.base import is_correct
 from polgrad.tasks.rewards import RewardGuard
 
 
@@ -407,7 +408,7 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
     row.update(m.row_fields)  # e.g. the reward model's held-out pairwise accuracy
     lengths = sampled.rollout.mask.sum(-1).double()
     errors = m.rewards.take()  # faulty rewards (train.reward_errors)
-    sums = [len(scores), scores.sum(), (scores >= 1.0).double().sum(), lengths.sum(), batch.size, errors]
+    sums = [len(scores), scores.sum(), is_correct(scores).double().sum(), lengths.sum(), batch.size, errors]
     n, score_sum, correct, length_sum, update_seqs, reward_errors = collective.all_sum(
         torch.tensor([float(x) for x in sums], dtype=torch.float64)
     ).tolist()

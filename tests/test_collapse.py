@@ -63,20 +63,20 @@ def _fabricated_run(path, accuracies: list[float]) -> None:
 
 def test_the_summary_of_a_collapsed_run_says_so_beside_its_status(tmp_path):
     _fabricated_run(tmp_path / "collapsed", [0.34, 0.1, 0.0])
-    summary = summarize(str(tmp_path / "collapsed"), 1.0)
+    summary = summarize(str(tmp_path / "collapsed"), 1.0, unstable_skip_frac=1.0)
     assert summary["status"] == "ok"  # a finished run: the sweep neither reruns it nor drops it
     assert (
         summary["collapsed"]
         == f"collapsed: held-out accuracy ended at 0 (from 0.34) (the collapse rule: {RULE})"
     )
     _fabricated_run(tmp_path / "fine", [0.34, 0.3, 0.4])
-    assert "collapsed" not in summarize(str(tmp_path / "fine"), 1.0)
+    assert "collapsed" not in summarize(str(tmp_path / "fine"), 1.0, unstable_skip_frac=1.0)
 
 
 def test_the_done_line_of_a_collapsed_run_says_so(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     _fabricated_run(run, [0.34, 0.0])
-    monkeypatch.setattr(train_cli, "run", lambda out, **kw: summarize(str(run), 1.0))
+    monkeypatch.setattr(train_cli, "run", lambda out, **kw: summarize(str(run), 1.0, unstable_skip_frac=1.0))
     code = train_cli.main(["registry/grpo.gin", "--out", str(tmp_path / "out"), "--no-progress"])
     assert code == 0  # the exit code the sweep reads as finished
     out = capsys.readouterr().out.strip().splitlines()[-1]

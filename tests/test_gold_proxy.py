@@ -115,7 +115,7 @@ def test_the_summary_gives_the_gold_and_the_proxy_of_a_reward_model_run(tmp_path
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = [{"step": 0, "accuracy": 0.4, "rm_score": 0.2}, {"step": 3, "accuracy": 0.3, "rm_score": 1.7}]
     (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
-    s = summarize(str(run), 1.0)
+    s = summarize(str(run), 1.0, unstable_skip_frac=1.0)
     assert s["final_train_reward"] == pytest.approx(3.0)  # the proxy, mean of the last steps
     assert s["final_gold_reward"] == pytest.approx(0.3)  # the gold of the same steps
     assert (s["eval_rm_score"], s["eval_rm_score_init"], s["eval_accuracy"]) == (1.7, 0.2, 0.3)
@@ -123,7 +123,7 @@ def test_the_summary_gives_the_gold_and_the_proxy_of_a_reward_model_run(tmp_path
     # a task-reward run: none of these keys
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 1.0}) + "\n")
     (run / "eval.jsonl").write_text(json.dumps({"step": 0, "accuracy": 0.4}) + "\n")
-    assert not set(REWARD_MODEL_KEYS) & set(summarize(str(run), 1.0))
+    assert not set(REWARD_MODEL_KEYS) & set(summarize(str(run), 1.0, unstable_skip_frac=1.0))
     assert REWARD_MODEL_COLUMNS == REWARD_MODEL_KEYS  # the CSV has a column for each
 
 

@@ -616,3 +616,15 @@ def test_example_file_is_valid_gsm8k():
             expr, value = calc.split(">>")[0].split("=")
             assert eval(expr) == float(value), calc  # noqa: S307  (our own arithmetic)
     assert _file_worked().max_response_chars == max(len(r["answer"]) for r in EXAMPLE_ROWS)
+
+
+def test_a_response_is_correct_at_the_full_score_only():
+    """The one definition of 'correct' (polgrad.tasks.base.is_correct): a task scores in [0, 1]; only
+    the full score counts (partial credit does not), and NaN (a skipped faulty reward) never does."""
+    import torch
+
+    from polgrad.tasks.base import is_correct
+
+    scores = torch.tensor([1.0, 0.999, 0.0, float("nan"), 1.5])
+    assert is_correct(scores).tolist() == [True, False, False, False, True]
+    assert is_correct(1.0) and not is_correct(0.2) and not is_correct(float("nan"))

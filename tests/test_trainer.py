@@ -388,12 +388,14 @@ def test_summary_lengths_of_right_and_wrong_responses(tmp_path):
             }
         )
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    s = summarize(str(tmp_path), 1.0)
+    s = summarize(str(tmp_path), 1.0, unstable_skip_frac=1.0)
     assert s["final_len_incorrect"] == pytest.approx(20.5, abs=1e-12)
     assert s["len_incorrect_change"] == pytest.approx(15.0, abs=1e-12)
     assert s["final_len_correct"] == pytest.approx(3.0, abs=1e-12)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:15]))
-    s = summarize(str(tmp_path), 1.0)
+    s = summarize(str(tmp_path), 1.0, unstable_skip_frac=1.0)
     assert "len_incorrect_change" not in s  # fewer than 20 steps: no change measured
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0}) + "\n")
-    assert not {"final_len_correct", "final_len_incorrect"} & set(summarize(str(tmp_path), 1.0))
+    assert not {"final_len_correct", "final_len_incorrect"} & set(
+        summarize(str(tmp_path), 1.0, unstable_skip_frac=1.0)
+    )

@@ -13,6 +13,18 @@ from typing import Any, Protocol
 
 from polgrad.errors import ConfigError
 
+# A response is correct when its task's verifier gives it the full score: a task scores in [0, 1],
+# and partial credit (a close answer, a format bonus) is below 1.
+CORRECT_SCORE = 1.0
+
+
+def is_correct(score: Any) -> Any:
+    """Whether a task score (a float, or a tensor of them: elementwise) means a correct response:
+    score >= CORRECT_SCORE. NaN (a faulty reward the run skipped) is not correct. The one definition
+    behind held-out accuracy, a step's `correct_frac`, the length of right and wrong responses, and
+    which reasoning-gym items a warm start may learn from."""
+    return score >= CORRECT_SCORE
+
 
 @dataclass(frozen=True)
 class Example:

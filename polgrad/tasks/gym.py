@@ -55,7 +55,7 @@ from typing import Any
 
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import register
-from polgrad.tasks.base import Example
+from polgrad.tasks.base import Example, is_correct
 from polgrad.tasks.synthetic import check_fraction, check_split, in_eval_split
 
 ANSWER_FORMATS = ("plain", "tagged")
@@ -146,7 +146,7 @@ class ReasoningGymTask:
         allowed = set(self.alphabet)
         if not set(prompt) <= allowed or not set(demo) <= allowed:
             return False
-        return self.score(entry, demo) >= 1.0
+        return is_correct(self.score(entry, demo))
 
     def _draw(self, split: str, n: int, label: str, distinct: bool = False) -> list[GymExample]:
         """The first `n` fitting items of `split` in the stream `label` (with `distinct`, the first `n`
