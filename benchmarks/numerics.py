@@ -82,16 +82,16 @@ def fused_grpo_loss(
     return loss, metrics
 
 
-def grpo_algorithm(w: Workload | None = None):
-    """registry/grpo.gin as an Algorithm with the bench constants.
+def grpo_algorithm(w: Workload | None = None, extra: tuple[str, ...] = ()):
+    """registry/grpo.gin as an Algorithm with the bench constants (and `extra` bindings).
 
-    The gin bindings stay in place (parts read their hyperparameters from gin at call time): call
-    `gin.clear_config()` when done with the Algorithm.
+    Its parts hold the values gin had when it was built (registry.Bound); the bindings stay parsed
+    for whatever else reads them: call `gin.clear_config()` when done.
     """
     from polgrad.config import load_spec
 
     w = w or Workload()
-    return load_spec(os.path.join(REPO_ROOT, "registry", "grpo.gin"), grpo_bindings(w))
+    return load_spec(os.path.join(REPO_ROOT, "registry", "grpo.gin"), [*grpo_bindings(w), *extra])
 
 
 def loss_inputs(b: int, t: int, seed: int = 0, dtype=None) -> dict[str, Any]:
@@ -251,21 +251,17 @@ def loss_numerics(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     loss_fn_trl.backward()
     m = rollout.mask.bool()
     fn_grad_diff = float((leaf_pg.grad - leaf_trl.grad)[m].abs().max())
-    # polgrad's k3 guards (log-ratio and value clamps; TRL has none) switched off, then back to the
-    # part's own defaults (registry/grpo.gin does not bind them)
+    # polgrad's k3 guards (log-ratio and value clamps; TRL has none) switched off: the same spec built
+    # with both bound to None (a built Algorithm's parts keep their values: rebinding would not reach it)
     guards = inspect.signature(kl_parts.k3).parameters
     max_value, max_log_ratio = guards["max_value"].default, guards["max_log_ratio"].default
-    with gin.unlock_config():
-        gin.bind_parameter("kl.k3.max_value", None)
-        gin.bind_parameter("kl.k3.max_log_ratio", None)
+    no_guards = grpo_algorithm(w, ("kl.k3.max_value = None", "kl.k3.max_log_ratio = None"))
+    assert no_guards.kl.hparams["max_value"] is None and no_guards.kl.hparams["max_log_ratio"] is None
     leaf_ng = out.logp.double().requires_grad_(True)
-    loss_fn_ng, _, _ = algo.loss(
-        dict(batch, logp=leaf_ng, entropy=out.entropy.double()), counts, kl_coef=algo.kl_coef
+    loss_fn_ng, _, _ = no_guards.loss(
+        dict(batch, logp=leaf_ng, entropy=out.entropy.double()), counts, kl_coef=no_guards.kl_coef
     )
     loss_fn_ng.backward()
-    with gin.unlock_config():
-        gin.bind_parameter("kl.k3.max_value", max_value)
-        gin.bind_parameter("kl.k3.max_log_ratio", max_log_ratio)
     x_ref = out.logp.double() - ref_logp.double()
     k3 = torch.expm1(-x_ref) + x_ref
     guard_tokens = int((((k3 > max_value) | (x_ref.abs() > max_log_ratio)) & rollout.mask.bool()).sum())

@@ -66,6 +66,7 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
     except (TypeError, ValueError) as e:  # a value of the wrong kind handed to a part or a task
         raise ConfigError(_first_line(e)) from None
     _check_task_needs(cfg, algo, task)
+    config_parts.refuse_unbound(_parts(cfg, algo))
     check_eval_size(task, cfg.eval_size)  # before the warm start, not after it at the first evaluation
     if cfg.asynchronous and algo.offline:
         raise ConfigError(
@@ -108,10 +109,15 @@ class ConfigRecord:
     operative: str
 
 
+def _parts(cfg: TrainConfig, algo: Algorithm) -> list[Any]:
+    """Every part a built run calls: the Algorithm's, the reward-ensemble combine and the trackers."""
+    return [algo.part(b) for b in algo.parts] + [cfg.ensemble_combine, *cfg.trackers().values()]
+
+
 def record(cfg: TrainConfig, algo: Algorithm) -> ConfigRecord:
     """The `ConfigRecord` of the parsed gin configuration (at the entry point, after `build`)."""
-    parts = [algo.part(b) for b in algo.parts] + [cfg.ensemble_combine, *cfg.trackers().values()]
-    operative = gin.operative_config_str().rstrip("\n") + "\n\n" + config_parts.part_blocks(parts) + "\n"
+    parts = config_parts.part_blocks(_parts(cfg, algo))
+    operative = gin.operative_config_str().rstrip("\n") + "\n\n" + parts + "\n"
     return ConfigRecord(gin.config_str(), operative)
 
 

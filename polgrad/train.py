@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return e.exit_code
     except PolgradError as e:
-        # gin appends "In call to configurable ..." lines to errors raised inside a part: keep ours.
+        # gin appends "In call to configurable ..." lines to errors raised inside what it calls at the
+        # build (a task factory, the Algorithm; a run's parts no longer pass through gin): keep ours.
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, WriteError) and "re-run" not in line:  # disk full: the run folder is kept
             line += "; free space and re-run with --resume"

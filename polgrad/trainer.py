@@ -430,7 +430,7 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
     row.update(update, **response_lengths(lengths, scores, sampled.gold_scores))  # + right/wrong lengths
     if sampled.gold_scores is not None:  # a reward model's run: the gold (task verifier) beside its proxy
         gold = sampled.gold_scores.double()
-        g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), (gold >= 1.0).double().sum()])).tolist()
+        g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), is_correct(gold).double().sum()])).tolist()
         row.update(gold_reward_mean=g_sum / n, gold_accuracy=g_ok / n)
     if batch.ref_logp is not None and update_seqs:
         # per token (kl, kl_exact) and per sequence (the sum over its tokens: kl_seq, the unit of a KL

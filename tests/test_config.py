@@ -77,7 +77,8 @@ BAD_VALUES = [
     ("train.lr = 0.0", r"^train.lr must be a finite number > 0, got 0.0$"),
     ("train.critic_lr = -1e-4", r"^train.critic_lr must be a finite number > 0, got -0.0001$"),
     ("train.critic_lr = 1e400", r"^train.critic_lr must be a finite number > 0, got inf$"),
-    # issue 40: refused by the build (the dry run), not by the engine after the warm start
+    # issue 40: refused by the build (the dry run), not at the part's first call or by the engine
+    ("clip.ppo.eps_high = %NO_SUCH_MACRO", r"^clip.ppo.eps_high has no value: bind it in a gin file or with"),
     ("train.grad_clip = 1e400", r"^train.grad_clip must be a finite number > 0 or None \(off\), got inf$"),
     ("train.grad_clip = 0.0", r"^train.grad_clip must be a finite number > 0 or None \(off\), got 0.0$"),
     # ... a task parameter without a default names its binding ...

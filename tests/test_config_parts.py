@@ -119,3 +119,43 @@ def test_a_registered_function_is_returned_plain_and_bound_from_gin():
     assert unset.unbound == ("floor",)  # a macro without a value: left to a config parsed later
     with pytest.raises(registry.ConfigError, match=r"kl_controller.test_halve.floor has no value"):
         unset(1.0, 0.0, 1)
+
+
+@registry.register("kl_controller", "test_scaled")
+def _scaled(coef, measured_kl, n_steps, *, factor=1.0):
+    """coef * factor."""
+    return coef * factor
+
+
+@registry.register("kl_controller", "test_nested")
+def _nested(coef, measured_kl, n_steps, *, inner=None):
+    """The inner controller's value (coef without one)."""
+    return coef if inner is None else inner(coef, measured_kl, n_steps)
+
+
+def test_a_part_bound_to_a_parts_hyperparameter_is_bound_in_the_outer_scope():
+    """gin calls `@s/kl_controller.test_nested` inside scope s, so its inner part reads s's values;
+    the bound part must hold the same (5.0, not the unscoped 2.0)."""
+    gin.parse_config(
+        "Algorithm.kl_controller = @s/kl_controller.test_nested\n"
+        "s/kl_controller.test_nested.inner = @kl_controller.test_scaled\n"
+        "kl_controller.test_scaled.factor = 2.0\n"
+        "s/kl_controller.test_scaled.factor = 5.0\n"
+    )
+    scoped = gin.query_parameter("Algorithm.kl_controller").scoped_configurable_fn
+    bound = config_parts.bind(scoped)
+    assert bound.hparams["inner"].hparams == {"factor": 5.0}
+    assert bound(1.0, 0.0, 1) == scoped(1.0, 0.0, 1) == 5.0  # what gin's own call gives
+    # both parts' values are in the operative config
+    assert "kl_controller.test_scaled.factor = 5.0" in config_parts.part_blocks([bound])
+
+
+@gin.configurable("test_boom")
+def _boom():
+    raise ValueError("boom: a reference that fails when evaluated")
+
+
+def test_an_error_evaluating_a_hyperparameter_is_not_taken_for_a_missing_value():
+    gin.parse_config("clip.ppo.eps_high = @test_boom()")
+    with pytest.raises(ValueError, match="boom"):
+        config_parts.part("clip", "ppo")

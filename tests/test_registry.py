@@ -365,3 +365,15 @@ def test_public_checks_module_docstring_example_runs():
         baseline_rewards=None,
     )
     assert adv[:, 0].tolist() == [-1.0, 0, 4, 0, 0, 7] and returns is None
+
+
+def test_a_reward_part_with_a_hyperparameter_is_refused():
+    """A task calls its reward by name while it scores, so no gin binding would reach a reward's
+    hyperparameter: registering one is refused in one line instead of silently ignoring its binding."""
+    with pytest.raises(RegistryError, match=r"a reward part takes no hyperparameters \('tolerance'\)"):
+
+        @registry.register("reward", "test_close_enough")
+        def close_enough(answer, response, *, tolerance=0.1):
+            return float(abs(float(answer) - float(response)) <= tolerance)
+
+    assert "test_close_enough" not in registry.names("reward")

@@ -338,6 +338,11 @@ PROTOCOLS: dict[str, type] = {
     "tracker": TrackerFn,
 }
 
+# Kinds whose parts are called by name from inside a built object (a task scores with the reward its
+# answer_format names), never handed over bound by the config layer: a hyperparameter of theirs would
+# never receive a gin binding, so `register` refuses one.
+NO_HYPERPARAMETERS = {"reward": "a task calls it by name (task.file.answer_format) while it scores"}
+
 # Shapes of the glossary's tensor names, used to render the signatures.
 SHAPES = {
     "rewards": "[B]",
@@ -469,4 +474,9 @@ def check_signature(kind: str, full_name: str, at: str, fn: Callable[..., Any]) 
             raise RegistryError(
                 f"{head}: parameter '{p.name}' is not passed by the loop and has no default; make it "
                 f"keyword-only (after `*`) so gin binds it ({full_name}.{p.name} = ...), or give it a default"
+            )
+        if kind in NO_HYPERPARAMETERS:
+            raise RegistryError(
+                f"{head}: a {kind} part takes no hyperparameters ('{p.name}'): {NO_HYPERPARAMETERS[kind]}, "
+                "so no gin binding would reach it; register one part per setting instead"
             )
