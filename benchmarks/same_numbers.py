@@ -7,7 +7,7 @@ warm-start cache (so each builds its SFT policy and reward model with its own co
 steps with fixed seeds: GRPO, PPO, LoRA-PPO, DPO, GRPO with asynchronous rollouts (staleness 1) and
 PPO on a reward model (the sort task's preference pairs). For every run it compares:
 
-- metrics.jsonl, row by row, every key but the timing ones (`time*`, tokens_per_s, peak_mem_mb);
+- metrics.jsonl, row by row, every key but the timing ones (`time*`, `*_s`, peak_mem_mb);
 - summary.json, every key but the timing ones;
 - every tensor of every `*.safetensors` under final/ (the policy, and the critic where there is one),
   with `torch.equal`.
@@ -43,11 +43,16 @@ CASES: dict[str, tuple[str, list[str]]] = {
         + ["train.prompts_per_step = 4", "train.task = @task.sort", "train.reward_source = 'reward_model'"],
     ),
 }
-TIMING = ("tokens_per_s", "peak_mem_mb", "wall_time_s", "warm_start_s")
+
+
+def _timing(key: str) -> bool:
+    """A wall-clock or memory figure (time_gen, rollout_wait_s, tokens_per_s, peak_mem_mb): it differs
+    between any two runs, so it is not compared."""
+    return key.startswith("time") or key.endswith("_s") or key == "peak_mem_mb"
 
 
 def _untimed(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("time") and k not in TIMING}
+    return {k: v for k, v in row.items() if not _timing(k)}
 
 
 def _worktree(ref: str, root: Path) -> Path:

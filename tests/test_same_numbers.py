@@ -14,7 +14,13 @@ from benchmarks.same_numbers import CASES, _differences
 def _run_dir(path, loss=0.5, weight=1.0, seconds=3.0):
     (path / "final").mkdir(parents=True)
     rows = [
-        {"step": s, "loss": loss * s, "time_step_s": seconds * s, "tokens_per_s": 10.0 / seconds}
+        {
+            "step": s,
+            "loss": loss * s,
+            "time_gen": seconds * s,
+            "rollout_wait_s": seconds,
+            "peak_mem_mb": seconds,
+        }
         for s in (1, 2)
     ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
