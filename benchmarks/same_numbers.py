@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         result = "identical (metrics, summary, final/ weights)" if not diff else "; ".join(diff[:3])
         print(f"{name:<18} {result}", flush=True)
         lines.append(f"| {name} | {result} |")
+    for tree in trees.values():  # the checkouts go; the runs stay under --out (a re-run reuses them)
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
     (out / "same_numbers.md").write_text("\n".join(lines) + "\n")
     print(f"report: {out / 'same_numbers.md'}")
     return 1 if differs else 0
