@@ -25,8 +25,8 @@ import importlib
 import inspect
 import os
 import typing
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import gin
@@ -102,11 +102,13 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
 class ConfigRecord:
     """The gin configuration a run writes into its folder, handed to the trainer by the entry point so
     that nothing below it reads gin: `bindings`, the parsed bindings (config.gin; a resume compares
-    them with the folder's), and `operative`, the values the run uses (operative_config.gin and the
-    model card): gin's for what it built, then each bound part's hyperparameters."""
+    them with the folder's), `operative`, the values the run uses (operative_config.gin and the
+    model card): gin's for what it built, then each bound part's hyperparameters, and
+    `resume_changes`, {binding: (old, new)} against the folder's config.gin (the entry point's diff)."""
 
     bindings: str
     operative: str
+    resume_changes: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 def _parts(cfg: TrainConfig, algo: Algorithm) -> list[Any]:

@@ -24,7 +24,7 @@ from polgrad import checkpoints, collective, export, hooks, resume_config, stopp
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.build import Models
-from polgrad.config import TrainConfig
+from polgrad.config import ConfigRecord, TrainConfig
 from polgrad.errors import DataError, PolgradError, WriteError, is_write_failure, write_error
 from polgrad.evaluation import Evaluator
 from polgrad.io import atomic_write_text
@@ -44,14 +44,14 @@ class LoopState:
 
 
 def start_or_resume(
-    cfg: TrainConfig, algo: Algorithm, m: Models, out_dir: str, evaluate: Evaluator, bindings: str
+    cfg: TrainConfig, algo: Algorithm, m: Models, out_dir: str, evaluate: Evaluator, record: ConfigRecord
 ) -> LoopState:
     """The loop state at the spec's initial KL coefficient, or the last checkpoint's with `resume`.
 
     A fresh run evaluates its starting policy (step 0) first; a resumed one keeps the evaluations
     its checkpoint covers. Only the writing rank (rank 0, `evaluate.write`) touches the run's files.
-    `bindings` is the run's gin configuration as text (config.gin; a resume compares it with the one
-    the folder holds)."""
+    `record` is the run's gin configuration as the entry point read it: its text (config.gin) and, on
+    a resume, its differences from the folder's config.gin."""
     state, writer = LoopState(kl_coef=algo.kl_coef), evaluate.write
     ckpt = os.path.join(out_dir, "checkpoints")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
@@ -64,7 +64,7 @@ def start_or_resume(
         for name, engine in m.critic.engines():
             _load(engine, os.path.join(ckpt, name), tag)
         state = LoopState(**{f.name: saved[f.name] for f in dataclasses.fields(LoopState) if f.name in saved})
-        state = _config_changes(cfg, algo, m, out_dir, state, writer, bindings)
+        state = _config_changes(cfg, algo, m, out_dir, state, writer, record)
         if writer:
             _truncate_metrics(metrics_path, state.step)
         evaluate.keep_until(state.step)
@@ -75,7 +75,7 @@ def start_or_resume(
     if state.step == 0:
         if writer:
             with open(os.path.join(out_dir, "config.gin"), "w") as f:
-                f.write(bindings)
+                f.write(record.bindings)
         evaluate.start()
         with hooks.phase("eval"):
             evaluate(m.engine.module, m.tokenizer, 0)
@@ -84,14 +84,19 @@ def start_or_resume(
 
 
 def _config_changes(
-    cfg: TrainConfig, algo: Algorithm, m: Models, out_dir: str, state: LoopState, writer: bool, bindings: str
+    cfg: TrainConfig,
+    algo: Algorithm,
+    m: Models,
+    out_dir: str,
+    state: LoopState,
+    writer: bool,
+    record: ConfigRecord,
 ) -> LoopState:
     """A resume whose bindings differ from the run's config.gin (a grown train.steps, or what
     --allow-config-change let through; polgrad/resume_config.py): what the checkpoint would restore
     takes the new values (the KL coefficient, the optimizer's lr and eps), so the new bindings act
     from this step on, and the folder records it (resume_overrides.jsonl, config.gin rewritten)."""
-    old = resume_config.saved_config(out_dir)
-    changes = {} if old is None else resume_config.diff(old, bindings)
+    changes = dict(record.resume_changes)  # computed by the entry point, where gin is read
     collective.all_max(torch.zeros(()))  # every rank has read config.gin before rank 0 rewrites it
     trained = resume_config.training_changes(changes)
     if "Algorithm.kl_coef" in trained:
@@ -102,7 +107,7 @@ def _config_changes(
             _set_optimizer(engine, cfg.critic_lr, cfg.critic_lr, cfg.adam_eps)
     if changes and writer:
         resume_config.record(out_dir, state.step, changes)
-        atomic_write_text(os.path.join(out_dir, resume_config.CONFIG_FILE), bindings)
+        atomic_write_text(os.path.join(out_dir, resume_config.CONFIG_FILE), record.bindings)
     return state
 
 

@@ -43,13 +43,17 @@ def run(out_dir: str, *, resume: bool | None = None, progress: bool | None = Non
     the boundary below which nothing reads gin."""
     import dataclasses
 
-    from polgrad import config
+    from polgrad import config, resume_config
     from polgrad.trainer import train
 
     cfg, algo, task = config.build()
     overrides = {"resume": resume, "progress": progress}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    return train(cfg, algo, task, out_dir, record=config.record(cfg, algo))
+    record = config.record(cfg, algo)
+    old = resume_config.saved_config(out_dir) if cfg.resume else None  # the diff here, where gin is read
+    if old is not None:
+        record = dataclasses.replace(record, resume_changes=resume_config.diff(old, record.bindings))
+    return train(cfg, algo, task, out_dir, record=record)
 
 
 def main(argv: list[str] | None = None) -> int:

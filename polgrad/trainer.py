@@ -119,7 +119,7 @@ def _train(
     examples = task.eval_examples(cfg.eval_size)
     evaluate = Evaluator(task, examples, cfg.max_new_tokens, out_dir, rank == 0, guard, m.score.proxy)
     # 2. Start (evaluating the starting policy), or resume the loop state from the last checkpoint.
-    state = start_or_resume(cfg, algo, m, out_dir, evaluate, record.bindings)
+    state = start_or_resume(cfg, algo, m, out_dir, evaluate, record)
     track = tracking.start(cfg, out_dir, algo.name, state.step, enabled=rank == 0)  # train.loggers
 
     # 3-5 of each step: sample, score, advantages, update (rl_step, below); a preference spec

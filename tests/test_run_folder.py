@@ -426,6 +426,15 @@ def _fake_run(lr: float = 1e-4):
     return m, cfg
 
 
+def _record(run_dir):
+    """The ConfigRecord the entry point hands a resume: the parsed bindings and their diff to config.gin."""
+    from polgrad import config, resume_config
+
+    bindings = gin.config_str()
+    changes = resume_config.diff(resume_config.saved_config(run_dir), bindings)
+    return config.ConfigRecord(bindings, "", changes)
+
+
 def test_an_allowed_change_acts_from_the_resumed_step_and_is_recorded(tmp_path):
     """The checkpoint restores the old KL coefficient and optimizer lr/eps: the new bindings replace
     them, resume_overrides.jsonl says what changed at which step, config.gin holds the new bindings."""
@@ -438,7 +447,7 @@ def test_an_allowed_change_acts_from_the_resumed_step_and_is_recorded(tmp_path):
     m, cfg = _fake_run()
     saved = LoopState(step=2, kl_coef=0.04, skipped_steps=1)
     algo = types.SimpleNamespace(kl_coef=0.5)
-    state = _config_changes(cfg, algo, m, str(tmp_path), saved, True, gin.config_str())
+    state = _config_changes(cfg, algo, m, str(tmp_path), saved, True, _record(tmp_path))
     assert state == LoopState(step=2, kl_coef=0.5, skipped_steps=1)
     assert m.engine.optimizer.param_groups == [{"lr": 3e-4, "eps": 1e-6}, {"lr": 2e-4, "eps": 1e-6}]
     (row,) = [json.loads(line) for line in open(tmp_path / "resume_overrides.jsonl")]
@@ -463,7 +472,7 @@ def test_an_unchanged_config_keeps_the_checkpoints_loop_state(tmp_path):
     m, cfg = _fake_run()
     saved = LoopState(step=2, kl_coef=0.07, skipped_steps=0)
     algo = types.SimpleNamespace(kl_coef=0.04)
-    assert _config_changes(cfg, algo, m, str(tmp_path), saved, True, gin.config_str()) == saved
+    assert _config_changes(cfg, algo, m, str(tmp_path), saved, True, _record(tmp_path)) == saved
     assert m.engine.optimizer.param_groups[0] == {"lr": 1e-4, "eps": 1e-8}
     assert not (tmp_path / "resume_overrides.jsonl").exists()
 
