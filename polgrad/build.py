@@ -2,7 +2,7 @@
 critic, engines, sampler.
 
 `build_models` returns the `Models` bundle the loop reads and never patches: the policy's DeepSpeed
-engine and tokenizer, the frozen reference (None when nothing reads it), the `Critic` strategy
+engine and tokenizer, the `Reference` strategy (polgrad/reference.py), the `Critic` strategy
 (polgrad/critic.py), the scorer of the responses (the task's verifier or a reward model), the
 `Sampler` strategy (polgrad/sampling.py), and what summary.json records of the warm start.
 """
@@ -21,11 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, models, pretrain, sampling
+from polgrad import collective, config, models, pretrain, sampling, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.critic import Critic, NoCritic, OwnEngineCritic, PolicyEngineCritic
+from polgrad.reference import FrozenReference, LogitsReference, NoReference, Reference
 from polgrad.rollout import hf as hf_rollout
+from polgrad.tasks.base import is_correct
 from polgrad.tasks.rewards import RewardGuard
 
 
@@ -46,6 +48,13 @@ class TaskScorer:
 
     def gold(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor | None:
         return None
+
+    def verdicts(self, sampled: Any) -> Tensor:
+        """[B]: the scores that say right or wrong (`tasks.base.is_correct`): the verifier's own."""
+        return sampled.scores
+
+    def row(self, sampled: Any, n: float) -> dict[str, float]:
+        return {}  # the reward trained on is the gold one: nothing more to log
 
 
 class RewardModelScorer:
@@ -92,6 +101,48 @@ class RewardModelScorer:
         """[B] float64: the reward model's score (unchecked: a measurement of held-out responses)."""
         return self._scores(rollout).double()
 
+    def verdicts(self, sampled: Any) -> Tensor:
+        """[B]: the scores that say right or wrong: the gold ones (a proxy's score is no verdict)."""
+        return sampled.gold_scores
+
+    def row(self, sampled: Any, n: float) -> dict[str, float]:
+        """The gold (task verifier) beside the proxy: its mean and accuracy over the `n` samples of
+        every rank."""
+        gold = sampled.gold_scores.double()
+        g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), is_correct(gold).double().sum()])).tolist()
+        return {"gold_reward_mean": g_sum / n, "gold_accuracy": g_ok / n}
+
+
+class NoBaseline:
+    """A spec without a baseline rollout: no baseline scores; a sampling call drew its rows alone."""
+
+    def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor | None:
+        return None
+
+    def sampled(self, rollout: hf_rollout.Rollout) -> tuple[float, float]:
+        """(sequences, generated tokens) one sampling call drew on this rank (the budget's counters)."""
+        return stopping.sampled(rollout)
+
+
+class GreedyBaseline:
+    """ReMax's greedy baseline (a part with meta needs_baseline_rollout): the sampler adds one greedy
+    response per prompt (`rollout.baseline`), scored by the run's scorer as the samples are: [P]."""
+
+    def __init__(self, score: Callable[[hf_rollout.Rollout, Any], Tensor]):
+        self.score = score
+
+    def __call__(self, rollout: hf_rollout.Rollout, task: Any) -> Tensor | None:
+        return self.score(rollout.baseline, task)
+
+    def sampled(self, rollout: hf_rollout.Rollout) -> tuple[float, float]:
+        """(sequences, generated tokens) one sampling call drew on this rank: its rows and its greedy
+        responses."""
+        (rows, tokens), (greedy, greedy_tokens) = (
+            stopping.sampled(rollout),
+            stopping.greedy_sampled(rollout.baseline),
+        )
+        return rows + greedy, tokens + greedy_tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class Models:
@@ -100,15 +151,19 @@ class Models:
     `score(rollout, task)` is one scalar per sequence [B] float64: the reward model's, else the task's
     verifier's, each checked by `rewards` (train.reward_errors: a reward that raises or is not a finite
     number stops the run in one line, is scored 0, or is NaN ('skip_group': the loop drops its group)).
+    `baseline(rollout, task)` scores a greedy baseline rollout [P] (ReMax), or is None (`NoBaseline`).
     `row_fields` go into every metrics row (a reward model's held-out pairwise accuracy)."""
 
     engine: Any  # the policy's DeepSpeed engine
     tokenizer: Any
     sampler: sampling.Sampler
     critic: Critic = dataclasses.field(default_factory=NoCritic)
-    reference: torch.nn.Module | None = None  # frozen; None when no part reads it and KL is not measured
+    reference: Reference = dataclasses.field(default_factory=NoReference)  # polgrad/reference.py
     rewards: RewardGuard = dataclasses.field(default_factory=RewardGuard)
     score: Callable[[hf_rollout.Rollout, Any], Tensor] | None = None  # default: TaskScorer(rewards)
+    baseline: Callable[[hf_rollout.Rollout, Any], Tensor | None] = dataclasses.field(
+        default_factory=NoBaseline
+    )
     row_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
     warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
     warm_start: str = ""  # which policy the run started from (`warm_start_id`)
@@ -168,7 +223,7 @@ def build_models(
     elif in_policy_engine:  # a LoRA critic: the policy's engine trains it
         strategy = PolicyEngineCritic(critic)
     else:
-        strategy = OwnEngineCritic(critic_engine)
+        strategy = OwnEngineCritic(critic_engine, warmup_steps=cfg.critic_warmup_steps)
     sampler = sampling.make_sampler(
         cfg,
         algo,
@@ -195,9 +250,10 @@ def build_models(
         tokenizer=tokenizer,
         sampler=sampler,
         critic=strategy,
-        reference=reference,
+        reference=_reference_role(algo, reference),
         rewards=rewards,
         score=score,
+        baseline=GreedyBaseline(score) if algo.needs_baseline_rollout else NoBaseline(),
         row_fields={} if rm_accuracy is None else {"rm_heldout_accuracy": rm_accuracy},
         warm_start_s=warm_start_s,
         warm_start=warm_start_id(policy_path),
@@ -271,6 +327,13 @@ def _reference(
         for p in reference.parameters():
             p.data = p.data.to(torch.bfloat16)
     return reference
+
+
+def _reference_role(algo: Algorithm, module: torch.nn.Module | None) -> Reference:
+    """The reference strategy (polgrad/reference.py) for the frozen module `_reference` built, if any."""
+    if module is None:
+        return NoReference()
+    return LogitsReference(module) if algo.needs_logits else FrozenReference(module)
 
 
 def _critic(

@@ -4,9 +4,13 @@ The loop calls every critic the same way and never asks which one it has:
 
     old_values(rollout, mask)   V(s_t) of the sampled batch before the update [B,T] float64, or None
     fresh(rollout)              the training forward's {"values": [B,T] float64}, or {} without a critic
-    backward(engine, policy_loss, value_loss, last=...)   the micro-batch's backward(s); engine None:
-                                the value loss's alone (a critic warm-up: the policy does not move)
-    step()                      the critic's own optimizer step, after the policy's
+    backward(engine, policy_loss, value_loss, last=..., step=...)   the micro-batch's backward(s): the
+                                value loss's alone while the critic warms up (train.critic_warmup_steps:
+                                steps 0 .. N-1 train the critic, the policy does not move)
+    optimizer_step(engine, step)   the policy's optimizer step (its `distributed.step` result: False
+                                when skipped; None in a warm-up step, which takes none), then the
+                                critic's own
+    row(batch, update_seqs)     the step's critic metrics (explained_variance), or {} without a critic
     engines()                   what a checkpoint saves beside the policy: (("critic", engine),) or ()
 
 Three implementations, picked by `polgrad.build.build_models` from the spec's `value_init` part and
@@ -28,6 +32,7 @@ from torch import Tensor
 
 from polgrad import distributed as dist_lib
 from polgrad import hooks
+from polgrad.evaluation import explained_variance
 from polgrad.rollout import hf as hf_rollout
 
 
@@ -41,8 +46,11 @@ class Critic(Protocol):
 
     def old_values(self, rollout: hf_rollout.Rollout, mask: Tensor) -> Tensor | None: ...
     def fresh(self, rollout: hf_rollout.Rollout) -> dict[str, Tensor]: ...
-    def backward(self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool) -> None: ...
-    def step(self) -> None: ...
+    def backward(
+        self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool, step: int
+    ) -> None: ...
+    def optimizer_step(self, engine: Any, step: int) -> bool | None: ...
+    def row(self, batch: Any, update_seqs: float) -> dict[str, float]: ...
     def engines(self) -> tuple[tuple[str, Any], ...]: ...
 
 
@@ -58,11 +66,16 @@ class NoCritic:
     def fresh(self, rollout: hf_rollout.Rollout) -> dict[str, Tensor]:
         return {}
 
-    def backward(self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool) -> None:
+    def backward(
+        self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool, step: int
+    ) -> None:
         dist_lib.backward(engine, policy_loss, boundary=last)
 
-    def step(self) -> None:
-        pass
+    def optimizer_step(self, engine: Any, step: int) -> bool | None:
+        return dist_lib.step(engine)
+
+    def row(self, batch: Any, update_seqs: float) -> dict[str, float]:
+        return {}
 
     def engines(self) -> tuple[tuple[str, Any], ...]:
         return ()
@@ -85,20 +98,33 @@ class _Values:
         self.model.module.train()
         return {"values": hf_rollout.response_values(self.model, rollout).double()}
 
+    def row(self, batch: Any, update_seqs: float) -> dict[str, float]:
+        """explained_variance of the batch's values against its returns (none when nothing was trained on)."""
+        if not update_seqs or batch.returns is None:
+            return {}
+        return {"explained_variance": explained_variance(batch.values, batch.returns, batch.mask)}
+
 
 class OwnEngineCritic(_Values):
-    """A critic with its own DeepSpeed engine: two backwards, two optimizer steps."""
+    """A critic with its own DeepSpeed engine: two backwards, two optimizer steps; its first
+    `warmup_steps` steps (train.critic_warmup_steps; verl's critic_warmup, OpenRLHF's
+    freezing_actor_steps) train the critic alone, the policy untouched."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, warmup_steps: int = 0):
         self.model = self.engine = engine
+        self.warmup_steps = warmup_steps
 
-    def backward(self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool) -> None:
-        if engine is not None:  # None: a warm-up step trains the critic alone
+    def backward(
+        self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool, step: int
+    ) -> None:
+        if step >= self.warmup_steps:  # a warm-up step trains the critic alone
             dist_lib.backward(engine, policy_loss, boundary=last)
         dist_lib.backward(self.engine, value_loss, boundary=last)
 
-    def step(self) -> None:
+    def optimizer_step(self, engine: Any, step: int) -> bool | None:
+        applied = dist_lib.step(engine) if step >= self.warmup_steps else None
         dist_lib.step(self.engine)
+        return applied
 
     def engines(self) -> tuple[tuple[str, Any], ...]:
         return (("critic", self.engine),)
@@ -113,11 +139,13 @@ class PolicyEngineCritic(_Values):
     def __init__(self, module: Any):
         self.model = module
 
-    def backward(self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool) -> None:
+    def backward(
+        self, engine: Any, policy_loss: Tensor, value_loss: Tensor, *, last: bool, step: int
+    ) -> None:
         dist_lib.backward(engine, policy_loss + value_loss, boundary=last)
 
-    def step(self) -> None:
-        pass  # the policy's optimizer step is this critic's
+    def optimizer_step(self, engine: Any, step: int) -> bool | None:
+        return dist_lib.step(engine)  # the policy's optimizer step is this critic's
 
     def engines(self) -> tuple[tuple[str, Any], ...]:
         return ()  # its weights are in the policy's checkpoint

@@ -57,7 +57,7 @@ def pair_step(
     )
     # 4. The frozen reference's log-probs.
     with torch.no_grad(), hooks.phase("ref"):
-        ref = sequence_logp(m.reference, ids, attn, resp)
+        ref = sequence_logp(m.reference.module, ids, attn, resp)
     # 5. One optimizer step over micro-batches of pairs (micro_batch_size sequences: half as many pairs).
     n_pairs = float(collective.all_sum(torch.tensor(float(n), dtype=torch.float64)))
     micro = list(torch.arange(n).split(max(cfg.micro_batch_size // 2, 1)))

@@ -4,7 +4,11 @@ The loop calls every sampler the same way and never asks which one it has:
 
     begin(step, module)   a step begins; `module` holds the weights of version `step`
     sample(examples, **sample_kwargs(...))  -> Rollout of this step's sampling round
-    stale                 True when the last rollout came from older weights than the trainer's
+    old_logp(rollout, module, temperature)  -> [B,T] float64: π_old's log-probs of the rollout's tokens,
+                          the sampler's own (`sampled_logp`: same weights, same temperature), or a
+                          no-grad forward of the trainer's `module` (`recomputed_logp`): always for a
+                          spec whose parts compare the two (meta needs_rollout_logp, e.g. clip.tis),
+                          and for an async rollout sampled from older weights (stale)
     sync(module)          the trainer's optimizer changed the weights (after a step that updated)
     resumed(module)       the weights were loaded from a checkpoint (a resume, before the first step)
     metrics(batch)        what the sampler adds to the step's metrics row ({} when synchronous)
@@ -36,10 +40,11 @@ from polgrad.rollout import hf as hf_rollout
 class Sampler(Protocol):
     """What the loop asks of a rollout source (module docstring)."""
 
-    stale: bool
-
     def begin(self, step: int, module: torch.nn.Module) -> None: ...
     def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout: ...
+    def old_logp(
+        self, rollout: hf_rollout.Rollout, module: torch.nn.Module, temperature: float
+    ) -> torch.Tensor: ...
     def sync(self, module: torch.nn.Module) -> None: ...
     def resumed(self, module: torch.nn.Module) -> None: ...
     def metrics(self, batch: Any) -> dict[str, float]: ...
@@ -69,6 +74,21 @@ def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[s
     )
 
 
+def sampled_logp(rollout: hf_rollout.Rollout, module: torch.nn.Module, temperature: float) -> torch.Tensor:
+    """[B,T] float64: the log-probs the sampler drew the tokens with (π_old's: same weights and
+    temperature)."""
+    return rollout.rollout_logp.double()
+
+
+def recomputed_logp(rollout: hf_rollout.Rollout, module: torch.nn.Module, temperature: float) -> torch.Tensor:
+    """[B,T] float64: π_old's log-probs from a no-grad forward of the trainer's `module` (0 off the mask).
+    Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with these, and a stale
+    async rollout's are not π_old's."""
+    with torch.no_grad(), hooks.phase("old_logp"):
+        logp = hf_rollout.response_logprobs(module, rollout, temperature=temperature)
+    return logp.double() * rollout.mask.double()
+
+
 class HFSampler:
     """Samples with the policy module the trainer updates (Hugging Face generation, polgrad/rollout/hf.py).
 
@@ -77,10 +97,15 @@ class HFSampler:
     policy's (this sampler is never stale), so the KL needs only the reference's forward; not when
     they would exceed `hf_rollout.MAX_KEPT_DISTRIBUTION` elements."""
 
-    stale = False
-
-    def __init__(self, module: torch.nn.Module, tokenizer: Any, keep_distribution: bool = False):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer: Any,
+        keep_distribution: bool = False,
+        recompute: bool = False,
+    ):
         self.module, self.tokenizer, self.keep_distribution = module, tokenizer, keep_distribution
+        self.old_logp = recomputed_logp if recompute else sampled_logp  # `recompute`: needs_rollout_logp
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
         pass
@@ -113,10 +138,9 @@ class VLLMSampler:
     its adapter, as a vLLM LoRARequest) after every step that updated them, and after a resume loaded
     them."""
 
-    stale = False
-
-    def __init__(self, vllm: Any):
+    def __init__(self, vllm: Any, recompute: bool = False):
         self.vllm = vllm
+        self.old_logp = recomputed_logp if recompute else sampled_logp  # `recompute`: needs_rollout_logp
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
         pass
@@ -172,10 +196,18 @@ class AsyncSampler:
         self.keep_distribution = keep_distribution
         self.module, self.tokenizer, self.seed_of, self.vllm = module, tokenizer, seed_of, vllm
         self.producer: producer.Producer | None = None
+        self.old_logp = recomputed_logp if algo.needs_rollout_logp else self._old_logp_of_its_version
 
     @property
     def stale(self) -> bool:
+        """The last rollout came from older weights than the trainer's."""
         return self.producer is not None and self.producer.stale
+
+    def _old_logp_of_its_version(
+        self, rollout: hf_rollout.Rollout, module: torch.nn.Module, temperature: float
+    ) -> torch.Tensor:
+        """The sampler's log-probs when the rollout came from the trainer's weights; recomputed when stale."""
+        return (recomputed_logp if self.stale else sampled_logp)(rollout, module, temperature)
 
     def _start(self, step: int) -> producer.Producer:
         cfg, algo, task, seed_of = self.cfg, self.algo, self.task, self.seed_of
@@ -268,5 +300,7 @@ def make_sampler(
             keep_distribution=keep_distribution,
         )
     if vllm is not None:
-        return VLLMSampler(vllm)
-    return HFSampler(module, tokenizer, keep_distribution=keep_distribution)
+        return VLLMSampler(vllm, recompute=algo.needs_rollout_logp)
+    return HFSampler(
+        module, tokenizer, keep_distribution=keep_distribution, recompute=algo.needs_rollout_logp
+    )

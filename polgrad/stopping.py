@@ -112,16 +112,18 @@ def stop_if(stop: bool, step: int) -> None:
 
 # --------------------------------------------------------------------------- the sampling budget
 def sampled(rollout) -> tuple[float, float]:
-    """(sequences, generated tokens) one sampling call produced on this rank: every row of
-    `rollout` and, with a greedy baseline (ReMax), its greedy response, one per prompt (the baseline
-    repeats it on each row of the prompt's group, so only the first row of each group is counted)."""
-    sequences, tokens = float(len(rollout)), float(rollout.mask.sum())
-    baseline = getattr(rollout, "baseline", None)
-    if baseline is not None:
-        ids = baseline.group_ids.tolist()
-        first = [ids.index(g) for g in dict.fromkeys(ids)]
-        sequences, tokens = sequences + len(first), tokens + float(baseline.mask[first].sum())
-    return sequences, tokens
+    """(sequences, generated tokens) of one sampling call's rows on this rank: every row of `rollout`
+    (a greedy baseline's responses are its own role's to count: `greedy_sampled`)."""
+    return float(len(rollout)), float(rollout.mask.sum())
+
+
+def greedy_sampled(baseline) -> tuple[float, float]:
+    """(sequences, generated tokens) of a greedy baseline rollout (ReMax): one greedy response per
+    prompt (the baseline repeats it on each row of the prompt's group, so only the first row of each
+    group is counted)."""
+    ids = baseline.group_ids.tolist()
+    first = [ids.index(g) for g in dict.fromkeys(ids)]
+    return float(len(first)), float(baseline.mask[first].sum())
 
 
 def counted(state, sampled: float, kept: float, tokens: float):

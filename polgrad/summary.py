@@ -83,13 +83,13 @@ def summarize(out_dir: str, wall_time_s: float, *, unstable_skip_frac: float) ->
     }
 
 
-def response_lengths(lengths: Tensor, scores: Tensor, gold: Tensor | None) -> dict[str, float | None]:
+def response_lengths(lengths: Tensor, verdicts: Tensor) -> dict[str, float | None]:
     """A step's response_len_correct / response_len_incorrect: the mean generated length (EOS included)
-    of its right and of its wrong responses over every rank (lengths, scores, gold: [B]), None where
-    there are none. Right = the task verifier's score is 1.0: the gold score in a reward-model run
-    (whose proxy score is no verdict); NaN (a skipped faulty reward) is wrong. The two curves in which a
-    loss's length bias shows (Liu et al. 2025)."""
-    right = is_correct((scores if gold is None else gold).double()).double()
+    of its right and of its wrong responses over every rank (lengths, verdicts: [B]), None where
+    there are none. Right = the task verifier's score is 1.0 (`verdicts`: the scorer's, the gold score
+    in a reward-model run, whose proxy score is no verdict); NaN (a skipped faulty reward) is wrong.
+    The two curves in which a loss's length bias shows (Liu et al. 2025)."""
+    right = is_correct(verdicts.double()).double()
     lengths = lengths.double()
     sums = torch.stack(
         [right.new_tensor(float(len(right))), right.sum(), lengths.sum(), (lengths * right).sum()]

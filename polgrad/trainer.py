@@ -53,9 +53,15 @@ producer samples step s's rollout from the weights of step max(s - k, 0) while t
 earlier ones. Its log-probs are kept as `rollout_logp` (the behaviour policy), old_logp is recomputed
 when the rollout is stale, and the row logs staleness_mean/max, rollout_wait_s and the statistics of
 π_old/π_behaviour (is_ratio_*). k = 0 (the default) is the synchronous loop; checkpoints also hold the k
-older weight versions the next steps sample with, so resume stays exact. The loop does not know
-which sampler it has (HF, vLLM, async: `Sampler`, polgrad/sampling.py) nor which critic
-(`Critic`, polgrad/critic.py): both are chosen once when the models are built.
+older weight versions the next steps sample with, so resume stays exact.
+
+The step never asks which optional roles the run has: each is a strategy chosen once, when the
+models are built (polgrad/build.py) or, for the collector, when the run starts (`collector_for`):
+the sampler (HF, vLLM, async; it also says whether π_old is recomputed: polgrad/sampling.py), the
+reference (none, frozen, frozen with full logits: polgrad/reference.py), the critic (none, own
+engine with its warm-up, in the policy's engine: polgrad/critic.py), the scorer (the task's
+verifier, or a reward model with the gold beside it) and the baseline (none, ReMax's greedy one).
+tests/test_layers.py counts the step's branches on optional roles: there are none.
 
 Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.
@@ -64,6 +70,7 @@ policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -79,7 +86,7 @@ from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
 from polgrad.build import Models, build_models
 from polgrad.errors import PolgradError
-from polgrad.evaluation import Evaluator, exact_kl, explained_variance
+from polgrad.evaluation import Evaluator
 from polgrad.io import atomic_write_text
 from polgrad.loop_state import LoopState, save_checkpoint, start_or_resume
 from polgrad.registry import StepCounts
@@ -124,7 +131,9 @@ def _train(
 
     # 3-5 of each step: sample, score, advantages, update (rl_step, below); a preference spec
     # (DPO) instead updates on the task's fixed preference pairs (polgrad/offline.py).
-    one_step = offline.pair_step if algo.offline else rl_step
+    one_step = (
+        offline.pair_step if algo.offline else functools.partial(rl_step, collector=collector_for(algo))
+    )
     bar = _progress(range(state.step, cfg.steps), enabled=cfg.progress and rank == 0, desc=algo.name)
     for step in bar:
         if stopping.done(cfg, state):  # the sampling budget is spent (e.g. resumed after its last step)
@@ -178,19 +187,19 @@ def _train(
 
 
 def rl_step(
-    cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int, state: LoopState
+    cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int, state: LoopState, *, collector
 ) -> tuple[dict[str, Any], float, LoopState]:
-    """Steps 3-5 of one RL step, and its metrics row; returns (row, generated tokens, new state)."""
+    """Steps 3-5 of one RL step, and its metrics row; returns (row, generated tokens, new state).
+    `collector` is step 3's, chosen once for the run (`collector_for`)."""
     m.sampler.begin(state.step, m.engine.module)  # async: publish these weights, queue the next rollouts
     # 3. Collect a batch: G responses per prompt, scored, with the reference's and critic's view
     #    (with filters, sampling again until enough groups are kept: DAPO's dynamic sampling).
-    got = collect_kept(cfg, algo, m, task, seed)
+    got = collector(cfg, algo, m, task, seed)
     # 4. Advantages for the whole batch (reward shaping, filters and a KL in the reward inside).
     with hooks.phase("advantage"):
         batch, prep_metrics = algo.prepare(got.batch, kl_coef=state.kl_coef)
     # 5. Update: ppo_epochs x minibatches optimizer steps on this batch (while the critic warms up, its own).
-    warmup = state.step < cfg.critic_warmup_steps
-    update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed, warmup=warmup)
+    update_metrics, n_updates, skipped = update(cfg, algo, m, batch, state.kl_coef, seed, step=state.step)
     if n_updates:  # the sampler gets the new weights (vLLM: loaded into its engine; HF, async: nothing)
         m.sampler.sync(m.engine.module)
     # The row; the KL controller moves the coefficient for the next step.
@@ -201,9 +210,8 @@ def rl_step(
     state = stopping.counted(state, sampled, kept=row["update_seqs"], tokens=tokens)
     row.update(m.sampler.metrics(batch))  # async: staleness, the wait, the IS weights π_old/π_behaviour
     row["optimizer_steps"] = n_updates  # the denominator of the summary's skipped_frac
-    if "kl_seq" in row:  # the per-sequence KL, the unit of the controllers' targets
-        new_coef = algo.next_kl_coef(state.kl_coef, row["kl_seq"], n_steps=int(row["update_seqs"]))
-        state = dataclasses.replace(state, kl_coef=new_coef)
+    # the KL controller reads the step's per-sequence KL to the reference (kl_seq), the unit of its target
+    state = dataclasses.replace(state, kl_coef=m.reference.next_kl_coef(algo, state.kl_coef, row))
     return row, tokens, state
 
 
@@ -220,24 +228,13 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     with hooks.phase("reward"):
         scores = m.score(rollout, task)
         gold_scores = m.score.gold(rollout, task)  # a reward model's run: the task verifier's too
-        baseline_scores = m.score(rollout.baseline, task) if algo.needs_baseline_rollout else None
+        baseline_scores = m.baseline(rollout, task)  # ReMax: the greedy baseline's scores (else None)
     mask = rollout.mask.double()
-    old_logp = rollout.rollout_logp.double()
-    # Off-policy corrections (e.g. clip.tis) compare the sampler's log-probs with the trainer's own,
-    # and a stale async rollout's are not pi_old's: recompute old_logp with the trainer's forward.
-    # Otherwise the sampling-time log-probs are pi_old's already (same weights, same temperature).
-    if algo.needs_rollout_logp or m.sampler.stale:
-        with torch.no_grad(), hooks.phase("old_logp"):
-            old_logp = hf_rollout.response_logprobs(m.engine.module, rollout, temperature=cfg.temperature)
-            old_logp = old_logp.double() * mask
-    # Reference log-probs (a frozen model: no_grad keeps autograd from even looking at its forward).
-    ref_logp, kl_exact = None, None
-    if m.reference is not None:
-        # One reference forward gives ref_logp and the exact KL (a metric: what the estimators
-        # approximate; π_θ's side: the rollout's sampling distributions, or a policy forward).
-        with torch.no_grad(), hooks.phase("ref"):
-            kl_exact, ref_logp = exact_kl(m.engine.module, m.reference, rollout, temperature=cfg.temperature)
-            ref_logp = ref_logp.double()
+    # π_old's log-probs: the sampler's own (same weights, same temperature), or recomputed with the
+    # trainer's forward for an off-policy correction (e.g. clip.tis) or a stale async rollout.
+    old_logp = m.sampler.old_logp(rollout, m.engine.module, cfg.temperature)
+    # The reference's log-probs and the exact KL, from one no-grad forward (None without a reference).
+    ref = m.reference.collect(m.engine.module, rollout, cfg.temperature)
     values = m.critic.old_values(rollout, mask)  # the critic's values before the update; None without one
     return Batch(
         mask=mask,
@@ -248,8 +245,8 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
         truncated=rollout.truncated,
         rollout_logp=rollout.rollout_logp.double(),
         baseline_scores=baseline_scores,
-        ref_logp=ref_logp,
-        kl_exact=kl_exact,
+        ref_logp=ref["ref_logp"],
+        kl_exact=ref["kl_exact"],
         values=values,
         old_values=values,
         rollout=dataclasses.replace(rollout, policy_logp_all=None),  # [B,T,V]: used, not kept
@@ -266,22 +263,31 @@ class Collected(NamedTuple):
     counts: tuple[float, float] = (0.0, 0.0)
 
 
+def collector_for(algo: Algorithm):
+    """Step 3's collector, chosen once for the run: DAPO's dynamic sampling when the spec has filters
+    (`collect_kept`), else one sampling round (`collect_once`)."""
+    return collect_kept if algo.filters else collect_once
+
+
+def collect_once(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> Collected:
+    """One `collect`, without the groups of faulty rewards."""
+    raw = collect(cfg, algo, m, task, seed)
+    batch = raw.without_faulty_groups()
+    return Collected(batch, same_groups_on_every_rank(batch), {}, m.baseline.sampled(raw.rollout))
+
+
 def collect_kept(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int) -> Collected:
-    """One `collect`, or with `Algorithm.filters` DAPO's dynamic sampling (Yu et al. 2025): rounds of
+    """DAPO's dynamic sampling (Yu et al. 2025), for a spec with `Algorithm.filters`: rounds of
     `prompts_per_step` fresh prompts (round r seeded by `round_seed(seed, r)`) until the filters kept
     that many groups on every rank or `max_sampling_rounds` are done; it trains on the first ones
     kept (at world size > 1 as many as the rank with the fewest: the same optimizer steps). Logs
     `sampling_rounds`, `kept_frac` (kept share of the sampled groups, every round and rank) and
     `filtered_frac` (dropped share of the sampled rows: `prepare` sees the kept rows only)."""
-    if not algo.filters:
-        raw = collect(cfg, algo, m, task, seed)
-        batch = raw.without_faulty_groups()
-        return Collected(batch, same_groups_on_every_rank(batch), {}, stopping.sampled(raw.rollout))
     need, pad_id = cfg.prompts_per_step, m.tokenizer.pad_token_id
     sampled, kept, drawn = [], [], (0.0, 0.0)
     for r in range(algo.max_sampling_rounds):
         raw = collect(cfg, algo, m, task, round_seed(seed, r))
-        drawn = tuple(a + b for a, b in zip(drawn, stopping.sampled(raw.rollout), strict=True))
+        drawn = tuple(a + b for a, b in zip(drawn, m.baseline.sampled(raw.rollout), strict=True))
         part = raw.without_faulty_groups()
         sampled.append(part)
         kept.append(part.select(algo.keep(part)))
@@ -322,12 +328,12 @@ def update(
     kl_coef: float,
     seed: int,
     *,
-    warmup=False,
+    step: int,
 ) -> tuple[dict[str, float], int, int]:
     """ppo_epochs x minibatches optimizer steps; returns the mean metrics, the steps taken and skipped.
     Each minibatch is one optimizer step over its micro-batches, whose aggregators share the whole
-    step's denominators (StepCounts): micro-batching does not change the gradient. `warmup`: the
-    critic's steps only, the policy untouched (verl's critic_warmup, OpenRLHF's freezing_actor_steps)."""
+    step's denominators (StepCounts): micro-batching does not change the gradient. The critic decides
+    what loop step `step` trains (polgrad/critic.py: while it warms up, itself alone)."""
     rng = torch.Generator().manual_seed(seed)
     n = batch.size
     totals: dict[str, float] = {}
@@ -339,14 +345,11 @@ def update(
             m.engine.module.train()
             for i, rows in enumerate(micro):
                 last = i == len(micro) - 1
-                metrics = micro_step(
-                    cfg, algo, m, batch.select(rows), counts, kl_coef, last=last, warmup=warmup
-                )
+                metrics = micro_step(cfg, algo, m, batch.select(rows), counts, kl_coef, last=last, step=step)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + float(v)
-            with hooks.phase("optim"):
-                applied = None if warmup else dist_lib.step(m.engine)
-                m.critic.step()  # its own engine's step (a LoRA critic's is the policy's)
+            with hooks.phase("optim"):  # the policy's step (None: a warm-up's), then the critic's own
+                applied = m.critic.optimizer_step(m.engine, step)
             skipped += applied is False
             n_updates += 1
     # Each micro-batch metric is a share of its step's mean (denominators of the whole step over
@@ -365,10 +368,10 @@ def micro_step(
     counts: StepCounts,
     kl_coef: float,
     last: bool,
-    warmup: bool = False,
+    step: int,
 ) -> dict[str, Tensor]:
-    """Forward, loss and backward of one micro-batch (the optimizer steps after the `last` one);
-    `warmup`: the critic's backward alone (train.critic_warmup_steps)."""
+    """Forward, loss and backward of one micro-batch (the optimizer steps after the `last` one) of
+    loop step `step` (a critic warming up backs up its value loss alone: polgrad/critic.py)."""
     # One forward gives log-probs, entropy (and logits for an exact-KL part). The training forwards
     # go through the engines, not their modules: ZeRO-3 counts micro-batches in the engine's forward
     # and would otherwise overwrite, not add, each micro-batch's gradient (DeepSpeed 0.19).
@@ -381,20 +384,14 @@ def micro_step(
             return_logits=algo.needs_logits,
         )
     fresh: dict[str, Tensor] = {"logp": out.logp.double(), "entropy": out.entropy.double()}
-    if algo.needs_logits:
-        fresh["logits"] = out.logits.double()
-        with torch.no_grad():
-            ref = hf_rollout.response_logprobs(
-                m.reference, mb.rollout, temperature=cfg.temperature, return_logits=True
-            )
-            fresh["ref_logits"] = ref.logits.double()
+    fresh.update(m.reference.logits(out, mb.rollout, cfg.temperature))  # an exact-KL part's [B,T,V] ({})
     fresh.update(m.critic.fresh(mb.rollout))  # the critic's values with a graph ({} without a critic)
     with hooks.phase("loss"):
         policy_loss, value_loss, metrics = algo.loss(mb.replace(**fresh), counts, kl_coef=kl_coef)
     # A NaN/inf loss never reaches the optimizer: distributed.backward poisons the whole step,
     # which DeepSpeed then skips on every rank (see distributed.py).
     with hooks.phase("backward"):  # policy and value losses as the critic is trained (polgrad/critic.py)
-        m.critic.backward(None if warmup else m.engine, policy_loss, value_loss, last=last)
+        m.critic.backward(m.engine, policy_loss, value_loss, last=last, step=step)
     return metrics
 
 
@@ -403,7 +400,7 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
     """The metrics row of one step: rewards of every sample, update metrics, KL to the reference.
 
     Every number is over the whole batch of every rank (sums reduced by polgrad.collective)."""
-    scores, mask = sampled.scores.double(), batch.mask
+    scores = sampled.scores.double()
     row: dict[str, Any] = {"step": state.step, **prep}
     row.update(m.row_fields)  # e.g. the reward model's held-out pairwise accuracy
     lengths = sampled.rollout.mask.sum(-1).double()
@@ -427,22 +424,10 @@ def step_row(m: Models, sampled: Batch, batch: Batch, state: LoopState, prep: di
         kl_coef=state.kl_coef,  # the coefficient this step ran with (the controller moves it after)
         skipped_steps=state.skipped_steps,
     )
-    row.update(update, **response_lengths(lengths, scores, sampled.gold_scores))  # + right/wrong lengths
-    if sampled.gold_scores is not None:  # a reward model's run: the gold (task verifier) beside its proxy
-        gold = sampled.gold_scores.double()
-        g_sum, g_ok = collective.all_sum(torch.stack([gold.sum(), is_correct(gold).double().sum()])).tolist()
-        row.update(gold_reward_mean=g_sum / n, gold_accuracy=g_ok / n)
-    if batch.ref_logp is not None and update_seqs:
-        # per token (kl, kl_exact) and per sequence (the sum over its tokens: kl_seq, the unit of a KL
-        # target; kl_exact_seq, the exact KL along each response, by the chain rule an unbiased estimate
-        # of the sequence-level KL(pi || ref) in nats: the x-axis of over-optimisation curves)
-        kl_tok = (batch.old_logp - batch.ref_logp) * mask
-        sums = torch.stack([kl_tok.sum(), (batch.kl_exact * mask).sum(), mask.sum()])
-        kl_sum, kl_exact_sum, tokens = collective.all_sum(sums).tolist()
-        row.update(kl=kl_sum / max(tokens, 1.0), kl_exact=kl_exact_sum / max(tokens, 1.0))
-        row.update(kl_seq=kl_sum / update_seqs, kl_exact_seq=kl_exact_sum / update_seqs)
-    if batch.values is not None and update_seqs and batch.returns is not None:  # a critic's batch
-        row["explained_variance"] = explained_variance(batch.values, batch.returns, mask)
+    row.update(update, **response_lengths(lengths, m.score.verdicts(sampled)))  # right/wrong lengths
+    row.update(m.score.row(sampled, n))  # a reward model's run: the gold (task verifier) beside its proxy
+    row.update(m.reference.row(batch, update_seqs))  # the KL to the reference, per token and per sequence
+    row.update(m.critic.row(batch, update_seqs))  # the critic's explained variance
     return row
 
 

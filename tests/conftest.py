@@ -121,16 +121,17 @@ def fake_trainer(monkeypatch):
 
 @pytest.fixture
 def kl_sources(monkeypatch) -> list[bool]:
-    """Per exact-KL computation of the loop (polgrad.trainer.collect), in order: True when it read
-    pi_theta from the rollout's sampling distributions, False when it ran the policy forward."""
-    from polgrad import trainer
+    """Per exact-KL computation of the loop (the reference's `collect`, polgrad/reference.py), in order:
+    True when it read pi_theta from the rollout's sampling distributions, False when it ran the policy
+    forward."""
+    from polgrad import reference
 
     used: list[bool] = []
-    real = trainer.exact_kl
+    real = reference.exact_kl
 
-    def spy(policy, reference, rollout, **kwargs):
+    def spy(policy, ref, rollout, **kwargs):
         used.append(rollout.policy_logp_all is not None)
-        return real(policy, reference, rollout, **kwargs)
+        return real(policy, ref, rollout, **kwargs)
 
-    monkeypatch.setattr(trainer, "exact_kl", spy)
+    monkeypatch.setattr(reference, "exact_kl", spy)
     return used

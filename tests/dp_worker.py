@@ -92,7 +92,7 @@ def step(cfg, algo, m, collected, sampled, seed: int) -> dict:
             grads.update({n: safe_get_full_grad(p).detach().clone() for n, p in params})
 
     with hooks.listen(on_phase=on_phase):
-        metrics, n_updates, skipped = update(cfg, algo, m, batch, algo.kl_coef, seed)
+        metrics, n_updates, skipped = update(cfg, algo, m, batch, algo.kl_coef, seed, step=0)
     with deepspeed.zero.GatheredParameters([p for _, p in params]):  # no-op below ZeRO-3
         after = {n: p.detach().clone() for n, p in params}
     row = step_row(m, sampled, batch, LoopState(step=1, kl_coef=algo.kl_coef), prep, metrics)
@@ -110,12 +110,12 @@ def step(cfg, algo, m, collected, sampled, seed: int) -> dict:
 
 
 def ranks(out: Path, spec: str, stages: list[int]) -> None:
-    from polgrad.trainer import collect_kept, step_seed
+    from polgrad.trainer import collector_for, step_seed
 
     for stage in stages:
         cfg, algo, task, info, m = build(spec, stage)
         seed = step_seed(cfg.seed, 0, info.rank)
-        got = collect_kept(cfg, algo, m, task, seed)
+        got = collector_for(algo)(cfg, algo, m, task, seed)
         result = step(cfg, algo, m, got.batch, got.sampled, seed)
         result.update(
             collected=got.batch,

@@ -175,14 +175,16 @@ class _FakeProducer:
 
 @pytest.mark.parametrize("stale", [True, False])
 def test_a_stale_rollout_gets_pi_old_recomputed_with_the_trainers_weights(setup, stale):
-    """trainer.collect, the unit where the loop builds old_logp (π_old): under clip.ppo (no off-policy
-    part), a stale rollout's π_old is the trainer's own forward on its tokens, not the sampler's
-    log-probs; a fresh one keeps the sampler's (the same weights). Only a slow end-to-end test
+    """trainer.collect, the unit where the loop builds old_logp (π_old, from the async sampler's
+    `old_logp`): under clip.ppo (no off-policy part), a stale rollout's π_old is the trainer's own
+    forward on its tokens, not the sampler's log-probs; a fresh one keeps the sampler's (the same
+    weights). Only a slow end-to-end test
     (690 s) caught a loop that kept the sampler's log-probs for stale rollouts."""
     from types import SimpleNamespace
 
     from polgrad import trainer as trainer_lib
     from polgrad.build import Models
+    from polgrad.sampling import AsyncSampler
 
     task, model, tokenizer, base = setup
     gin.clear_config()
@@ -192,7 +194,9 @@ def test_a_stale_rollout_gets_pi_old_recomputed_with_the_trainers_weights(setup,
     cfg, algo, _ = config.build()
     assert not algo.needs_rollout_logp  # clip.ppo: only the staleness can ask for the recompute
     fake = _FakeProducer(model, base, tokenizer, stale)
-    m = Models(engine=SimpleNamespace(module=model), tokenizer=tokenizer, sampler=fake)
+    sampler = AsyncSampler(cfg, algo, task, "unused", model, tokenizer, seed_of=lambda s: s)
+    sampler.producer = fake  # the async sampler as built, with a producer whose version is known
+    m = Models(engine=SimpleNamespace(module=model), tokenizer=tokenizer, sampler=sampler)
     batch = trainer_lib.collect(cfg, algo, m, task, seed=11)
     mask = fake.rollout.mask.double()
     with torch.no_grad():

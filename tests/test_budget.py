@@ -324,9 +324,12 @@ def _rollout(lengths: list[int], groups: list[int], baseline: Rollout | None = N
 def test_a_greedy_baseline_counts_once_per_prompt():
     """2 prompts x G = 2 sampled rows of 3, 2, 4 and 1 tokens (10), and one greedy response per
     prompt, of 2 and 5 tokens, repeated on each row of its group: 4 + 2 = 6 sequences, 17 tokens."""
+    from polgrad.build import GreedyBaseline, NoBaseline
+
     greedy = _rollout([2, 2, 5, 5], [0, 0, 1, 1])
-    assert stopping.sampled(_rollout([3, 2, 4, 1], [0, 0, 1, 1], baseline=greedy)) == (6.0, 17.0)
-    assert stopping.sampled(_rollout([3, 2, 4, 1], [0, 0, 1, 1])) == (4.0, 10.0)
+    with_greedy = _rollout([3, 2, 4, 1], [0, 0, 1, 1], baseline=greedy)
+    assert GreedyBaseline(score=None).sampled(with_greedy) == (6.0, 17.0)  # ReMax's baseline role
+    assert NoBaseline().sampled(_rollout([3, 2, 4, 1], [0, 0, 1, 1])) == (4.0, 10.0)
 
 
 def test_done_at_the_step_cap_or_a_spent_budget():

@@ -50,27 +50,45 @@ def test_a_warm_up_without_a_critic_of_its_own_is_one_line(spec, binding, messag
 
 @pytest.mark.parametrize("warmup, steps", [(0, [False] * 4), (2, [True, True, False, False])])
 def test_the_first_n_steps_and_only_those_are_warm_up_steps(monkeypatch, warmup, steps):
-    """train.critic_warmup_steps = N: rl_step hands `warmup=True` to the update of steps 0 .. N-1 (the
-    loop state's step counts the steps done) and False from step N on. The step's collection, update
-    and row are stand-ins: only which steps warm up is under test (what a warm-up step does to the
-    engines: the slow test below)."""
+    """train.critic_warmup_steps = N: the critic (OwnEngineCritic, chosen at build with N) backs up and
+    steps the policy in loop steps N, N+1, ... and not in steps 0 .. N-1, where its own backward and
+    step alone run; rl_step hands each update the loop state's step (the steps done). The engines
+    are stand-ins recorded by name: only which steps warm up is under test (what a warm-up step does
+    to the real engines: the slow test below)."""
     from types import SimpleNamespace
 
+    from polgrad import critic as critic_lib
     from polgrad import trainer
     from polgrad.loop_state import LoopState
+    from polgrad.reference import NoReference
 
-    seen = []
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        critic_lib.dist_lib, "backward", lambda engine, loss, boundary: calls.append(("bwd", engine))
+    )
+    monkeypatch.setattr(critic_lib.dist_lib, "step", lambda engine: calls.append(("step", engine)) or True)
+    critic = critic_lib.OwnEngineCritic("critic", warmup_steps=warmup)
+
+    def update(cfg, algo, m, batch, kl_coef, seed, *, step):  # one micro-batch, one optimizer step
+        m.critic.backward("policy", None, None, last=True, step=step)
+        return {}, 1, int(m.critic.optimizer_step("policy", step) is False)
+
     got = SimpleNamespace(batch="batch", sampled="sampled", info={}, counts=(4.0, 40.0))
-    monkeypatch.setattr(trainer, "collect_kept", lambda *a: got)
-    monkeypatch.setattr(trainer, "update", lambda *a, warmup: seen.append(warmup) or ({}, 1, 0))
+    monkeypatch.setattr(trainer, "update", update)
     monkeypatch.setattr(trainer, "step_row", lambda *a: {"update_seqs": 4})
     sampler = SimpleNamespace(begin=lambda *a: None, sync=lambda *a: None, metrics=lambda batch: {})
-    m = SimpleNamespace(sampler=sampler, engine=SimpleNamespace(module=None))
+    m = SimpleNamespace(
+        sampler=sampler, engine=SimpleNamespace(module=None), critic=critic, reference=NoReference()
+    )
     algo = SimpleNamespace(prepare=lambda batch, kl_coef: (batch, {}))
-    cfg = SimpleNamespace(critic_warmup_steps=warmup)
-    state = LoopState()
+    state, seen = LoopState(), []
     for _ in range(4):
-        _, _, state = trainer.rl_step(cfg, algo, m, task=None, seed=0, state=state)
+        calls.clear()
+        _, _, state = trainer.rl_step(None, algo, m, task=None, seed=0, state=state, collector=lambda *a: got)
+        policy_moved = ("bwd", "policy") in calls and ("step", "policy") in calls
+        assert ("bwd", "critic") in calls and ("step", "critic") in calls  # the critic trains every step
+        assert policy_moved == (("step", "policy") in calls)  # backward and step of the policy go together
+        seen.append(not policy_moved)
     assert seen == steps and state.step == 4
 
 

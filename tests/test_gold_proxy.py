@@ -70,12 +70,15 @@ def _sampled(gold):
 
 
 def test_a_step_row_holds_the_gold_beside_the_proxy_only_for_a_reward_model_run():
-    m = Models(engine=None, tokenizer=None, sampler=None)
+    m = Models(
+        engine=None, tokenizer=None, sampler=None, score=RewardModelScorer(torch.nn.Identity(), RewardGuard())
+    )
     gold = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=F64)
     row = step_row(m, _sampled(gold), _sampled(gold), LoopState(step=1), {}, {})
     # reward_mean is what the run trains on (the proxy); the gold is the verifier's on the same samples
     assert row["reward_mean"] == pytest.approx(float(RM_SCORES.mean()), abs=1e-12)
     assert (row["gold_reward_mean"], row["gold_accuracy"]) == (0.5, 0.5)
+    m = Models(engine=None, tokenizer=None, sampler=None)  # the task's verifier scores: it is the gold
     plain = step_row(m, _sampled(None), _sampled(None), LoopState(step=1), {}, {})
     assert not {"gold_reward_mean", "gold_accuracy"} & set(plain)
 

@@ -339,11 +339,16 @@ def test_response_lengths_of_right_and_wrong_responses():
     scores = [1.0, 0.0, 1.0, 0.5, float("nan"), 0.0]  # NaN: a faulty reward, counted as wrong
     mask = torch.tensor([[1.0] * n + [0.0] * (8 - n) for n in lengths])
 
+    from polgrad.build import Models, RewardModelScorer
+    from polgrad.tasks.rewards import RewardGuard
+
+    def models(score=None):
+        return Models(engine=None, tokenizer=None, sampler=None, score=score)
+
     def row(scores):
         sampled = NS(scores=torch.tensor(scores), rollout=NS(mask=mask), gold_scores=None)
         batch = NS(mask=mask, size=len(scores), ref_logp=None, values=None)
-        models = NS(row_fields={}, rewards=NS(take=lambda: 0))
-        return step_row(models, sampled, batch, NS(step=1, kl_coef=0.0, skipped_steps=0), {}, {})
+        return step_row(models(), sampled, batch, NS(step=1, kl_coef=0.0, skipped_steps=0), {}, {})
 
     r = row(scores)
     assert r["response_len_correct"] == pytest.approx((2 + 3) / 2, abs=1e-12)
@@ -356,7 +361,8 @@ def test_response_lengths_of_right_and_wrong_responses():
     sampled = NS(scores=proxy, rollout=NS(mask=mask), gold_scores=gold)
     batch = NS(mask=mask, size=6, ref_logp=None, values=None)
     state = NS(step=1, kl_coef=0.0, skipped_steps=0)
-    r_rm = step_row(NS(row_fields={}, rewards=NS(take=lambda: 0)), sampled, batch, state, {}, {})
+    rm = models(RewardModelScorer(torch.nn.Identity(), RewardGuard()))  # its model never runs here
+    r_rm = step_row(rm, sampled, batch, state, {}, {})
     assert r_rm["response_len_correct"] == pytest.approx((4 + 5) / 2, abs=1e-12)
     assert r_rm["response_len_incorrect"] == pytest.approx((2 + 3 + 7 + 1) / 4, abs=1e-12)
     assert r_rm["train_accuracy"] == pytest.approx(4 / 6, abs=1e-12)  # the proxy's, as before

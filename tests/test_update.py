@@ -113,7 +113,7 @@ def _one_update(agg: str, micro_batch_size: int):
                 grads[n] = safe_get_full_grad(p).detach().clone()
 
     with hooks.listen(on_phase=on_phase):
-        metrics, n_updates, skipped = trainer.update(cfg, algo, m, batch, kl_coef=0.0, seed=11)
+        metrics, n_updates, skipped = trainer.update(cfg, algo, m, batch, kl_coef=0.0, seed=11, step=0)
     assert (n_updates, skipped) == (1, 0)
     params = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     return grads, params, metrics
