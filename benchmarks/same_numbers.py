@@ -1,4 +1,4 @@
-"""Does a refactor change a run's numbers? The same six short runs at two commits, compared bit for bit.
+"""Does a refactor change a run's numbers? The same short runs at two commits, compared bit for bit.
 
     python -m benchmarks.same_numbers --before c806995 --after HEAD
 
@@ -43,6 +43,20 @@ CASES: dict[str, tuple[str, list[str]]] = {
         + ["train.prompts_per_step = 4", "train.task = @task.sort", "train.reward_source = 'reward_model'"],
     ),
 }
+# Beside the six: one run per optional role the six leave out (a refactor of the step's roles is
+# checked on each): ReMax's greedy baseline, DAPO's dynamic sampling, an exact-KL part that needs the
+# full logits, a critic warm-up, and an off-policy correction that recomputes π_old (clip.tis).
+ROLES: dict[str, tuple[str, list[str]]] = {
+    "remax": ("registry/remax.gin", FAST + SMALL),
+    "dapo": ("registry/dapo.gin", FAST + SMALL),
+    "grpo_kl_full": ("registry/grpo.gin", FAST + SMALL + ["Algorithm.kl = @kl.full"]),
+    "ppo_warmup": (
+        "registry/ppo.gin",
+        FAST + ["train.prompts_per_step = 4", "train.critic_warmup_steps = 2"],
+    ),
+    "grpo_tis": ("registry/grpo.gin", FAST + SMALL + ["Algorithm.clip = @clip.tis"]),
+}
+CASES.update(ROLES)
 
 
 def _timing(key: str) -> bool:
