@@ -85,10 +85,11 @@ def test_the_first_n_steps_and_only_those_are_warm_up_steps(monkeypatch, warmup,
     for _ in range(4):
         calls.clear()
         _, _, state = trainer.rl_step(None, algo, m, task=None, seed=0, state=state, collector=lambda *a: got)
-        policy_moved = ("bwd", "policy") in calls and ("step", "policy") in calls
+        policy_backward, policy_step = ("bwd", "policy") in calls, ("step", "policy") in calls
         assert ("bwd", "critic") in calls and ("step", "critic") in calls  # the critic trains every step
-        assert policy_moved == (("step", "policy") in calls)  # backward and step of the policy go together
-        seen.append(not policy_moved)
+        # backward and step of the policy go together (a backward alone would reach the next step)
+        assert policy_backward == policy_step, calls
+        seen.append(not policy_step)
     assert seen == steps and state.step == 4
 
 
