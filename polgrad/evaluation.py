@@ -34,6 +34,7 @@ from polgrad.components.kl import full as exact_kl_part
 from polgrad.errors import ShapeError
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
+from polgrad.run_folder import RunFolder
 from polgrad.tasks.base import Example, is_correct
 from polgrad.tasks.rewards import RewardGuard
 
@@ -89,7 +90,7 @@ class Evaluator:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.out_dir, "eval.jsonl")
+        return str(RunFolder(self.out_dir).eval)
 
     def __call__(self, model, tokenizer, step: int) -> float:
         """The accuracy at `step` (recorded when `write`). Collective at world size > 1: every rank
@@ -149,7 +150,7 @@ class Evaluator:
 
 def read_evals(run_dir: str) -> list[dict]:
     """The eval.jsonl records of a run, oldest first ([] if it has none)."""
-    path = os.path.join(run_dir, "eval.jsonl")
+    path = RunFolder(run_dir).eval
     if not os.path.exists(path):
         return []
     with open(path) as f:

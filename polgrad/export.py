@@ -58,12 +58,13 @@ from typing import Any
 
 import torch
 
-from polgrad import checkpoints, collective
+from polgrad import checkpoints, collective, run_folder
 from polgrad.errors import DataError, PolgradError
 from polgrad.io import atomic_dir, atomic_write_text
+from polgrad.run_folder import RunFolder
 
-MODEL_DIR = "model"  # RUN_DIR/model/: architecture, tokenizer and spec name for the export
-FINAL_DIR = "final"
+MODEL_DIR = run_folder.MODEL  # RUN_DIR/model/: architecture, tokenizer and spec name for the export
+FINAL_DIR = run_folder.FINAL
 
 
 # --------------------------------------------------------------------------- in the run
@@ -197,7 +198,7 @@ def model_card(name: str, source: str, step: int | None, config: str, metrics: d
 # --------------------------------------------------------------------------- from a checkpoint
 def checkpoint_tag(run_dir: str | os.PathLike, step: int | None) -> str:
     """The tag of RUN_DIR's policy checkpoint at `step` ('step<N>'), or the `latest` one."""
-    ckpt = Path(run_dir) / "checkpoints" / "policy"
+    ckpt = RunFolder(run_dir).checkpoints_of("policy")
     steps = sorted(int(m.group(1)) for p in ckpt.glob("step*") if (m := re.fullmatch(r"step(\d+)", p.name)))
     if not steps:
         raise DataError(f"{ckpt}: no checkpoints; train with train.checkpoint_every = N to save some")
@@ -217,7 +218,7 @@ def check_run_dir(run_dir: str | os.PathLike) -> Path:
     run = Path(run_dir)
     if not run.is_dir():
         raise DataError(f"{run}: no such folder; pass the --out folder of a python -m polgrad.train run")
-    if not (run / "checkpoints").is_dir() and not (run / "summary.json").is_file():
+    if not RunFolder(run).checkpoints.is_dir() and not RunFolder(run).summary.is_file():
         raise DataError(
             f"{run}: not a polgrad run folder (no checkpoints/ or summary.json); pass the --out folder "
             "of a python -m polgrad.train run"
@@ -228,7 +229,7 @@ def check_run_dir(run_dir: str | os.PathLike) -> Path:
 def check_tag(run: Path, tag: str) -> None:
     """The checkpoint `tag` of every part of RUN_DIR/checkpoints is intact (polgrad.checkpoints, the
     check resume uses), else a one-line DataError naming the damaged file and the intact step to export."""
-    ckpt = run / "checkpoints"
+    ckpt = RunFolder(run).checkpoints
     parts = ("policy", "critic") if (ckpt / "critic").is_dir() else ("policy",)
     why = checkpoints.damage(ckpt, tag, parts)
     if why is None:
@@ -317,28 +318,27 @@ def _export(run: Path, files: Path, tag: str, dest: Path) -> None:
     lora_file = files / _lora().LORA_FILE
     if lora_file.is_file():  # a LoRA run: merge the adapter(s) of the checkpoint's peft module
         lora_json = json.loads(lora_file.read_text())
-        state = checkpoint_state_dict(run / "checkpoints" / "policy", tag)
+        state = checkpoint_state_dict(RunFolder(run).checkpoints_of("policy"), tag)
         config = AutoConfig.from_pretrained(files / "policy")
         write_lora_model(
             config, state, lora_json["adapters"], lora_json["critic_adapter"], generation_config, dest
         )
     else:
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files / "policy"))
-        _load(
-            policy, checkpoint_state_dict(run / "checkpoints" / "policy", tag), run / "checkpoints" / "policy"
-        )
+        policy_ckpt = RunFolder(run).checkpoints_of("policy")
+        _load(policy, checkpoint_state_dict(policy_ckpt, tag), policy_ckpt)
         if generation_config is not None:
             policy.generation_config = generation_config
         policy.save_pretrained(dest)
     AutoTokenizer.from_pretrained(files / "policy").save_pretrained(dest)
-    critic_ckpt = run / "checkpoints" / "critic"
+    critic_ckpt = RunFolder(run).checkpoints_of("critic")
     if (critic_ckpt / tag).is_dir():
         critic = ScalarHeadModel.from_config(AutoConfig.from_pretrained(files / "critic"))
         _load(critic, checkpoint_state_dict(critic_ckpt, tag), critic_ckpt)
         critic.save_pretrained(dest / "critic")
     spec = json.loads((files / "spec.json").read_text()) if (files / "spec.json").is_file() else {}
     config = next(
-        (p.read_text() for p in (run / "operative_config.gin", run / "config.gin") if p.is_file()), ""
+        (p.read_text() for p in (RunFolder(run).operative_config, RunFolder(run).config) if p.is_file()), ""
     )
     n = int(tag[4:]) if tag.startswith("step") and tag[4:].isdigit() else None
     atomic_write_text(
@@ -364,12 +364,12 @@ def _load(module: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) 
 
 def _metrics(run: Path, step: int | None) -> dict:
     """summary.json if it is the run's last step, else that step's metrics.jsonl row (or nothing)."""
-    summary = run / "summary.json"
+    summary = RunFolder(run).summary
     if summary.is_file():
         s = json.loads(summary.read_text())
         if step is None or s.get("steps") == step:
             return s
-    rows = run / "metrics.jsonl"
+    rows = RunFolder(run).metrics
     if rows.is_file():
         for line in rows.read_text().splitlines():
             if line.strip() and json.loads(line).get("step") == step:

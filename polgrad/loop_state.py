@@ -28,6 +28,7 @@ from polgrad.config import ConfigRecord, TrainConfig
 from polgrad.errors import DataError, PolgradError, WriteError, is_write_failure, write_error
 from polgrad.evaluation import Evaluator
 from polgrad.io import atomic_write_text
+from polgrad.run_folder import RunFolder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +54,8 @@ def start_or_resume(
     `record` is the run's gin configuration as the entry point read it: its text (config.gin) and, on
     a resume, its differences from the folder's config.gin."""
     state, writer = LoopState(kl_coef=algo.kl_coef), evaluate.write
-    ckpt = os.path.join(out_dir, "checkpoints")
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    folder = RunFolder(out_dir)
+    ckpt, metrics_path = str(folder.checkpoints), str(folder.metrics)
     # The newest checkpoint that is intact (checked first; a damaged newer one is a warning line).
     parts = ("policy", *(name for name, _ in m.critic.engines()))
     tag = checkpoints.resume_tag(ckpt, parts, warn=bool(writer)) if cfg.resume else None
@@ -74,8 +75,7 @@ def start_or_resume(
     export.save_run_model_files(m, out_dir, algo.name, algo.source)  # what polgrad.export needs
     if state.step == 0:
         if writer:
-            with open(os.path.join(out_dir, "config.gin"), "w") as f:
-                f.write(record.bindings)
+            folder.write_config(record.bindings)
         evaluate.start()
         with hooks.phase("eval"):
             evaluate(m.engine.module, m.tokenizer, 0)
@@ -107,7 +107,7 @@ def _config_changes(
             _set_optimizer(engine, cfg.critic_lr, cfg.critic_lr, cfg.adam_eps)
     if changes and writer:
         resume_config.record(out_dir, state.step, changes)
-        atomic_write_text(os.path.join(out_dir, resume_config.CONFIG_FILE), record.bindings)
+        RunFolder(out_dir).write_config(record.bindings)
     return state
 
 
@@ -136,7 +136,7 @@ def save_checkpoint(m: Models, out_dir: str, state: LoopState) -> None:
     A write that fails (disk full, read-only folder) is one line naming the tag folder; the partial
     folder is removed, so the run's newest intact checkpoint stays the one a resume loads."""
     client_state = {"polgrad": dataclasses.asdict(state)}
-    ckpt, tag = os.path.join(out_dir, "checkpoints"), f"step{state.step}"
+    ckpt, tag = str(RunFolder(out_dir).checkpoints), f"step{state.step}"
     # Async rollouts: the older weights the next steps sample with, first.
     m.sampler.save(os.path.join(ckpt, "sampler"), state.step)
     parts = (("policy", m.engine), *m.critic.engines())

@@ -32,17 +32,17 @@ import datetime as _dt
 import inspect
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import gin
 from gin import config_parser
 
-from polgrad import checkpoints, registry
+from polgrad import checkpoints, registry, run_folder
 from polgrad.errors import ConfigError
+from polgrad.run_folder import RunFolder
 
-CONFIG_FILE = "config.gin"
-RECORD_FILE = "resume_overrides.jsonl"
+CONFIG_FILE = run_folder.CONFIG
+RECORD_FILE = run_folder.RESUME_OVERRIDES
 GROWS = ("train.steps",)  # may be larger on resume
 ALLOWED = (
     "train.progress",
@@ -184,7 +184,7 @@ def describe(changes: dict[str, tuple[Any, Any]]) -> str:
 
 
 def saved_config(run_dir: str | os.PathLike) -> str | None:
-    path = Path(run_dir) / CONFIG_FILE
+    path = RunFolder(run_dir).config
     try:
         return path.read_text()
     except FileNotFoundError:
@@ -196,7 +196,7 @@ def check(run_dir: str | os.PathLike, *, allow: bool) -> dict[str, tuple[Any, An
     in one line (ConfigError) unless `allow`. {} when the folder has no config.gin or no checkpoint
     (the resume then starts the run afresh)."""
     old = saved_config(run_dir)
-    if old is None or not checkpoints.tag_steps(Path(run_dir) / "checkpoints" / "policy"):
+    if old is None or not checkpoints.tag_steps(RunFolder(run_dir).checkpoints_of("policy")):
         return {}
     if not allow:
         _check_async_matches_rows(run_dir, bindings(gin.config_str()).get("train.max_staleness", 0))
@@ -220,7 +220,7 @@ def _check_async_matches_rows(run_dir: str | os.PathLike, max_staleness: Any) ->
     """The run's own rows say whether it sampled asynchronously (an async step logs `staleness_max`):
     a resume that would switch that, whatever its config.gin says (a config.gin from before
     train.max_staleness was the one async setting bound it with async off), is refused in one line."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunFolder(run_dir).metrics
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (FileNotFoundError, json.JSONDecodeError):
@@ -248,6 +248,5 @@ def record(run_dir: str | os.PathLike, step: int, changes: dict[str, tuple[Any, 
         "changes": {k: [show(a), show(b)] for k, (a, b) in changes.items()},
         "overridden": sorted(training_changes(changes)),  # trained on under --allow-config-change
     }
-    with open(Path(run_dir) / RECORD_FILE, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    RunFolder(run_dir).append_resume_override(row)
     return row

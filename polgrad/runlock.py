@@ -34,10 +34,10 @@ import sys
 import time
 from pathlib import Path
 
+from polgrad import run_folder
 from polgrad.errors import PolgradError, is_write_failure
 
-LOCK_NAME = ".lock"
-RUN_FILES = ("metrics.jsonl", "summary.json")  # with a non-empty checkpoints/: a run was here
+LOCK_NAME = run_folder.LOCK
 
 
 class RunFolderError(PolgradError):
@@ -50,12 +50,7 @@ class RunLocked(RunFolderError):
 
 def existing_run(run_dir: str | os.PathLike) -> list[str]:
     """What in `run_dir` belongs to a run that started: metrics.jsonl, summary.json, checkpoints/."""
-    d = Path(run_dir)
-    found = [name for name in RUN_FILES if (d / name).exists()]
-    ckpt = d / "checkpoints"
-    if ckpt.is_dir() and any(ckpt.iterdir()):
-        found.append("checkpoints/")
-    return found
+    return run_folder.RunFolder(run_dir).started()
 
 
 def check_not_a_run(run_dir: str | os.PathLike) -> None:

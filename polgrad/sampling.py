@@ -26,7 +26,6 @@ Three implementations, picked by `make_sampler` from `train.rollout_backend` and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ import torch
 from polgrad import config, hooks, producer
 from polgrad.algorithm import Algorithm
 from polgrad.rollout import hf as hf_rollout
+from polgrad.run_folder import RunFolder
 
 
 class Sampler(Protocol):
@@ -217,7 +217,7 @@ class AsyncSampler:
             return task.examples("train", cfg.prompts_per_step, seed=seed), sample_kwargs(cfg, algo, seed)
 
         saved = (
-            producer.load_saved(os.path.join(self.out_dir, "checkpoints", "sampler"), step) if step else {}
+            producer.load_saved(str(RunFolder(self.out_dir).checkpoints_of("sampler")), step) if step else {}
         )
         return producer.Producer(
             self.module,

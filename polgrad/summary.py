@@ -12,6 +12,7 @@ from torch import Tensor
 from polgrad import collective
 from polgrad.collapse import RULE, collapse_reason
 from polgrad.evaluation import read_evals
+from polgrad.run_folder import RunFolder
 from polgrad.tasks.base import is_correct
 
 SUMMARY_LAST_K = 5  # final_train_reward: mean over the last k steps
@@ -39,7 +40,7 @@ def summarize(out_dir: str, wall_time_s: float, *, unstable_skip_frac: float) ->
     task verifier's mean over the last steps' samples, as final_train_reward is the reward model's),
     `eval_rm_score` and `eval_rm_score_init` (the reward model's mean score of the last and the first
     evaluation's greedy responses, whose gold is eval_accuracy) and `rm_heldout_accuracy`."""
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    metrics_path = RunFolder(out_dir).metrics
     rows = [json.loads(line) for line in open(metrics_path)] if os.path.exists(metrics_path) else []
     records = read_evals(out_dir)
     init = [e["accuracy"] for e in records if e["step"] == 0]

@@ -30,6 +30,7 @@ import os
 from typing import Any
 
 from polgrad.components.tracker import numbers
+from polgrad.run_folder import RunFolder
 
 ENV_NAME, ENV_GROUP, ENV_PARAMS = "POLGRAD_CELL_ID", "POLGRAD_EXPERIMENT", "POLGRAD_CELL_PARAMS"
 DEFAULT_GROUP = "polgrad"
@@ -101,7 +102,7 @@ def start(cfg: Any, out_dir: str, spec: str, resume_step: int, *, enabled: bool)
 def _start_accuracy(out_dir: str) -> float | None:
     """The starting policy's held-out accuracy: the step-0 record of eval.jsonl (polgrad.evaluation)."""
     try:
-        with open(os.path.join(out_dir, "eval.jsonl")) as fh:
+        with open(RunFolder(out_dir).eval) as fh:
             for line in fh:
                 record = json.loads(line)
                 if record.get("step") == 0:

@@ -34,6 +34,7 @@ import traceback
 from typing import Any
 
 from polgrad.config import DEFAULT_BASE, parse_config
+from polgrad.run_folder import RunFolder
 
 
 def run(out_dir: str, *, resume: bool | None = None, progress: bool | None = None) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress = not args.no_progress and sys.stderr.isatty()
                 summary = run(out, resume=args.resume, progress=progress)
     except stopping.Stopped as e:
-        ckpt = os.path.join(out, "checkpoints", "policy", f"step{e.step}")
+        ckpt = os.path.join(RunFolder(out).checkpoints_of("policy"), f"step{e.step}")
         print(
             f"{e}, with its checkpoint {ckpt}; to continue, run the same command with --resume "
             "(a sweep: run the sweep again)",

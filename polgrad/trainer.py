@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
@@ -87,10 +86,10 @@ from polgrad.batch import Batch
 from polgrad.build import Models, build_models
 from polgrad.errors import PolgradError
 from polgrad.evaluation import Evaluator
-from polgrad.io import atomic_write_text
 from polgrad.loop_state import LoopState, save_checkpoint, start_or_resume
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
+from polgrad.run_folder import RunFolder
 from polgrad.sampling import round_seed, sample_kwargs, step_seed
 from polgrad.summary import response_lengths, summarize
 from polgrad.tasks.base import is_correct
@@ -152,8 +151,7 @@ def _train(
         seconds = max(clock.wall, 1e-9)  # the whole step, phases and what runs between them
         row.update(tokens_per_s=float(tokens) / seconds, peak_mem_mb=peak, time_s=time.time() - t_start)
         if rank == 0:
-            with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(row) + "\n")
+            RunFolder(out_dir).append_metrics(row)
         track.log(row)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(
@@ -174,10 +172,8 @@ def _train(
         cpu=machine.cpu_info(), **({} if bf16_slowdown is None else {"bf16_slowdown": bf16_slowdown})
     )
     if rank == 0:
-        atomic_write_text(
-            os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, sort_keys=True)
-        )
-        atomic_write_text(os.path.join(out_dir, "operative_config.gin"), record.operative)
+        RunFolder(out_dir).write_summary(summary)
+        RunFolder(out_dir).write_operative_config(record.operative)
     track.finish(summary)
     # 8. The result as a model: out_dir/final/ (policy + tokenizer, critic, model card; polgrad/export.py).
     export.write_final(

@@ -27,6 +27,7 @@ LAYERS: list[list[str]] = [
         "polgrad.registry",
         "polgrad.hooks",
         "polgrad.io",
+        "polgrad.run_folder",
         "polgrad.runlock",
         "polgrad.collective",
         "polgrad.stopping",
@@ -473,6 +474,58 @@ def test_the_branch_rule_sees_planted_branches(tmp_path):
     elsewhere = called_elsewhere(step_functions(planted), planted, modules)
     assert [f.name for f in elsewhere] == ["helper"]
     assert feature_branches(elsewhere, fields) == ["helper:2"]
+
+
+# --------------------------------------------------------------------------- one owner of the run folder
+RUN_FILE_NAMES = frozenset(
+    {"config.gin", "resume_overrides.jsonl", "metrics.jsonl", "eval.jsonl", "summary.json",
+     "operative_config.gin", "checkpoints", ".lock"}
+)  # fmt: skip
+
+
+def run_file_spellings(tree: ast.Module) -> list[int]:
+    """The lines where a string constant is exactly a run-folder file name (docstrings aside; a name
+    inside a longer text, an f-string or a concatenation is another file's, e.g. a cache key's lock)."""
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+    }  # fmt: skip
+    inside = {
+        id(c)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.JoinedStr) or (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add))
+        for c in ast.walk(n)
+    }
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and n.value in RUN_FILE_NAMES and id(n) not in docs | inside
+    ]
+
+
+def test_the_run_folder_names_its_files_once():
+    """Every file a run writes is named in polgrad/run_folder.py only: the rest asks a RunFolder."""
+    from polgrad import run_folder
+
+    assert {
+        getattr(run_folder, k)
+        for k in dir(run_folder)
+        if k.isupper() and isinstance(getattr(run_folder, k), str)
+    } >= RUN_FILE_NAMES
+    spelled = {
+        str(p.relative_to(REPO)): lines
+        for p in sorted(PKG.rglob("*.py"))
+        if p.name != "run_folder.py" and (lines := run_file_spellings(ast.parse(p.read_text())))
+    }
+    assert spelled == {}, f"run-folder file names spelled outside polgrad/run_folder.py: {spelled}"
+    # non-vacuity: a planted spelling is seen; a docstring, an f-string and a concatenation are not
+    planted = ast.parse(
+        'def f(d):\n    """reads metrics.jsonl"""\n    a = d / "metrics.jsonl"\n'
+        '    b = f"{d}/summary.json"\n    c = str(d) + ".lock"\n    return open(d / "config.gin")\n'
+    )
+    assert run_file_spellings(planted) == [3, 6]
 
 
 # --------------------------------------------------------------------------- nothing global at import

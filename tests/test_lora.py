@@ -330,7 +330,9 @@ def test_lora_off_builds_the_full_model_run():
     were also compared bit for bit with the commit before LoRA: identical)."""
     _, m = _built([], spec=os.path.join(REPO, "registry", "ppo.gin"))
     assert not lora.is_peft(m.engine.module)
-    assert isinstance(m.reference, torch.nn.Module) and not isinstance(m.reference, lora.AdapterDisabled)
+    assert isinstance(m.reference.module, torch.nn.Module) and not isinstance(
+        m.reference.module, lora.AdapterDisabled
+    )
     assert isinstance(m.critic, OwnEngineCritic) and m.critic.engine is m.critic.model is not None
     assert len(m.engine.optimizer.param_groups) == 1
     assert all(p.requires_grad for p in m.engine.module.parameters())
@@ -343,10 +345,10 @@ def test_lora_builds_one_backbone_and_one_engine(value_init, adapter):
     own), the critic trained by the policy's engine, its head (and own adapter) at train.critic_lr."""
     cfg, m = _built([f"Algorithm.value_init = @value_init.{value_init}", "train.critic_lr = 3e-4"])
     module = m.engine.module
-    assert lora.is_peft(module) and isinstance(m.reference, lora.AdapterDisabled)
+    assert lora.is_peft(module) and isinstance(m.reference.module, lora.AdapterDisabled)
     assert isinstance(m.critic, PolicyEngineCritic) and m.critic.engine is None
     assert m.critic.model.adapter == adapter
-    assert list(m.reference.parameters()) == [] and list(m.critic.model.parameters()) == []
+    assert list(m.reference.module.parameters()) == [] and list(m.critic.model.parameters()) == []
     groups = m.engine.optimizer.param_groups
     assert [g["lr"] for g in groups] == [cfg.lr, 3e-4]
     critic_ids = {id(p) for p in groups[1]["params"]}

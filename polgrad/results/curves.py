@@ -19,6 +19,7 @@ from pathlib import Path
 from polgrad.io import atomic_path
 from polgrad.results.stats import t_ppf
 from polgrad.results.store import read_metrics
+from polgrad.run_folder import RunFolder
 
 EMA_SPAN = 10  # steps; a = 2 / 11
 GOLD = "gold reward"  # a reward-model run's gold (its task verifier), drawn dashed over its train reward
@@ -55,7 +56,7 @@ def seed_curves(run_dirs: Sequence[Path]) -> tuple[dict[str, list[dict[int, floa
     out: dict[str, list[dict[int, float]]] = {"train reward": [], "eval accuracy": []}
     sequences: list[dict[int, float]] | None = []
     for d in run_dirs:
-        rows = read_metrics(d / "metrics.jsonl")
+        rows = read_metrics(RunFolder(d).metrics)
         m = [r for r in rows if isinstance(r.get("reward_mean"), (int, float))]
         if m:
             out["train reward"].append(

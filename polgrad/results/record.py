@@ -39,6 +39,7 @@ from polgrad.results.store import (
     read_table,
     rewrite_rows,
 )
+from polgrad.run_folder import RunFolder
 
 # The statuses of a run that ended with a result ('unstable': too many skipped optimizer steps, see
 # train.unstable_skip_frac; listed in the leaderboard but not ranked). A re-run skips these cells.
@@ -96,7 +97,7 @@ def _summary_time(run_dir: Path) -> str | None:
     rebuilt from the folder (`finished_outcome`) give it, so the two agree (the clock at recording time
     differed from it by a second under load). None without a summary."""
     try:
-        mtime = (run_dir / "summary.json").stat().st_mtime
+        mtime = RunFolder(run_dir).summary.stat().st_mtime
     except OSError:
         return None
     return _dt.datetime.fromtimestamp(mtime, _dt.timezone.utc).isoformat(timespec="seconds")
@@ -116,7 +117,7 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 def finished_outcome(run_dir: Path) -> dict[str, Any] | None:
     """A finished run folder's outcome (what `cell_row` needs), or None if it holds no finished run."""
-    summary = _json(run_dir / "summary.json")
+    summary = _json(RunFolder(run_dir).summary)
     if summary is None or summary.get("status") not in FINISHED:
         return None
     cell = _json(run_dir / "cell.json") or {}

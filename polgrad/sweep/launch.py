@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad import results as _results
+from polgrad.run_folder import RunFolder
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.slots import GpuSlot, bind_flag, free_port, launch_command, ranks
 
@@ -143,7 +144,7 @@ def _kill_pids(pids: Sequence[int], grace: float) -> None:
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = RunFolder(run_dir).read_summary()
         return summary if isinstance(summary, dict) else None
     except (OSError, ValueError):
         return None
@@ -170,14 +171,14 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def has_checkpoints(run_dir: Path) -> bool:
-    ckpt = run_dir / "checkpoints"
+    ckpt = RunFolder(run_dir).checkpoints
     return ckpt.is_dir() and any(ckpt.iterdir())
 
 
 def last_step(run_dir: Path) -> int | None:
     """The step of the last complete line of metrics.jsonl (reads only the file's tail)."""
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as fh:
+        with open(RunFolder(run_dir).metrics, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - 4096))
@@ -364,10 +365,9 @@ def _prepare_run_dir(run_dir: Path) -> bool:
     _kill_stale_trainer(run_dir)
     resume = has_checkpoints(run_dir)
     if not resume:
-        for stale in ("metrics.jsonl", "eval.jsonl", "summary.json", "config.gin"):
-            (run_dir / stale).unlink(missing_ok=True)
+        RunFolder(run_dir).forget_attempt()  # metrics, evaluations, summary, config of the dead attempt
     else:
-        (run_dir / "summary.json").unlink(missing_ok=True)
+        RunFolder(run_dir).summary.unlink(missing_ok=True)
     return resume
 
 

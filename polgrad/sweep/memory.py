@@ -16,9 +16,10 @@ from the first cells that finish (a re-run resumes with it).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
+
+from polgrad.run_folder import RunFolder
 
 # MiB per rank before any cell of the experiment has finished: the largest recorded peak of the tiny
 # default model, 1146 MiB, rounded up to 1.5 GiB for a margin.
@@ -42,7 +43,7 @@ def measured_mb(run_dirs: Iterable[Path]) -> float | None:
     peaks = []
     for run_dir in run_dirs:
         try:
-            summary = json.loads((Path(run_dir) / "summary.json").read_text())
+            summary = RunFolder(run_dir).read_summary()
             peaks.append(float(summary["peak_mem_mb"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue

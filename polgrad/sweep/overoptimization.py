@@ -30,6 +30,7 @@ from polgrad.results import overoptimization as oo
 from polgrad.results.provenance import environment, outputs
 from polgrad.results.report import write_report
 from polgrad.results.store import read_metrics, read_rows
+from polgrad.run_folder import RunFolder
 from polgrad.sweep.experiment import Experiment, load_experiment
 from polgrad.sweep.grid import expand
 
@@ -105,7 +106,7 @@ def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[st
     swept = exp.swept_columns
     rows = []
     for r in cells:
-        metrics = read_metrics(results_dir / r["run_dir"] / "metrics.jsonl")
+        metrics = read_metrics(RunFolder(results_dir / r["run_dir"]).metrics)
         if not metrics:
             raise PolgradError(
                 f"{results_dir / r['run_dir']}: no metrics.jsonl; the points need the sweep's run folders "

@@ -10,12 +10,14 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from polgrad import run_folder
 from polgrad.errors import PolgradError
+from polgrad.run_folder import RunFolder
 
 # The driver's record of a cell's attempts (node, start, end, how each ended); the driver's own.
 ATTEMPTS = "ray_attempts.jsonl"
 # Never copied between nodes: the trainer's lock and pid are facts of one machine's processes.
-NOT_SYNCED = frozenset({".lock", "trainer.pid", ATTEMPTS})
+NOT_SYNCED = frozenset({run_folder.LOCK, "trainer.pid", ATTEMPTS})
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,7 +160,7 @@ def usable_checkpoints(run_dir: Path, world: int) -> list[str]:
 
     from polgrad import checkpoints as ck
 
-    ckpt = run_dir / "checkpoints"
+    ckpt = RunFolder(run_dir).checkpoints
     if not ckpt.is_dir():
         return []
     try:
