@@ -159,3 +159,59 @@ def test_an_error_evaluating_a_hyperparameter_is_not_taken_for_a_missing_value()
     gin.parse_config("clip.ppo.eps_high = @test_boom()")
     with pytest.raises(ValueError, match="boom"):
         config_parts.part("clip", "ppo")
+
+
+class GinReadAtRunTime(AssertionError):
+    pass
+
+
+def _no_gin(monkeypatch) -> None:
+    """From here on, any gin lookup raises: a configurable's call (`gin.config._get_bindings`, what
+    every gin wrapper asks for its values), a query, the config text, the registry."""
+    import gin.config as gin_config
+
+    def refuse(*args, **kwargs):
+        raise GinReadAtRunTime("gin was read during the run")
+
+    monkeypatch.setattr(gin_config, "_get_bindings", refuse)
+    for name in ("query_parameter", "config_str", "operative_config_str", "get_configurable"):
+        monkeypatch.setattr(gin, name, refuse)
+        monkeypatch.setattr(gin_config, name, refuse)
+
+
+def _run_without_gin(tmp_path, monkeypatch, spec: str):
+    from polgrad import hooks
+    from polgrad.trainer import train
+
+    config.parse_config(
+        [str(config.REPO_ROOT) + f"/registry/{spec}.gin"],
+        ["train.steps = 2", "train.eval_every = 2", "train.eval_size = 8", "train.prompts_per_step = 2",
+         "Algorithm.group_size = 4", "train.progress = False"],
+    )  # fmt: skip
+    cfg, algo, task = config.build()
+    record = config.record(cfg, algo)
+    _no_gin(monkeypatch)
+    return hooks, lambda: train(cfg, algo, task, str(tmp_path / spec), record=record)
+
+
+@pytest.mark.parametrize("spec", ["grpo", "ppo"])
+def test_a_built_run_trains_without_reading_gin(tmp_path, monkeypatch, spec):
+    """The loop reads no gin at all (not only the parts): after the build every gin lookup raises,
+    and a whole run (warm start, reference or critic, steps, evaluation, checkpoint, summary, final/)
+    still ends ok. The planted control: one gin read inside a step's phase is caught."""
+    hooks, run = _run_without_gin(tmp_path, monkeypatch, spec)
+    assert run()["status"] == "ok"
+
+
+@gin.configurable("test_planted")
+def _planted(x=1):
+    return x
+
+
+@pytest.mark.parametrize("read", [lambda: gin.query_parameter("train.steps"), lambda: _planted()])
+def test_a_gin_read_inside_the_step_is_caught(tmp_path, monkeypatch, read):
+    """Planted violations: a query, and a call of a gin configurable (what a part was before it was
+    bound), in one of the step's phases."""
+    hooks, run = _run_without_gin(tmp_path, monkeypatch, "grpo")
+    with hooks.listen(on_phase=lambda path, dt: read()), pytest.raises(GinReadAtRunTime):
+        run()
