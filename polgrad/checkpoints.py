@@ -15,23 +15,36 @@ No intact tag at all is a one-line `DataError` naming the folder and how to star
 `python -m polgrad.export` runs the same check (`damage`) on the tag it exports.
 
 DeepSpeed writes a tag's files itself; the `latest` file beside them is written by polgrad
-(`polgrad.distributed.save_checkpoint`) atomically, once every file of the tag is written.
+(`save_engine`) atomically, once every file of the tag is written.
+
+This module owns a run's checkpoints whole: writing one (`save`: every engine's tag, the async
+sampler's older weights, then the `complete.json` marker, then, with train.keep_checkpoints = N,
+the removal of every tag older than the N newest: `prune`), which one a resume loads (`resume_tag`),
+loading it (`load_part`), the integrity check (`problem`, `damage`), and one engine's DeepSpeed
+checkpoint with every rank's RNG states (`save_engine`, `load_engine`).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
+import shutil
 import sys
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from polgrad.errors import DataError
+from polgrad import collective
+from polgrad.errors import ConfigError, DataError, PolgradError, WriteError, is_write_failure, write_error
+from polgrad.io import atomic_write_text
+from polgrad.run_folder import RunFolder
 
 TAG = re.compile(r"step(\d+)")
 # checkpoints/complete.json: {"step": N, "parts": [...]} of the newest checkpoint whose every part (and
-# every rank's files) is written; rank 0 writes it last (polgrad/loop_state.py save_checkpoint).
+# every rank's files) is written; rank 0 writes it last (`save`).
 COMPLETE = "complete.json"
 _ZERO_SHARD = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt")
 
@@ -141,3 +154,204 @@ def resume_tag(
         "choose a new --out"
     )
     raise DataError(f"cannot resume from {ckpt}: no intact checkpoint ({damaged[0]}); to start over, {again}")
+
+
+# --------------------------------------------------------------------------- a run's checkpoint
+def load_part(engine: Any, part_dir: str, tag: str) -> dict[str, Any]:
+    """`load_engine` of a checked tag (`resume_tag`); a failure is one line naming the folder."""
+    try:
+        return load_engine(engine, part_dir, tag=tag)
+    except PolgradError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch/DeepSpeed errors name neither the file nor the fix
+        raise DataError(
+            f"cannot load checkpoint {os.path.join(part_dir, tag)}: {type(e).__name__}: {e}; move that "
+            "folder aside to resume from the one before it"
+        ) from e
+
+
+def save(
+    m: Any, out_dir: str, step: int, client_state: dict[str, Any], *, keep_last: int | None = None
+) -> None:
+    """The run's checkpoint `step<N>` of every engine (the policy's, a critic's own: `m.critic.engines()`),
+    the async sampler's older weights first, then the `complete.json` marker; with `keep_last` = N
+    (train.keep_checkpoints) every tag older than the N newest is removed (`prune`), else every
+    earlier one is kept to fall back to on resume. `client_state` (the loop state) goes into each.
+
+    Collective: every rank calls it. A write that fails (disk full, read-only folder) is one line
+    naming the tag folder; the partial folder is removed, so the run's newest intact checkpoint stays
+    the one a resume loads."""
+    ckpt, tag = RunFolder(out_dir).checkpoints, f"step{step}"
+    # Async rollouts: the older weights the next steps sample with, first.
+    m.sampler.save(str(ckpt / "sampler"), step)
+    parts = (("policy", m.engine), *m.critic.engines())
+    for part, engine in parts:
+        try:
+            save_engine(engine, ckpt / part, tag, client_state)
+        except (OSError, RuntimeError) as e:
+            where = os.path.join(ckpt, part, tag)
+            shutil.rmtree(where, ignore_errors=True)
+            raise _checkpoint_write_error(e, where) from e
+    # Written last, once every part's files of every rank are (save_engine ends with a barrier):
+    # a copy of the folder made elsewhere (a Ray node's, polgrad/sweep/ray_sync.py) knows from it
+    # which tags are whole and which parts a whole one has.
+    if collective.rank() == 0:
+        marker = {"step": step, "parts": [part for part, _ in parts]}
+        atomic_write_text(ckpt / COMPLETE, json.dumps(marker) + "\n")
+    if keep_last is not None:
+        collective.all_max(_zero())  # the marker names this step before any rank removes a tag
+        prune(ckpt, keep_last, newest=step)
+
+
+def _zero():
+    import torch
+
+    return torch.zeros(())
+
+
+def prune(ckpt_dir: str | os.PathLike, keep_last: int, *, newest: int | None = None) -> list[str]:
+    """Remove every tag older than the `keep_last` newest whole ones (not newer than `newest`: the step
+    just saved by every rank, or else complete.json's) from every part, and the async sampler's files
+    of those steps; returns what was removed. Each rank removes what its own file system holds (a
+    cell spanning nodes: its own shards), so a cluster's synced copy loses them too
+    (polgrad/sweep/ray_sync.py copies deletions). Without a known whole step nothing is removed."""
+    if keep_last < 1:
+        raise ConfigError(f"train.keep_checkpoints = {keep_last}: keep at least 1, or None to keep all")
+    ckpt = Path(ckpt_dir)
+    if newest is None:
+        try:
+            newest = int(json.loads((ckpt / COMPLETE).read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+    parts = [p for p in sorted(ckpt.iterdir()) if p.is_dir() and p.name != "sampler"] if ckpt.is_dir() else []
+    steps = sorted({s for p in parts for s in tag_steps(p) if s <= newest}, reverse=True)
+    if len(steps) <= keep_last:
+        return []
+    oldest_kept = steps[keep_last - 1]
+    removed = []
+    for p in [*parts, ckpt / "sampler"]:
+        for path in sorted(p.glob("step*")) if p.is_dir() else []:
+            m = TAG.fullmatch(path.name.removesuffix(".pt"))
+            if m and int(m[1]) < oldest_kept:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)  # ranks sharing a disk remove alike
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(str(path))
+    return removed
+
+
+def _checkpoint_write_error(e: BaseException, where: str) -> PolgradError:
+    """torch reports a full disk as "PytorchStreamWriter failed writing file ... unexpected pos": name
+    the folder and, from the file system, the reason."""
+    fix = "free space (or make the folder writable) and re-run with --resume (a sweep: the same command)"
+    if isinstance(e, OSError) and is_write_failure(e):
+        return write_error(e, where, fix)
+    folder = os.path.dirname(where)
+    st = os.statvfs(folder) if os.path.isdir(folder) else None
+    if st is not None and st.f_bavail * st.f_frsize < 2**20:
+        return write_error(OSError(errno.ENOSPC, ""), where, fix)
+    if not os.access(folder, os.W_OK):
+        return write_error(OSError(errno.EACCES, ""), where, fix)
+    if isinstance(e, OSError) or "PytorchStreamWriter" in str(e) or "unexpected pos" in str(e):
+        first = " ".join(str(e).split())[:200]
+        return WriteError(f"could not write checkpoint {where} ({type(e).__name__}: {first}); {fix}")
+    raise e
+
+
+# --------------------------------------------------------------------------- one engine's checkpoint
+_RNG_KEY = "polgrad_rng"  # where save_engine puts every rank's RNG states in client_state
+
+
+def _rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        # numpy's array as a list: checkpoints stay loadable with torch.load(weights_only=True)
+        "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_engine(
+    engine: Any,
+    dir: str | os.PathLike[str],
+    tag: str,
+    client_state: Mapping[str, Any] | None = None,
+) -> None:
+    """DeepSpeed's `engine.save_checkpoint` plus every rank's RNG states (python, numpy, torch).
+
+    Collective: every rank must call it, between optimizer steps. DeepSpeed writes `client_state`
+    once (rank 0's copy); the RNG states of all ranks are gathered into it under a private key, so
+    that a resume at the same world size continues bit-identically. The `latest` file naming `tag`
+    is written by rank 0 once every rank has written its files, atomically (never empty or half).
+    """
+    import torch.distributed as tdist
+
+    managed = getattr(engine, "_is_gradient_accumulation_boundary", None) is None  # no boundary=
+    if managed and engine.micro_steps % engine.gradient_accumulation_steps() != 0:
+        raise PolgradError(
+            "save_engine: call it between optimizer steps (after the step() that returned True or "
+            "False), not in the middle of gradient accumulation"
+        )
+    states: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(states, _rng_state())
+    state = dict(client_state or {})
+    if _RNG_KEY in state:
+        raise ConfigError(f"save_engine: client_state key {_RNG_KEY!r} is reserved for RNG states")
+    state[_RNG_KEY] = states
+    # DeepSpeed writes `latest` with a plain open(); ours is written atomically, after every rank has
+    # written its files of the tag (a crash leaves the old `latest` or the new, never an empty one).
+    engine.save_checkpoint(str(dir), tag=tag, client_state=state, save_latest=False)
+    if tdist.get_rank() == 0:
+        atomic_write_text(Path(dir) / "latest", tag)
+    tdist.barrier()
+
+
+def has_engine_checkpoint(dir: str | os.PathLike[str]) -> bool:
+    """True if `dir` holds a checkpoint that `load_engine(engine, dir)` would load."""
+    return (Path(dir) / "latest").is_file()
+
+
+def load_engine(engine: Any, dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, Any]:
+    """Load a `save_engine` checkpoint (the `latest` tag unless `tag`); return its client_state.
+
+    Restores module, optimizer and engine counters (DeepSpeed) and this rank's RNG states. At a
+    different world size the RNG states of the saving ranks do not map onto this one's and are
+    left untouched (training resumes, but not bit-identically).
+    """
+    path = Path(dir)
+    if tag is None and not has_engine_checkpoint(path):
+        raise DataError(f"load_engine: no checkpoint in {path} (no 'latest' file); save one or pass tag=")
+    load_path, client_state = engine.load_checkpoint(str(path), tag=tag)
+    if load_path is None:
+        raise DataError(f"load_engine: could not load tag {tag!r} from {path}")
+    client_state = dict(client_state or {})
+    states = client_state.pop(_RNG_KEY, None)
+    import torch.distributed as tdist
+
+    if states is not None and len(states) == tdist.get_world_size():
+        _set_rng_state(states[tdist.get_rank()])
+    return client_state

@@ -87,7 +87,6 @@ import resource
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,18 +94,16 @@ import torch
 
 from polgrad import collective
 from polgrad.checks import is_int, is_real
-from polgrad.errors import ConfigError, DataError, PolgradError
-from polgrad.io import atomic_write_text
+from polgrad.errors import ConfigError
 
 if TYPE_CHECKING:  # deepspeed is imported lazily: DS_ACCELERATOR must be set before its import
     from deepspeed import DeepSpeedEngine
 
 __all__ = [
-    "DistInfo", "session", "backward", "ds_config", "has_checkpoint", "import_deepspeed", "load_checkpoint",
-    "make_engine", "peak_memory_mb", "save_checkpoint", "setup", "step",
+    "DistInfo", "session", "backward", "ds_config", "import_deepspeed", "make_engine", "peak_memory_mb",
+    "setup", "step",
 ]  # fmt: skip
 
-_RNG_KEY = "polgrad_rng"  # where save_checkpoint puts every rank's RNG states in client_state
 _LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
 _SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory comm op (module docstring)
 _MISSING = object()  # set by torchrun and the deepspeed launcher
@@ -397,92 +394,6 @@ class _AdamWSkippingNonFinite(torch.optim.AdamW):
         if self.overflow:
             return None
         return super().step(closure)
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        # numpy's array as a list: checkpoints stay loadable with torch.load(weights_only=True)
-        "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    random.setstate(state["python"])
-    kind, keys, *rest = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def save_checkpoint(
-    engine: DeepSpeedEngine,
-    dir: str | os.PathLike[str],
-    tag: str,
-    client_state: Mapping[str, Any] | None = None,
-) -> None:
-    """DeepSpeed's `engine.save_checkpoint` plus every rank's RNG states (python, numpy, torch).
-
-    Collective: every rank must call it, between optimizer steps. DeepSpeed writes `client_state`
-    once (rank 0's copy); the RNG states of all ranks are gathered into it under a private key, so
-    that a resume at the same world size continues bit-identically. The `latest` file naming `tag`
-    is written by rank 0 once every rank has written its files, atomically (never empty or half).
-    """
-    import torch.distributed as tdist
-
-    managed = getattr(engine, "_is_gradient_accumulation_boundary", None) is None  # no boundary=
-    if managed and engine.micro_steps % engine.gradient_accumulation_steps() != 0:
-        raise PolgradError(
-            "save_checkpoint: call it between optimizer steps (after the step() that returned True or "
-            "False), not in the middle of gradient accumulation"
-        )
-    states: list[Any] = [None] * tdist.get_world_size()
-    tdist.all_gather_object(states, _rng_state())
-    state = dict(client_state or {})
-    if _RNG_KEY in state:
-        raise ConfigError(f"save_checkpoint: client_state key {_RNG_KEY!r} is reserved for RNG states")
-    state[_RNG_KEY] = states
-    # DeepSpeed writes `latest` with a plain open(); ours is written atomically, after every rank has
-    # written its files of the tag (a crash leaves the old `latest` or the new, never an empty one).
-    engine.save_checkpoint(str(dir), tag=tag, client_state=state, save_latest=False)
-    if tdist.get_rank() == 0:
-        atomic_write_text(Path(dir) / "latest", tag)
-    tdist.barrier()
-
-
-def has_checkpoint(dir: str | os.PathLike[str]) -> bool:
-    """True if `dir` holds a checkpoint that `load_checkpoint(engine, dir)` would load."""
-    return (Path(dir) / "latest").is_file()
-
-
-def load_checkpoint(
-    engine: DeepSpeedEngine, dir: str | os.PathLike[str], tag: str | None = None
-) -> dict[str, Any]:
-    """Load a `save_checkpoint` checkpoint (the `latest` tag unless `tag`); return its client_state.
-
-    Restores module, optimizer and engine counters (DeepSpeed) and this rank's RNG states. At a
-    different world size the RNG states of the saving ranks do not map onto this one's and are
-    left untouched (training resumes, but not bit-identically).
-    """
-    path = Path(dir)
-    if tag is None and not has_checkpoint(path):
-        raise DataError(f"load_checkpoint: no checkpoint in {path} (no 'latest' file); save one or pass tag=")
-    load_path, client_state = engine.load_checkpoint(str(path), tag=tag)
-    if load_path is None:
-        raise DataError(f"load_checkpoint: could not load tag {tag!r} from {path}")
-    client_state = dict(client_state or {})
-    states = client_state.pop(_RNG_KEY, None)
-    import torch.distributed as tdist
-
-    if states is not None and len(states) == tdist.get_world_size():
-        _set_rng_state(states[tdist.get_rank()])
-    return client_state
 
 
 def peak_memory_mb() -> float:

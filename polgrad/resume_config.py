@@ -48,6 +48,7 @@ ALLOWED = (
     "train.progress",
     "train.resume",
     "train.checkpoint_every",
+    "train.keep_checkpoints",
     "train.loggers",
     "train.reward_timeout_s",  # a limit added after a reward hung: stops a run, never changes one
     "train.threads",  # how many cores; the numbers differ by float summation order only

@@ -19,7 +19,8 @@ It writes into out_dir:
                           when the held-out accuracy collapsed (polgrad/collapse.py)
     operative_config.gin  the bindings gin actually used
     checkpoints/          DeepSpeed's own checkpoints (+ RNG states and the loop state below), all
-                          kept; a resume loads the newest intact one (polgrad/checkpoints.py), and
+                          kept (train.keep_checkpoints = N: the N newest); a resume loads the newest
+                          intact one (polgrad/checkpoints.py, which owns them whole), and
                           ^C / SIGTERM writes one of the step it ends (polgrad/stopping.py)
     model/                the policy's config + tokenizer and the spec's name (what polgrad.export needs)
     final/                the result as a model: policy + tokenizer, critic/, README.md (polgrad/export.py);
@@ -79,14 +80,25 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from polgrad import collective, config, export, hooks, machine, models, offline, stopping, tracking
+from polgrad import (
+    checkpoints,
+    collective,
+    config,
+    export,
+    hooks,
+    machine,
+    models,
+    offline,
+    stopping,
+    tracking,
+)
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.batch import Batch
 from polgrad.build import Models, build_models
 from polgrad.errors import PolgradError
 from polgrad.evaluation import Evaluator
-from polgrad.loop_state import LoopState, save_checkpoint, start_or_resume
+from polgrad.loop_state import LoopState, start_or_resume
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
 from polgrad.run_folder import RunFolder
@@ -160,7 +172,13 @@ def _train(
         stop = stopping.requested()  # ^C / SIGTERM (on any rank): checkpoint this step, then stop
         if stop or (step + 1) % cfg.checkpoint_every == 0 or stopping.done(cfg, state):
             with hooks.phase("checkpoint"):
-                save_checkpoint(m, out_dir, state)
+                checkpoints.save(
+                    m,
+                    out_dir,
+                    state.step,
+                    {"polgrad": dataclasses.asdict(state)},
+                    keep_last=cfg.keep_checkpoints,
+                )
         stopping.stop_if(stop, state.step)
 
     # 7. Summarise the run (with the Table-5 row of the Algorithm it actually built).

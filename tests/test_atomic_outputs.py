@@ -283,7 +283,7 @@ def test_a_writer_killed_between_the_renames_of_a_swap_gets_its_old_folder_back(
 def test_latest_is_renamed_into_place_after_the_tag(tmp_path, monkeypatch):
     """DeepSpeed writes `latest` with a plain open(); polgrad writes it atomically (os.replace),
     when every file of the tag is on disk."""
-    from polgrad import distributed, io
+    from polgrad import checkpoints, distributed, io
 
     distributed.setup(seed=0)
     engine = distributed.make_engine(
@@ -305,6 +305,6 @@ def test_latest_is_renamed_into_place_after_the_tag(tmp_path, monkeypatch):
         return real(src, dst)
 
     monkeypatch.setattr(io.os, "replace", spy)
-    distributed.save_checkpoint(engine, tmp_path, "step3", {"step": 3})
+    checkpoints.save_engine(engine, tmp_path, "step3", {"step": 3})
     assert renamed == [(tmp_path / "latest", [MODEL])]  # once, by rename, after the tag's file
     assert (tmp_path / "latest").read_text() == "step3"

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 
-from polgrad import distributed
+from polgrad import checkpoints, distributed
 from polgrad.errors import ConfigError, DataError, PolgradError
 
 HERE = Path(__file__).resolve().parent
@@ -355,14 +355,14 @@ def test_checkpoint_resume_is_bit_identical(stage, tmp_path):
     kwargs = dict(lr=1e-2, weight_decay=0.1, zero_stage=stage, micro_batch_size=4, grad_accum=2, bf16=False)
     engine = distributed.make_engine(_mlp(0, dropout=0.3), grad_clip=1.0, **kwargs)
     _train_steps(engine, 2)
-    distributed.save_checkpoint(engine, tmp_path, "step2", {"step": 2, "note": "x"})
+    checkpoints.save_engine(engine, tmp_path, "step2", {"step": 2, "note": "x"})
     assert (tmp_path / "latest").read_text().strip() == "step2"
     losses = _train_steps(engine, 2)
     uninterrupted = _full_params(engine)
 
     distributed.setup(seed=999)  # a different RNG position and a different init
     resumed = distributed.make_engine(_mlp(1, dropout=0.3), grad_clip=1.0, **kwargs)
-    client_state = distributed.load_checkpoint(resumed, tmp_path)
+    client_state = checkpoints.load_engine(resumed, tmp_path)
     assert client_state["step"] == 2 and client_state["note"] == "x"
     assert "polgrad_rng" not in client_state
     assert resumed.global_steps == 2
@@ -375,15 +375,15 @@ def test_checkpoint_misuse_raises(tmp_path):
     distributed.setup()
     engine = distributed.make_engine(_mlp(0), lr=1e-3, **{**_GOOD, "grad_accum": 2})
     with pytest.raises(DataError, match="no checkpoint in"):
-        distributed.load_checkpoint(engine, tmp_path)
+        checkpoints.load_engine(engine, tmp_path)
     for i in range(2):
         distributed.backward(engine, engine(torch.randn(2, 8, dtype=torch.float32)).sum())
         distributed.step(engine)
         if i == 0:
             with pytest.raises(PolgradError, match="between optimizer steps"):
-                distributed.save_checkpoint(engine, tmp_path, "mid")
+                checkpoints.save_engine(engine, tmp_path, "mid")
     with pytest.raises(ConfigError, match="reserved"):
-        distributed.save_checkpoint(engine, tmp_path, "s1", {"polgrad_rng": 1})
+        checkpoints.save_engine(engine, tmp_path, "s1", {"polgrad_rng": 1})
 
 
 # --- world size 2 under torchrun ----------------------------------------------------------------

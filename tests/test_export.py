@@ -44,7 +44,7 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _run(out: Path, spec: str, bindings=()) -> dict:
     """Train; return {'final': (policy, critic) weights at the end, 'steps': {N: policy weights at N}}."""
     seen: dict = {"steps": {}}
-    write_final, save_checkpoint = export.write_final, trainer.save_checkpoint
+    write_final, save_checkpoint = export.write_final, trainer.checkpoints.save
 
     def spy_final(m, out_dir, **kw):
         seen["final"] = (
@@ -53,17 +53,17 @@ def _run(out: Path, spec: str, bindings=()) -> dict:
         )
         return write_final(m, out_dir, **kw)
 
-    def spy_checkpoint(m, out_dir, state):
-        seen["steps"][state.step] = _weights(m.engine.module)
-        return save_checkpoint(m, out_dir, state)
+    def spy_checkpoint(m, out_dir, step, client_state, **kw):
+        seen["steps"][step] = _weights(m.engine.module)
+        return save_checkpoint(m, out_dir, step, client_state, **kw)
 
     gin.clear_config()
     parse_config([str(REPO / "registry" / spec)], [*FAST, *bindings])
-    export.write_final, trainer.save_checkpoint = spy_final, spy_checkpoint
+    export.write_final, trainer.checkpoints.save = spy_final, spy_checkpoint
     try:
         run_training(str(out))
     finally:
-        export.write_final, trainer.save_checkpoint = write_final, save_checkpoint
+        export.write_final, trainer.checkpoints.save = write_final, save_checkpoint
         gin.clear_config()
     return seen
 

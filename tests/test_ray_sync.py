@@ -215,14 +215,13 @@ def test_without_the_marker_no_tag_is_trusted_beyond_its_latest(tmp_path):
 
 
 def test_the_trainer_writes_the_marker_naming_every_part_it_saved(tmp_path, monkeypatch):
-    """loop_state.save_checkpoint's marker lists the policy and a critic's own engine: a marker without
+    """checkpoints.save's marker lists the policy and a critic's own engine: a marker without
     the critic would let `usable_checkpoints` accept a tag whose critic never reached the driver (the
     test above). The engines' saves are stand-ins: only the marker is under test."""
     import json
     from types import SimpleNamespace
 
     from polgrad import checkpoints
-    from polgrad import loop_state as ls
 
     saved = []
 
@@ -230,13 +229,13 @@ def test_the_trainer_writes_the_marker_naming_every_part_it_saved(tmp_path, monk
         saved.append((engine, Path(folder).name, tag, client_state["polgrad"]["step"]))
         (Path(folder) / tag).mkdir(parents=True)
 
-    monkeypatch.setattr(ls.dist_lib, "save_checkpoint", save)
+    monkeypatch.setattr(checkpoints, "save_engine", save)
     models = SimpleNamespace(
         engine="policy engine",
         critic=SimpleNamespace(engines=lambda: [("critic", "critic engine")]),
         sampler=SimpleNamespace(save=lambda folder, step: None),
     )
-    ls.save_checkpoint(models, str(tmp_path), ls.LoopState(step=3))
+    checkpoints.save(models, str(tmp_path), 3, {"polgrad": {"step": 3}})
     assert saved == [("policy engine", "policy", "step3", 3), ("critic engine", "critic", "step3", 3)]
     marker = json.loads((tmp_path / "checkpoints" / checkpoints.COMPLETE).read_text())
     assert marker == {"step": 3, "parts": ["policy", "critic"]}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from polgrad import checkpoints, sweep
-from polgrad.errors import DataError
+from polgrad.errors import ConfigError, DataError
 from polgrad.sweep import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,14 +131,14 @@ FAST = [
 ]
 
 
-def _train(out: Path, steps: int, resume: bool) -> list[dict]:
+def _train(out: Path, steps: int, resume: bool, extra: list[str] = ()) -> list[dict]:
     import gin
 
     from polgrad.config import parse_config
     from polgrad.train import run as train
 
     gin.clear_config()
-    parse_config([GRPO], [*FAST, f"train.steps = {steps}"])
+    parse_config([GRPO], [*FAST, f"train.steps = {steps}", *extra])
     train(str(out), resume=resume)
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
@@ -282,3 +282,76 @@ def test_restart_failed_starts_failed_cells_over_instead_of_resuming(tmp_path, c
     assert _invocations(old) == [(False, 0)]
     err = capsys.readouterr().err
     assert f"restart {crashed}: moved its run folder to {old}" in err
+
+
+# --------------------------------------------------------------------------- keep the N newest
+def _tree(ckpt: Path, steps: list[int], marker: int | None) -> None:
+    """A checkpoints/ folder: policy and critic tags, the async sampler's files, complete.json."""
+    for part in ("policy", "critic"):
+        for s in steps:
+            (ckpt / part / f"step{s}").mkdir(parents=True)
+            (ckpt / part / f"step{s}" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+        (ckpt / part / "latest").write_text(f"step{max(steps)}")
+    (ckpt / "sampler").mkdir()
+    for s in steps:
+        (ckpt / "sampler" / f"step{s}.pt").write_bytes(b"x")
+    if marker is not None:
+        (ckpt / checkpoints.COMPLETE).write_text(json.dumps({"step": marker, "parts": ["policy", "critic"]}))
+
+
+def _left(ckpt: Path) -> dict[str, list[str]]:
+    return {
+        p: sorted(x.name for x in (ckpt / p).iterdir() if x.name != "latest")
+        for p in ("policy", "critic", "sampler")
+    }
+
+
+def test_prune_keeps_the_newest_whole_tags_of_every_part(tmp_path):
+    """Steps 2, 4, 6, 8 saved, complete.json at 6 (step 8's files may still be in flight): keep 2
+    keeps 4 and 6 (and 8, newer than the marker, is left alone) in every part and the sampler's."""
+    ckpt = tmp_path / "checkpoints"
+    _tree(ckpt, [2, 4, 6, 8], marker=6)
+    removed = checkpoints.prune(ckpt, 2)
+    assert sorted(Path(r).name for r in removed) == ["step2", "step2", "step2.pt"]
+    assert _left(ckpt) == {
+        "policy": ["step4", "step6", "step8"],
+        "critic": ["step4", "step6", "step8"],
+        "sampler": ["step4.pt", "step6.pt", "step8.pt"],
+    }
+    assert checkpoints.prune(ckpt, 2) == []  # nothing more to remove
+    assert checkpoints.prune(ckpt, 1, newest=8) and _left(ckpt)["policy"] == ["step8"]  # the step just saved
+
+
+def test_prune_without_a_whole_step_removes_nothing_and_refuses_zero(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    _tree(ckpt, [2, 4], marker=None)  # no marker: no tag is known to be whole
+    assert checkpoints.prune(ckpt, 1) == [] and _left(ckpt)["policy"] == ["step2", "step4"]
+    with pytest.raises(ConfigError, match="keep at least 1"):
+        checkpoints.prune(ckpt, 0)
+
+
+def test_keep_checkpoints_zero_is_refused_at_the_build():
+    import gin
+
+    from polgrad.config import build, parse_config
+
+    gin.clear_config()
+    parse_config([GRPO], ["train.keep_checkpoints = 0"])
+    with pytest.raises(ConfigError, match=r"train.keep_checkpoints must be a positive integer, got 0"):
+        build()
+    gin.clear_config()
+
+
+@pytest.mark.slow
+def test_a_run_keeping_two_checkpoints_resumes_from_the_newest(tmp_path):
+    """train.keep_checkpoints = 2 with a checkpoint every step: after 4 steps only steps 3 and 4 are
+    left; a resume to step 5 ends with the rows of the run that kept every checkpoint."""
+    kept, every = tmp_path / "kept", tmp_path / "every"
+    _train(kept, 4, resume=False, extra=["train.keep_checkpoints = 2"])
+    assert sorted(p.name for p in (kept / "checkpoints" / "policy").glob("step*")) == ["step3", "step4"]
+    rows = _train(kept, 5, resume=True, extra=["train.keep_checkpoints = 2"])
+    assert sorted(p.name for p in (kept / "checkpoints" / "policy").glob("step*")) == ["step4", "step5"]
+    _train(every, 4, resume=False)
+    reference = _train(every, 5, resume=True)
+    assert len(list((every / "checkpoints" / "policy").glob("step*"))) == 5
+    assert _deterministic(rows) == _deterministic(reference)
