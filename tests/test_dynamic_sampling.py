@@ -15,6 +15,7 @@ import torch
 
 from polgrad import config, trainer
 from polgrad.batch import Batch
+from polgrad.build import NoBaseline
 from polgrad.errors import ConfigError
 from polgrad.rollout.rollout import Rollout
 from polgrad.tasks.base import Example
@@ -62,6 +63,7 @@ class _Tok:
 
 class _Models:
     tokenizer = _Tok()
+    baseline = NoBaseline()  # DAPO has no greedy baseline: a round drew its rows
 
 
 def _collect_kept(monkeypatch, rounds: int):

@@ -283,7 +283,7 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path,
 
 @pytest.mark.slow
 def test_disk_full_for_the_metrics_and_the_summary_is_one_line(tmp_path, monkeypatch, capfd):
-    from polgrad import trainer
+    from polgrad import run_folder  # the metrics' one writer (RunFolder.append_metrics)
 
     class Full:
         def __init__(self, path):
@@ -305,7 +305,7 @@ def test_disk_full_for_the_metrics_and_the_summary_is_one_line(tmp_path, monkeyp
             return Full(path)
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "open", open_, raising=False)
+    monkeypatch.setattr(run_folder, "open", open_, raising=False)
     out = tmp_path / "run"
     capfd.readouterr()
     assert _train_cli(out, 1) == 2
