@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import torch
 from safetensors.torch import save_file
 
-from benchmarks.same_numbers import CASES, _differences
+from benchmarks.same_numbers import CASES, ROLES, _differences
 
 
 def _run_dir(path, loss=0.5, weight=1.0, seconds=3.0):
@@ -48,5 +49,33 @@ def test_a_metric_a_weight_or_a_missing_file_is_a_difference(tmp_path):
 
 
 def test_the_six_runs_of_the_acceptance_are_declared():
-    assert set(CASES) == {"grpo", "ppo", "lora_ppo", "dpo", "async_grpo", "reward_model_ppo"}
+    """The six runs the acceptance names, and one run per optional role they leave out."""
+    six = {"grpo", "ppo", "lora_ppo", "dpo", "async_grpo", "reward_model_ppo"}
+    assert set(CASES) == six | set(ROLES) and not six & set(ROLES)
+    assert set(ROLES) == {"remax", "dapo", "grpo_kl_full", "ppo_warmup", "grpo_tis"}
     assert all(spec.startswith("registry/") and "train.steps = 6" in b for spec, b in CASES.values())
+
+
+def test_same_reports_masks_the_date_and_reports_a_changed_number(tmp_path, capsys):
+    """benchmarks/same_reports.py on one committed report: identical with only the report's date
+    changed; a number changed in the committed md is a difference, named with its line."""
+    from benchmarks.same_reports import REPO, main
+
+    name = "ppo_on_add_tuning"
+    for ext in ("csv", "md"):
+        shutil.copy(REPO / "results" / f"{name}.{ext}", tmp_path / f"{name}.{ext}")
+    shutil.copytree(
+        REPO / "results" / name, tmp_path / name, ignore=shutil.ignore_patterns("runs")
+    )  # its metadata
+    md = tmp_path / f"{name}.md"
+    dated = md.read_text()
+    assert "UTC" in dated
+    md.write_text(re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "1999-01-01 00:00 UTC", dated, count=1))
+    assert main(["--results", str(tmp_path), "--only", name]) == 0
+    assert "identical (date aside)" in capsys.readouterr().out
+    table = next(line for line in dated.splitlines() if line.startswith("|") and re.search(r"\d\.\d", line))
+    changed = re.sub(r"(\d)\.(\d)", lambda m: f"{(int(m[1]) + 1) % 10}.{m[2]}", table, count=1)
+    md.write_text(dated.replace(table, changed, 1))
+    assert main(["--results", str(tmp_path), "--only", name]) == 1
+    out = capsys.readouterr().out
+    assert "lines differ" in out and changed[:100] in out
