@@ -156,8 +156,14 @@ class Producer:
         """The rollout of the current step for these arguments (queued, or sampled now from v(step))."""
         t0 = time.perf_counter()
         req = self.requests.get((self.step, kwargs["generator_seed"]))
-        if req is None or req.examples != list(examples) or req.kwargs != kwargs:
-            req = self._submit(self.step, list(examples), kwargs)  # e.g. a further round of dynamic sampling
+        if req is None:  # a round not drawn ahead: e.g. a further round of dynamic sampling
+            req = self._submit(self.step, list(examples), kwargs)
+        elif req.examples != list(examples) or req.kwargs != kwargs:  # one stream draws both: a bug
+            raise PolgradError(
+                f"step {self.step}: the rollout sampled ahead for seed {kwargs['generator_seed']} has other "
+                "prompts or arguments than the trainer's round of that seed; the producer's `draw` must be "
+                "the sampler's prompt stream (polgrad/sampling.py PromptStream)"
+            )
         while req.thread.is_alive():  # short joins: Ctrl-C still reaches the trainer
             req.thread.join(0.5)
         self._wait += time.perf_counter() - t0

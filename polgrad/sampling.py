@@ -3,7 +3,10 @@
 The loop calls every sampler the same way and never asks which one it has:
 
     begin(step, module)   a step begins; `module` holds the weights of version `step`
-    sample(examples, **sample_kwargs(...))  -> Rollout of this step's sampling round
+    sample(seed)          -> Rollout of the sampling round with this seed: the sampler draws its
+                          prompts itself (`PromptStream`: train.prompts_per_step of the task's train
+                          split, and the generate() arguments), so the prompts a round trains on and
+                          those an async producer sampled ahead are one draw
     old_logp(rollout, module, temperature)  -> [B,T] float64: π_old's log-probs of the rollout's tokens,
                           the sampler's own (`sampled_logp`: same weights, same temperature), or a
                           no-grad forward of the trainer's `module` (`recomputed_logp`): always for a
@@ -41,7 +44,7 @@ class Sampler(Protocol):
     """What the loop asks of a rollout source (module docstring)."""
 
     def begin(self, step: int, module: torch.nn.Module) -> None: ...
-    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout: ...
+    def sample(self, seed: int) -> hf_rollout.Rollout: ...
     def old_logp(
         self, rollout: hf_rollout.Rollout, module: torch.nn.Module, temperature: float
     ) -> torch.Tensor: ...
@@ -74,6 +77,19 @@ def sample_kwargs(cfg: config.TrainConfig, algo: Algorithm, seed: int) -> dict[s
     )
 
 
+class PromptStream:
+    """A run's prompts: the sampling round with seed `seed` draws `prompts_per_step` examples of the
+    task's train split, and samples them with `sample_kwargs` of that seed. The one place prompts
+    are drawn (the synchronous samplers per round, the async producer ahead of the trainer)."""
+
+    def __init__(self, cfg: config.TrainConfig, algo: Algorithm, task: Any):
+        self.cfg, self.algo, self.task = cfg, algo, task
+
+    def __call__(self, seed: int) -> tuple[list, dict[str, Any]]:
+        examples = self.task.examples("train", self.cfg.prompts_per_step, seed=seed)
+        return examples, sample_kwargs(self.cfg, self.algo, seed)
+
+
 def sampled_logp(rollout: hf_rollout.Rollout, module: torch.nn.Module, temperature: float) -> torch.Tensor:
     """[B,T] float64: the log-probs the sampler drew the tokens with (π_old's: same weights and
     temperature)."""
@@ -101,16 +117,19 @@ class HFSampler:
         self,
         module: torch.nn.Module,
         tokenizer: Any,
+        prompts: Callable[[int], tuple[list, dict[str, Any]]],
         keep_distribution: bool = False,
         recompute: bool = False,
     ):
         self.module, self.tokenizer, self.keep_distribution = module, tokenizer, keep_distribution
+        self.prompts = prompts
         self.old_logp = recomputed_logp if recompute else sampled_logp  # `recompute`: needs_rollout_logp
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
         pass
 
-    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
+    def sample(self, seed: int) -> hf_rollout.Rollout:
+        examples, kwargs = self.prompts(seed)
         rows = len(examples) * kwargs["group_size"]
         keep = self.keep_distribution and hf_rollout.distribution_fits(
             self.module, rows, kwargs["max_new_tokens"]
@@ -138,14 +157,17 @@ class VLLMSampler:
     its adapter, as a vLLM LoRARequest) after every step that updated them, and after a resume loaded
     them."""
 
-    def __init__(self, vllm: Any, recompute: bool = False):
-        self.vllm = vllm
+    def __init__(
+        self, vllm: Any, prompts: Callable[[int], tuple[list, dict[str, Any]]], recompute: bool = False
+    ):
+        self.vllm, self.prompts = vllm, prompts
         self.old_logp = recomputed_logp if recompute else sampled_logp  # `recompute`: needs_rollout_logp
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
         pass
 
-    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
+    def sample(self, seed: int) -> hf_rollout.Rollout:
+        examples, kwargs = self.prompts(seed)
         return self.vllm.generate(examples, **kwargs)
 
     def sync(self, module: torch.nn.Module) -> None:
@@ -196,6 +218,7 @@ class AsyncSampler:
         self.keep_distribution = keep_distribution
         self.module, self.tokenizer, self.seed_of, self.vllm = module, tokenizer, seed_of, vllm
         self.producer: producer.Producer | None = None
+        self.prompts = PromptStream(cfg, algo, task)
         self.old_logp = recomputed_logp if algo.needs_rollout_logp else self._old_logp_of_its_version
 
     @property
@@ -210,11 +233,10 @@ class AsyncSampler:
         return (recomputed_logp if self.stale else sampled_logp)(rollout, module, temperature)
 
     def _start(self, step: int) -> producer.Producer:
-        cfg, algo, task, seed_of = self.cfg, self.algo, self.task, self.seed_of
+        cfg, seed_of = self.cfg, self.seed_of
 
         def draw(s: int) -> tuple[list, dict[str, Any]]:
-            seed = seed_of(s)  # step s's first round: the prompts and seed the trainer's collect draws
-            return task.examples("train", cfg.prompts_per_step, seed=seed), sample_kwargs(cfg, algo, seed)
+            return self.prompts(seed_of(s))  # step s's first round: the draw its `sample(seed)` makes
 
         saved = (
             producer.load_saved(str(RunFolder(self.out_dir).checkpoints_of("sampler")), step) if step else {}
@@ -236,7 +258,8 @@ class AsyncSampler:
             self.producer = self._start(step)
         self.producer.begin(step, module)
 
-    def sample(self, examples: list, **kwargs: Any) -> hf_rollout.Rollout:
+    def sample(self, seed: int) -> hf_rollout.Rollout:
+        examples, kwargs = self.prompts(seed)
         return self.producer.sample(examples, **kwargs)
 
     def sync(self, module: torch.nn.Module) -> None:
@@ -300,7 +323,11 @@ def make_sampler(
             keep_distribution=keep_distribution,
         )
     if vllm is not None:
-        return VLLMSampler(vllm, recompute=algo.needs_rollout_logp)
+        return VLLMSampler(vllm, PromptStream(cfg, algo, task), recompute=algo.needs_rollout_logp)
     return HFSampler(
-        module, tokenizer, keep_distribution=keep_distribution, recompute=algo.needs_rollout_logp
+        module,
+        tokenizer,
+        PromptStream(cfg, algo, task),
+        keep_distribution=keep_distribution,
+        recompute=algo.needs_rollout_logp,
     )

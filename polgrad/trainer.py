@@ -58,7 +58,8 @@ older weight versions the next steps sample with, so resume stays exact.
 
 The step never asks which optional roles the run has: each is a strategy chosen once, when the
 models are built (polgrad/build.py) or, for the collector, when the run starts (`collector_for`):
-the sampler (HF, vLLM, async; it also says whether π_old is recomputed: polgrad/sampling.py), the
+the sampler (HF, vLLM, async; it draws each round's prompts, one stream for the trainer and an async
+producer, and says whether π_old is recomputed: polgrad/sampling.py), the
 reference (none, frozen, frozen with full logits: polgrad/reference.py), the critic (none, own
 engine with its warm-up, in the policy's engine: polgrad/critic.py), the scorer (the task's
 verifier, or a reward model with the gold beside it) and the baseline (none, ReMax's greedy one).
@@ -102,7 +103,7 @@ from polgrad.loop_state import LoopState, start_or_resume
 from polgrad.registry import StepCounts
 from polgrad.rollout import hf as hf_rollout
 from polgrad.run_folder import RunFolder
-from polgrad.sampling import round_seed, sample_kwargs, step_seed
+from polgrad.sampling import round_seed, step_seed
 from polgrad.summary import response_lengths, summarize
 from polgrad.tasks.base import is_correct
 from polgrad.tasks.rewards import RewardGuard
@@ -234,10 +235,9 @@ def collect(cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int
     """Sample G responses for each of this step's prompts and add what the parts need.
 
     The batch still holds the groups of faulty rewards (`collect_kept` counts, then drops them)."""
-    examples = task.examples("train", cfg.prompts_per_step, seed=seed)
     m.engine.module.eval()
-    with hooks.phase("sample"):
-        rollout = m.sampler.sample(examples, **sample_kwargs(cfg, algo, seed))
+    with hooks.phase("sample"):  # this round's prompts (the sampler's stream) and G responses to each
+        rollout = m.sampler.sample(seed)
     # The reward: one scalar per sequence (a greedy baseline gets the same scorer).
     with hooks.phase("reward"):
         scores = m.score(rollout, task)

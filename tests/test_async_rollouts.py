@@ -18,7 +18,7 @@ import torch
 import polgrad
 from polgrad import config, hooks
 from polgrad.config import parse_config
-from polgrad.errors import ConfigError
+from polgrad.errors import ConfigError, PolgradError
 from polgrad.io import new_file_mode
 from polgrad.models import build_tiny, load_policy
 from polgrad.producer import Producer, load_saved
@@ -139,6 +139,23 @@ def test_an_error_in_the_producer_reaches_the_trainer_as_it_was_and_no_thread_is
         prod.sample(examples, **kwargs)
     prod.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("polgrad-producer")]
+
+
+def test_a_round_drawn_ahead_with_other_prompts_is_an_error_not_a_silent_resample(setup):
+    """The producer samples step s's first round ahead with the sampler's own prompt stream; the
+    trainer's round of that seed asking for other prompts can only be a bug: one line, no resample."""
+    task, model, tokenizer, base = setup
+    draw = _draw(task)
+    prod = Producer(model, tokenizer, max_staleness=1, steps=STEPS, start=0, draw=draw)
+    prod.begin(0, model)
+    examples, kwargs = draw(0)
+    other, _ = draw(1)
+    assert other != examples
+    with pytest.raises(
+        PolgradError, match=r"^step 0: the rollout sampled ahead for seed \d+ has other prompts"
+    ):
+        prod.sample(other, **kwargs)
+    prod.close()
 
 
 @pytest.mark.cpu_matrix

@@ -446,7 +446,7 @@ def test_the_step_never_branches_on_an_optional_role():
     fns = step_functions(tree, roots=("rl_step", "collect_once", "collect_kept"))  # collector_for chooses
     assert {"collect", "update", "micro_step", "step_row"} <= {f.name for f in fns}
     elsewhere = called_elsewhere(fns, tree, all_modules())
-    assert {"response_lengths", "counted", "sample_kwargs"} <= {f.name for f in elsewhere}  # followed
+    assert {"response_lengths", "counted"} <= {f.name for f in elsewhere}  # followed out of trainer.py
     branches = feature_branches(fns + elsewhere, fields)
     assert branches == [], f"the step branches on optional roles at {branches}"
 
