@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from polgrad import collective
 from polgrad.errors import ConfigError, DataError, PolgradError, WriteError, is_write_failure, write_error
 from polgrad.io import atomic_write_text
 from polgrad.run_folder import RunFolder
@@ -195,12 +194,14 @@ def save(
     # Written last, once every part's files of every rank are (save_engine ends with a barrier):
     # a copy of the folder made elsewhere (a Ray node's, polgrad/sweep/ray_sync.py) knows from it
     # which tags are whole and which parts a whole one has.
+    from polgrad import collective  # here: importing this module needs no torch (the Ray driver reads it)
+
     if collective.rank() == 0:
         marker = {"step": step, "parts": [part for part, _ in parts]}
         atomic_write_text(ckpt / COMPLETE, json.dumps(marker) + "\n")
     if keep_last is not None:
         collective.all_max(_zero())  # the marker names this step before any rank removes a tag
-        prune(ckpt, keep_last, newest=step)
+        prune(ckpt, keep_last, newest=step, parts=[part for part, _ in parts])
 
 
 def _zero():
@@ -209,34 +210,52 @@ def _zero():
     return torch.zeros(())
 
 
-def prune(ckpt_dir: str | os.PathLike, keep_last: int, *, newest: int | None = None) -> list[str]:
-    """Remove every tag older than the `keep_last` newest whole ones (not newer than `newest`: the step
-    just saved by every rank, or else complete.json's) from every part, and the async sampler's files
-    of those steps; returns what was removed. Each rank removes what its own file system holds (a
-    cell spanning nodes: its own shards), so a cluster's synced copy loses them too
-    (polgrad/sweep/ray_sync.py copies deletions). Without a known whole step nothing is removed."""
-    if keep_last < 1:
-        raise ConfigError(f"train.keep_checkpoints = {keep_last}: keep at least 1, or None to keep all")
+def prune(
+    ckpt_dir: str | os.PathLike,
+    keep_last: int,
+    *,
+    newest: int | None = None,
+    parts: Sequence[str] | None = None,
+) -> list[str]:
+    """Remove every tag older than the `keep_last` newest ones present in every part (not newer than
+    `newest`: the step just saved by every rank, else complete.json's; `parts`: the parts just saved,
+    else the marker's), and the async sampler's files of those steps; returns what was removed.
+
+    At least 2 are kept (train.keep_checkpoints >= 2): the newest may still be on its way to the disk
+    or to a cluster's driver, and the one before it is then the checkpoint a resume falls back to.
+    Each rank removes what its own file system holds (a cell spanning nodes: its own shards), so a
+    cluster's synced copy loses them too (polgrad/sweep/ray_sync.py copies deletions). Without a
+    known saved step nothing is removed; a file that cannot be removed stays (an extra checkpoint)."""
+    if keep_last < 2:
+        raise ConfigError(
+            f"train.keep_checkpoints = {keep_last}: keep at least 2 (the newest may not have reached the "
+            "disk or the cluster's driver yet; the one before is the fallback), or None to keep all"
+        )
     ckpt = Path(ckpt_dir)
-    if newest is None:
+    if newest is None or parts is None:
         try:
-            newest = int(json.loads((ckpt / COMPLETE).read_text())["step"])
+            marker = json.loads((ckpt / COMPLETE).read_text())
+            newest = int(marker["step"]) if newest is None else newest
+            parts = list(marker["parts"]) if parts is None else parts
         except (OSError, ValueError, KeyError, TypeError):
             return []
-    parts = [p for p in sorted(ckpt.iterdir()) if p.is_dir() and p.name != "sampler"] if ckpt.is_dir() else []
-    steps = sorted({s for p in parts for s in tag_steps(p) if s <= newest}, reverse=True)
-    if len(steps) <= keep_last:
+    saved = [ckpt / p for p in parts]
+    in_every_part = set.intersection(*({s for s in tag_steps(p) if s <= newest} for p in saved))
+    kept = sorted(in_every_part, reverse=True)[:keep_last]
+    if len(kept) < keep_last:
         return []
-    oldest_kept = steps[keep_last - 1]
     removed = []
-    for p in [*parts, ckpt / "sampler"]:
-        for path in sorted(p.glob("step*")) if p.is_dir() else []:
+    for folder in [*saved, ckpt / "sampler"]:
+        for path in sorted(folder.glob("step*")) if folder.is_dir() else []:
             m = TAG.fullmatch(path.name.removesuffix(".pt"))
-            if m and int(m[1]) < oldest_kept:
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)  # ranks sharing a disk remove alike
-                else:
-                    path.unlink(missing_ok=True)
+            if m and int(m[1]) < kept[-1]:
+                try:
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+                except OSError:  # another rank on the same disk removed it first, or it cannot go
+                    pass
                 removed.append(str(path))
     return removed
 

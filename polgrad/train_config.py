@@ -150,9 +150,7 @@ class TrainConfig:
     eval_every: int = 5
     eval_size: int | None = None
     checkpoint_every: int = 10
-    keep_checkpoints: int | None = (
-        None  # the N newest checkpoints kept (polgrad/checkpoints.py prune); None: all
-    )
+    keep_checkpoints: int | None = None  # the N >= 2 newest kept (polgrad/checkpoints.py prune); None: all
     seed: int = 0
     init_seed: int | None = None
     model_kwargs: dict | None = None
@@ -190,8 +188,12 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "max_new_tokens", "micro_batch_size", "eval_every"):
             _positive_int(name, getattr(self, name))
         _positive_int("checkpoint_every", self.checkpoint_every)
-        if self.keep_checkpoints is not None:
-            _positive_int("keep_checkpoints", self.keep_checkpoints)
+        keep = self.keep_checkpoints
+        if keep is not None and (not is_int(keep) or keep < 2):
+            raise ConfigError(
+                f"train.keep_checkpoints must be an integer >= 2 or None (all), got {keep!r}: the newest "
+                "may not have reached the disk or a cluster's driver yet, the one before is the fallback"
+            )
         if not is_int(self.critic_warmup_steps) or self.critic_warmup_steps < 0:
             raise ConfigError(
                 "train.critic_warmup_steps must be an integer >= 0 (0: none), got "

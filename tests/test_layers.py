@@ -357,21 +357,33 @@ def _names_in(test: ast.AST) -> set[str]:
 
 
 def feature_branches(functions: list[ast.AST], fields: set[str], name: str = "m") -> list[str]:
-    """The branches (if, conditional expression, while) of `functions` whose condition names an optional
-    role (FEATURE_NAMES) or tests the models bundle `name` (any of its `fields`), as 'function:line'."""
+    """The branches of `functions` whose condition names an optional role (FEATURE_NAMES) or tests the
+    models bundle `name` (any of its `fields`), as 'function:line'. A branch: an if, a conditional
+    expression, a while, a comprehension's if, a match, and an `and` / `or` outside those conditions
+    (`x = m.reference and m.reference.collect(...)` branches too)."""
+
+    def names_a_role(test: ast.AST) -> bool:
+        on_bundle = any(
+            isinstance(n, ast.Attribute) and n.attr in fields and isinstance(n.value, ast.Name)
+            and n.value.id == name
+            for n in ast.walk(test)
+        )  # fmt: skip
+        return on_bundle or bool(_names_in(test) & FEATURE_NAMES)
+
     out = []
     for fn in functions:
+        tests: list[ast.AST] = []
         for node in ast.walk(fn):
-            if not isinstance(node, (ast.If, ast.IfExp, ast.While)):
-                continue
-            on_bundle = any(
-                isinstance(n, ast.Attribute) and n.attr in fields and isinstance(n.value, ast.Name)
-                and n.value.id == name
-                for n in ast.walk(node.test)
-            )  # fmt: skip
-            if on_bundle or _names_in(node.test) & FEATURE_NAMES:
-                out.append(f"{getattr(fn, 'name', '?')}:{node.lineno}")
-    return out
+            if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+                tests.append(node.test)
+            elif isinstance(node, ast.comprehension):
+                tests.extend(node.ifs)
+            elif isinstance(node, ast.Match):
+                tests.append(node.subject)
+        inside = {id(n) for t in tests for n in ast.walk(t)}
+        tests += [n for n in ast.walk(fn) if isinstance(n, ast.BoolOp) and id(n) not in inside]
+        out += [f"{getattr(fn, 'name', '?')}:{t.lineno}" for t in tests if names_a_role(t)]
+    return sorted(out)
 
 
 def called_elsewhere(functions: list[ast.AST], tree: ast.Module, modules: dict[str, Path]) -> list[ast.AST]:
@@ -463,9 +475,12 @@ def test_the_branch_rule_sees_planted_branches(tmp_path):
         "    if 'kl_seq' in row:\n        pass\n"
         "    if isinstance(m.sampler, object):\n        pass\n"
         "    if row:\n        pass\n"  # a data branch: not counted
+        "    y = m.critic and m.critic.row(row)\n"
+        "    z = [r for r in row if r.gold_scores is not None]\n"
+        "    match cfg.rollout_backend:\n        case 'vllm':\n            pass\n"
         "    helper(row)\n"
     )
-    assert len(feature_branches(step_functions(planted), fields)) == 5
+    assert len(feature_branches(step_functions(planted), fields)) == 8
     # and one in a function of another module the step calls
     pkg = tmp_path / "polgrad"
     pkg.mkdir()
@@ -479,7 +494,7 @@ def test_the_branch_rule_sees_planted_branches(tmp_path):
 # --------------------------------------------------------------------------- one owner of the run folder
 RUN_FILE_NAMES = frozenset(
     {"config.gin", "resume_overrides.jsonl", "metrics.jsonl", "eval.jsonl", "summary.json",
-     "operative_config.gin", "checkpoints", ".lock"}
+     "operative_config.gin", "checkpoints", "checkpoints/", ".lock"}
 )  # fmt: skip
 
 
@@ -513,7 +528,7 @@ def test_the_run_folder_names_its_files_once():
         getattr(run_folder, k)
         for k in dir(run_folder)
         if k.isupper() and isinstance(getattr(run_folder, k), str)
-    } >= RUN_FILE_NAMES
+    } >= RUN_FILE_NAMES - {"checkpoints/"}  # the folder's prefix, as a Ray node's file names start
     spelled = {
         str(p.relative_to(REPO)): lines
         for p in sorted(PKG.rglob("*.py"))

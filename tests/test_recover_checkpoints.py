@@ -306,7 +306,7 @@ def _left(ckpt: Path) -> dict[str, list[str]]:
     }
 
 
-def test_prune_keeps_the_newest_whole_tags_of_every_part(tmp_path):
+def test_prune_keeps_the_newest_tags_of_every_part(tmp_path):
     """Steps 2, 4, 6, 8 saved, complete.json at 6 (step 8's files may still be in flight): keep 2
     keeps 4 and 6 (and 8, newer than the marker, is left alone) in every part and the sampler's."""
     ckpt = tmp_path / "checkpoints"
@@ -319,25 +319,46 @@ def test_prune_keeps_the_newest_whole_tags_of_every_part(tmp_path):
         "sampler": ["step4.pt", "step6.pt", "step8.pt"],
     }
     assert checkpoints.prune(ckpt, 2) == []  # nothing more to remove
-    assert checkpoints.prune(ckpt, 1, newest=8) and _left(ckpt)["policy"] == ["step8"]  # the step just saved
+    assert checkpoints.prune(ckpt, 2, newest=8) and _left(ckpt)["policy"] == ["step6", "step8"]  # just saved
 
 
-def test_prune_without_a_whole_step_removes_nothing_and_refuses_zero(tmp_path):
+def test_prune_counts_only_tags_present_in_every_part(tmp_path):
+    """A tag missing from one part (a critic's files never written) is no checkpoint to resume from:
+    it takes no kept place, so keep 2 keeps the two newest tags both parts have."""
     ckpt = tmp_path / "checkpoints"
-    _tree(ckpt, [2, 4], marker=None)  # no marker: no tag is known to be whole
-    assert checkpoints.prune(ckpt, 1) == [] and _left(ckpt)["policy"] == ["step2", "step4"]
-    with pytest.raises(ConfigError, match="keep at least 1"):
-        checkpoints.prune(ckpt, 0)
+    _tree(ckpt, [2, 4, 6, 8], marker=8)
+    shutil.rmtree(ckpt / "critic" / "step8")
+    checkpoints.prune(ckpt, 2)
+    # step 8 counted as a checkpoint would keep 8 and 6 and remove step 4, the fallback of step 6
+    assert _left(ckpt)["policy"] == ["step4", "step6", "step8"] and _left(ckpt)["critic"] == [
+        "step4",
+        "step6",
+    ]
+    _tree(tmp_path / "c2", [2, 4, 6], marker=6)
+    shutil.rmtree(tmp_path / "c2" / "critic" / "step6")
+    shutil.rmtree(tmp_path / "c2" / "critic" / "step4")
+    assert checkpoints.prune(tmp_path / "c2", 2) == []  # only step 2 is whole: nothing goes
 
 
-def test_keep_checkpoints_zero_is_refused_at_the_build():
+def test_prune_without_a_saved_step_removes_nothing_and_keeps_at_least_two(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    _tree(ckpt, [2, 4, 6], marker=None)  # no marker, no step given: nothing is known to be saved
+    assert checkpoints.prune(ckpt, 2) == [] and _left(ckpt)["policy"] == ["step2", "step4", "step6"]
+    with pytest.raises(ConfigError, match="keep at least 2"):
+        checkpoints.prune(ckpt, 1)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 2.5])
+def test_keep_checkpoints_below_two_is_refused_at_the_build(keep):
     import gin
 
     from polgrad.config import build, parse_config
 
     gin.clear_config()
-    parse_config([GRPO], ["train.keep_checkpoints = 0"])
-    with pytest.raises(ConfigError, match=r"train.keep_checkpoints must be a positive integer, got 0"):
+    parse_config([GRPO], [f"train.keep_checkpoints = {keep}"])
+    with pytest.raises(
+        ConfigError, match=rf"train.keep_checkpoints must be an integer >= 2 or None \(all\), got {keep}"
+    ):
         build()
     gin.clear_config()
 

@@ -98,7 +98,7 @@ def rank_name(rank: int) -> Callable[[str], str | None]:
     own = {"stdout.log": f"stdout.rank{rank}.log", "cell.json": f"cell.rank{rank}.json"}
 
     def name(rel: str) -> str | None:
-        return own.get(rel, rel if rel.startswith("checkpoints/") else None)
+        return own.get(rel, rel if rel.startswith(run_folder.CHECKPOINTS + "/") else None)
 
     return name
 
