@@ -35,15 +35,16 @@ def _timed(fn) -> float:
 def metric_cost(w: Workload, model_dir: str, work_dir: str, repeats: int = 21) -> dict[str, Any]:
     """The worker: seconds of each metric's computation (module docstring), `repeats` interleaved times."""
     import dataclasses
-    import types
 
     import torch
 
     from polgrad import registry, trainer
     from polgrad.batch import Batch
+    from polgrad.build import Models
     from polgrad.evaluation import exact_kl
     from polgrad.loop_state import LoopState
     from polgrad.models import load_policy, load_tokenizer
+    from polgrad.reference import FrozenReference
     from polgrad.rollout import hf
 
     torch.manual_seed(w.seed)
@@ -98,7 +99,8 @@ def metric_cost(w: Workload, model_dir: str, work_dir: str, repeats: int = 21) -
         kl_exact=kl_tok,
         rollout=rollout,
     )
-    models = types.SimpleNamespace(row_fields={}, rewards=types.SimpleNamespace(take=lambda: 0))
+    # the run's bundle with a frozen reference: the row holds the KL metrics, as a GRPO step's does
+    models = Models(engine=None, tokenizer=None, sampler=None, reference=FrozenReference(reference))
     state = LoopState(step=1, kl_coef=w.beta, skipped_steps=0)
 
     def row():
