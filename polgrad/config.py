@@ -26,7 +26,7 @@ import inspect
 import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gin
@@ -103,12 +103,12 @@ class ConfigRecord:
     """The gin configuration a run writes into its folder, handed to the trainer by the entry point so
     that nothing below it reads gin: `bindings`, the parsed bindings (config.gin; a resume compares
     them with the folder's), `operative`, the values the run uses (operative_config.gin and the
-    model card): gin's for what it built, then each bound part's hyperparameters, and
-    `resume_changes`, {binding: (old, new)} against the folder's config.gin (the entry point's diff)."""
+    model card): gin's for what it built, then each bound part's hyperparameters, and on a resume
+    `resume_override`, what differs from the folder's config.gin (`resume_config.override`), or None."""
 
     bindings: str
     operative: str
-    resume_changes: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    resume_override: Mapping[str, Any] | None = None
 
 
 def _parts(cfg: TrainConfig, algo: Algorithm) -> list[Any]:

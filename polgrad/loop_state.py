@@ -9,12 +9,13 @@ client_state["polgrad"], every rank's RNG states, and what the sampler needs to 
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import os
 from pathlib import Path
 
 import torch
 
-from polgrad import checkpoints, collective, export, hooks, resume_config, stopping
+from polgrad import checkpoints, collective, export, hooks, stopping
 from polgrad.algorithm import Algorithm
 from polgrad.build import Models
 from polgrad.config import ConfigRecord, TrainConfig
@@ -88,17 +89,18 @@ def _config_changes(
     --allow-config-change let through; polgrad/resume_config.py): what the checkpoint would restore
     takes the new values (the KL coefficient, the optimizer's lr and eps), so the new bindings act
     from this step on, and the folder records it (resume_overrides.jsonl, config.gin rewritten)."""
-    changes = dict(record.resume_changes)  # computed by the entry point, where gin is read
+    override = record.resume_override  # computed by the entry point, where gin is read
     collective.all_max(torch.zeros(()))  # every rank has read config.gin before rank 0 rewrites it
-    trained = resume_config.training_changes(changes)
+    trained = set(override["overridden"]) if override else set()
     if "Algorithm.kl_coef" in trained:
         state = dataclasses.replace(state, kl_coef=algo.kl_coef)
-    if trained.keys() & {"train.lr", "train.critic_lr", "train.adam_eps"}:
+    if trained & {"train.lr", "train.critic_lr", "train.adam_eps"}:
         _set_optimizer(m.engine, cfg.lr, cfg.critic_lr, cfg.adam_eps)
         for _, engine in m.critic.engines():
             _set_optimizer(engine, cfg.critic_lr, cfg.critic_lr, cfg.adam_eps)
-    if changes and writer:
-        resume_config.record(out_dir, state.step, changes)
+    if override and writer:
+        when = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        RunFolder(out_dir).append_resume_override({"time": when, "step": int(state.step), **override})
         RunFolder(out_dir).write_config(record.bindings)
     return state
 

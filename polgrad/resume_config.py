@@ -28,7 +28,6 @@ at every step.
 
 from __future__ import annotations
 
-import datetime as _dt
 import inspect
 import json
 import os
@@ -240,14 +239,14 @@ def _check_async_matches_rows(run_dir: str | os.PathLike, max_staleness: Any) ->
         )
 
 
-def record(run_dir: str | os.PathLike, step: int, changes: dict[str, tuple[Any, Any]]) -> dict:
-    """Append the resume's changes to resume_overrides.jsonl (one JSON line) and return the record:
-    every change, and under "overridden" those that change training (--allow-config-change)."""
-    row = {
-        "time": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "step": int(step),
+def override(changes: dict[str, tuple[Any, Any]]) -> dict[str, Any] | None:
+    """What a resume's record in resume_overrides.jsonl says of its `changes` (None: there are none):
+    every change {binding: [old, new]}, and under "overridden" those that change training
+    (--allow-config-change). Computed by the entry point; the loop adds the time and step and
+    writes it (polgrad/loop_state.py), without reading gin."""
+    if not changes:
+        return None
+    return {
         "changes": {k: [show(a), show(b)] for k, (a, b) in changes.items()},
         "overridden": sorted(training_changes(changes)),  # trained on under --allow-config-change
     }
-    RunFolder(run_dir).append_resume_override(row)
-    return row

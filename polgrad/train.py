@@ -53,7 +53,8 @@ def run(out_dir: str, *, resume: bool | None = None, progress: bool | None = Non
     record = config.record(cfg, algo)
     old = resume_config.saved_config(out_dir) if cfg.resume else None  # the diff here, where gin is read
     if old is not None:
-        record = dataclasses.replace(record, resume_changes=resume_config.diff(old, record.bindings))
+        override = resume_config.override(resume_config.diff(old, record.bindings))
+        record = dataclasses.replace(record, resume_override=override)
     return train(cfg, algo, task, out_dir, record=record)
 
 

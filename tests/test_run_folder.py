@@ -427,12 +427,13 @@ def _fake_run(lr: float = 1e-4):
 
 
 def _record(run_dir):
-    """The ConfigRecord the entry point hands a resume: the parsed bindings and their diff to config.gin."""
+    """The ConfigRecord the entry point hands a resume: the parsed bindings and what differs from
+    config.gin (polgrad.train.run)."""
     from polgrad import config, resume_config
 
     bindings = gin.config_str()
     changes = resume_config.diff(resume_config.saved_config(run_dir), bindings)
-    return config.ConfigRecord(bindings, "", changes)
+    return config.ConfigRecord(bindings, "", resume_config.override(changes))
 
 
 def test_an_allowed_change_acts_from_the_resumed_step_and_is_recorded(tmp_path):
