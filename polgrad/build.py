@@ -137,10 +137,8 @@ class GreedyBaseline:
     def sampled(self, rollout: hf_rollout.Rollout) -> tuple[float, float]:
         """(sequences, generated tokens) one sampling call drew on this rank: its rows and its greedy
         responses."""
-        (rows, tokens), (greedy, greedy_tokens) = (
-            stopping.sampled(rollout),
-            stopping.greedy_sampled(rollout.baseline),
-        )
+        rows, tokens = stopping.sampled(rollout)
+        greedy, greedy_tokens = stopping.greedy_sampled(rollout.baseline)
         return rows + greedy, tokens + greedy_tokens
 
 

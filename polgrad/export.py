@@ -218,7 +218,8 @@ def check_run_dir(run_dir: str | os.PathLike) -> Path:
     run = Path(run_dir)
     if not run.is_dir():
         raise DataError(f"{run}: no such folder; pass the --out folder of a python -m polgrad.train run")
-    if not RunFolder(run).checkpoints.is_dir() and not RunFolder(run).summary.is_file():
+    folder = RunFolder(run)
+    if not folder.checkpoints.is_dir() and not folder.summary.is_file():
         raise DataError(
             f"{run}: not a polgrad run folder (no checkpoints/ or summary.json); pass the --out folder "
             "of a python -m polgrad.train run"
@@ -310,6 +311,7 @@ def _export(run: Path, files: Path, tag: str, dest: Path) -> None:
 
     from polgrad.models import ScalarHeadModel
 
+    folder = RunFolder(run)
     generation_config = None
     if (files / "policy" / "generation_config.json").is_file():
         from transformers import GenerationConfig
@@ -318,28 +320,26 @@ def _export(run: Path, files: Path, tag: str, dest: Path) -> None:
     lora_file = files / _lora().LORA_FILE
     if lora_file.is_file():  # a LoRA run: merge the adapter(s) of the checkpoint's peft module
         lora_json = json.loads(lora_file.read_text())
-        state = checkpoint_state_dict(RunFolder(run).checkpoints_of("policy"), tag)
+        state = checkpoint_state_dict(folder.checkpoints_of("policy"), tag)
         config = AutoConfig.from_pretrained(files / "policy")
         write_lora_model(
             config, state, lora_json["adapters"], lora_json["critic_adapter"], generation_config, dest
         )
     else:
         policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files / "policy"))
-        policy_ckpt = RunFolder(run).checkpoints_of("policy")
+        policy_ckpt = folder.checkpoints_of("policy")
         _load(policy, checkpoint_state_dict(policy_ckpt, tag), policy_ckpt)
         if generation_config is not None:
             policy.generation_config = generation_config
         policy.save_pretrained(dest)
     AutoTokenizer.from_pretrained(files / "policy").save_pretrained(dest)
-    critic_ckpt = RunFolder(run).checkpoints_of("critic")
+    critic_ckpt = folder.checkpoints_of("critic")
     if (critic_ckpt / tag).is_dir():
         critic = ScalarHeadModel.from_config(AutoConfig.from_pretrained(files / "critic"))
         _load(critic, checkpoint_state_dict(critic_ckpt, tag), critic_ckpt)
         critic.save_pretrained(dest / "critic")
     spec = json.loads((files / "spec.json").read_text()) if (files / "spec.json").is_file() else {}
-    config = next(
-        (p.read_text() for p in (RunFolder(run).operative_config, RunFolder(run).config) if p.is_file()), ""
-    )
+    config = next((p.read_text() for p in (folder.operative_config, folder.config) if p.is_file()), "")
     n = int(tag[4:]) if tag.startswith("step") and tag[4:].isdigit() else None
     atomic_write_text(
         str(dest / "README.md"),
@@ -364,12 +364,13 @@ def _load(module: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) 
 
 def _metrics(run: Path, step: int | None) -> dict:
     """summary.json if it is the run's last step, else that step's metrics.jsonl row (or nothing)."""
-    summary = RunFolder(run).summary
+    folder = RunFolder(run)
+    summary = folder.summary
     if summary.is_file():
         s = json.loads(summary.read_text())
         if step is None or s.get("steps") == step:
             return s
-    rows = RunFolder(run).metrics
+    rows = folder.metrics
     if rows.is_file():
         for line in rows.read_text().splitlines():
             if line.strip() and json.loads(line).get("step") == step:

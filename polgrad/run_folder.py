@@ -44,8 +44,34 @@ RUN_FILES = (METRICS, SUMMARY)
 ATTEMPT_FILES = (METRICS, EVAL, SUMMARY, CONFIG)
 
 
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    """`record` as one JSON line at the end of `path`, flushed when the file closes."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class _File:
+    """A file (or folder) of the run folder by name: `RunFolder(d).metrics` is d / METRICS."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, folder: RunFolder | None, owner: type) -> Any:
+        return self if folder is None else folder.root / self.name
+
+
 class RunFolder:
     """One run's folder (`root`): the path of each of its files, and their writers and readers."""
+
+    config = _File(CONFIG)
+    resume_overrides = _File(RESUME_OVERRIDES)
+    metrics = _File(METRICS)
+    eval = _File(EVAL)
+    summary = _File(SUMMARY)
+    operative_config = _File(OPERATIVE_CONFIG)
+    checkpoints = _File(CHECKPOINTS)
+    model = _File(MODEL)
+    final = _File(FINAL)
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -53,46 +79,9 @@ class RunFolder:
     def __repr__(self) -> str:
         return f"RunFolder({str(self.root)!r})"
 
-    # ------------------------------------------------------------------ paths
-    @property
-    def config(self) -> Path:
-        return self.root / CONFIG
-
-    @property
-    def resume_overrides(self) -> Path:
-        return self.root / RESUME_OVERRIDES
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / METRICS
-
-    @property
-    def eval(self) -> Path:
-        return self.root / EVAL
-
-    @property
-    def summary(self) -> Path:
-        return self.root / SUMMARY
-
-    @property
-    def operative_config(self) -> Path:
-        return self.root / OPERATIVE_CONFIG
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / CHECKPOINTS
-
     def checkpoints_of(self, role: str) -> Path:
         """checkpoints/<role>/: 'policy', 'critic' (DeepSpeed tags step<N>) or 'sampler' (async versions)."""
         return self.root / CHECKPOINTS / role
-
-    @property
-    def model(self) -> Path:
-        return self.root / MODEL
-
-    @property
-    def final(self) -> Path:
-        return self.root / FINAL
 
     # ------------------------------------------------------------------ writers
     def write_config(self, text: str) -> None:
@@ -104,12 +93,10 @@ class RunFolder:
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         """One step's row, appended and flushed (a killed run keeps every finished step)."""
-        with open(self.metrics, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        _append_line(self.metrics, row)
 
     def append_resume_override(self, record: dict[str, Any]) -> None:
-        with open(self.resume_overrides, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        _append_line(self.resume_overrides, record)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """summary.json, atomically, keys sorted."""
