@@ -28,6 +28,7 @@ from polgrad import build, config, models
 from polgrad.algorithm import Algorithm
 from polgrad.checks import is_int
 from polgrad.errors import ConfigError, ShapeError
+from polgrad.layout import FullCopies
 from polgrad.models.threads import default_num_threads, torch_threads
 from polgrad.rollout import hf as hf_rollout
 from polgrad.tasks.rewards import RewardGuard
@@ -122,7 +123,7 @@ def best_of_n(
     policy_path = build.warm_start(cfg)
     policy = models.load_policy(policy_path)
     tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)
-    _, rm_accuracy, members = build.reward_models(cfg, algo, task, policy, policy_path)
+    _, rm_accuracy, members = build.reward_models(cfg, algo, task, policy, policy_path, FullCopies())
     guard = RewardGuard("zero", cfg.task_name, timeout_s=cfg.reward_timeout_s)
     scorer = build.RewardModelScorer(members, guard, guard, combine=cfg.ensemble_combine)
     examples = task.eval_examples(prompts)

@@ -25,6 +25,7 @@ from polgrad import collective, config, models, pretrain, sampling, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.critic import Critic, NoCritic, OwnEngineCritic, PolicyEngineCritic
+from polgrad.layout import FullCopies, Layout, layout_for
 from polgrad.reference import FrozenReference, LogitsReference, NoReference, Reference
 from polgrad.rollout import hf as hf_rollout
 from polgrad.tasks.base import is_correct
@@ -163,6 +164,7 @@ class Models:
         default_factory=NoBaseline
     )
     row_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    layout: Layout = dataclasses.field(default_factory=FullCopies)  # polgrad/layout.py
     warm_start_s: float = 0.0  # seconds spent in polgrad.pretrain (SFT warm start, reward model)
     warm_start: str = ""  # which policy the run started from (`warm_start_id`)
 
@@ -194,13 +196,14 @@ def build_models(
     with collective.rank_zero_first():  # rank 0 fills the cache, the others read it
         policy_path = warm_start(cfg)
     warm_start_s = time.perf_counter() - t_pretrain
-    policy, tokenizer = _policy(cfg, task, policy_path)
+    layout = layout_for(cfg, algo)  # full copies, or one LoRA backbone: chosen here, once
+    policy, tokenizer = _policy(cfg, task, policy_path, layout)
     t_pretrain = time.perf_counter()
     with collective.rank_zero_first():
-        rm_path, rm_accuracy, reward_model = reward_models(cfg, algo, task, policy, policy_path)
+        rm_path, rm_accuracy, reward_model = reward_models(cfg, algo, task, policy, policy_path, layout)
     warm_start_s += time.perf_counter() - t_pretrain if rm_path is not None else 0.0
-    reference = _reference(cfg, algo, policy, policy_path)
-    critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path)
+    reference = _reference(cfg, algo, policy, policy_path, layout)
+    critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path, layout)
     ds = dict(
         zero_stage=cfg.zero_stage,
         micro_batch_size=cfg.micro_batch_size,
@@ -231,6 +234,7 @@ def build_models(
         tokenizer,
         policy_path,
         seed_of,
+        layout,
         keep_distribution=reference is not None,
     )
     rewards = RewardGuard(
@@ -253,14 +257,17 @@ def build_models(
         score=score,
         baseline=GreedyBaseline(score) if algo.needs_baseline_rollout else NoBaseline(),
         row_fields={} if rm_accuracy is None else {"rm_heldout_accuracy": rm_accuracy},
+        layout=layout,
         warm_start_s=warm_start_s,
         warm_start=warm_start_id(policy_path),
     )
 
 
-def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch.nn.Module, Any]:
-    """The warm-started policy and its tokenizer, checked against the task; with LoRA the backbone is
-    frozen and the actor trains its adapter (polgrad/models/lora.py)."""
+def _policy(
+    cfg: config.TrainConfig, task: Any, policy_path: str, layout: Layout
+) -> tuple[torch.nn.Module, Any]:
+    """The warm-started policy and its tokenizer, checked against the task, as the layout trains it
+    (with LoRA the backbone is frozen and the actor trains its adapter)."""
     # a config.json that is no model's: one line here, not a traceback from the tokenizer's loader
     models.load_config(models.check_dir(policy_path, "policy"), "policy")
     tokenizer = models.load_tokenizer(policy_path, chat_template=cfg.chat_template)  # before the weights
@@ -268,26 +275,29 @@ def _policy(cfg: config.TrainConfig, task: Any, policy_path: str) -> tuple[torch
     models.check_inputs(
         task, tokenizer, policy.config, cfg.max_new_tokens, path=policy_path, name=cfg.task_name
     )
-    if cfg.lora is not None:
-        policy = models.lora.add_policy_adapter(policy, models.lora.lora_config(**cfg.lora.settings()))
-    return policy, tokenizer
+    return layout.policy(policy), tokenizer
 
 
 def reward_models(
-    cfg: config.TrainConfig, algo: Algorithm, task: Any, policy: torch.nn.Module, policy_path: str
+    cfg: config.TrainConfig,
+    algo: Algorithm,
+    task: Any,
+    policy: torch.nn.Module,
+    policy_path: str,
+    layout: Layout,
 ) -> tuple[str | None, float | None, list[torch.nn.Module] | None]:
     """(checkpoint, held-out pairwise accuracy, scoring models). A reward model is trained (cached) when
     it scores the responses or initialises the critic; it scores them with train.reward_source =
-    'reward_model'. With LoRA it is an adapter + head on the policy's backbone, unless a part
-    (value_init.reward_model) reads the reward model's own checkpoint: then it is the full model.
+    'reward_model'. The layout trains and loads it: with LoRA an adapter + head on the policy's
+    backbone, unless a part (value_init.reward_model) reads the reward model's own checkpoint: then
+    the full model.
     With train.rm_ensemble = K the K members (member 0 first: the single reward model, whose checkpoint
     a value_init part reads) all score; the accuracy is then the members' mean."""
     if not (cfg.reward_source == "reward_model" or algo.needs_reward_model):
         return None, None, None
-    lora_rm = cfg.lora is not None and not algo.needs_reward_model
-    rm = {} if cfg.rm_steps is None else {"steps": cfg.rm_steps}
-    if lora_rm:
-        rm["lora"] = cfg.lora.settings()
+    rm: dict[str, Any] = {"form": layout.reward_model_form()}
+    if cfg.rm_steps is not None:
+        rm["steps"] = cfg.rm_steps
     if cfg.chat_template is not None:
         rm["chat_template"] = cfg.chat_template
     trained = [
@@ -300,31 +310,18 @@ def reward_models(
     rm_accuracy = sum(acc for _, acc in trained) / len(trained)
     reward_models = None
     if cfg.reward_source == "reward_model":
-        reward_models = [
-            models.lora.add_reward_model(policy, path, member=k)
-            if lora_rm
-            else models.load_reward_model(path)
-            for k, (path, _) in enumerate(trained)
-        ]
+        reward_models = [layout.reward_model(policy, path, k) for k, (path, _) in enumerate(trained)]
     return rm_path, rm_accuracy, reward_models
 
 
 def _reference(
-    cfg: config.TrainConfig, algo: Algorithm, policy: torch.nn.Module, policy_path: str
+    cfg: config.TrainConfig, algo: Algorithm, policy: torch.nn.Module, policy_path: str, layout: Layout
 ) -> torch.nn.Module | None:
-    """The frozen reference when a part reads it or the run measures KL (train.measure_kl). With LoRA
-    it is the policy's own module with its adapter disabled: no second copy."""
+    """The frozen reference when a part reads it or the run measures KL (train.measure_kl), as the
+    layout keeps it (with LoRA the policy's own module with its adapter disabled: no second copy)."""
     if not (algo.needs_reference or cfg.measure_kl):
         return None
-    if cfg.lora is not None:
-        return models.lora.AdapterDisabled(policy)
-    reference = models.load_reference(policy_path)
-    if cfg.bf16:
-        # The policy's engine module at step 0, exactly (KL 0, as in fp32): DeepSpeed's bf16 casts
-        # the parameters only (buffers such as RoPE's inv_freq stay fp32, as in a bf16 HF load).
-        for p in reference.parameters():
-            p.data = p.data.to(torch.bfloat16)
-    return reference
+    return layout.reference(policy, policy_path, bf16=cfg.bf16)
 
 
 def _reference_role(algo: Algorithm, module: torch.nn.Module | None) -> Reference:
@@ -335,19 +332,20 @@ def _reference_role(algo: Algorithm, module: torch.nn.Module | None) -> Referenc
 
 
 def _critic(
-    cfg: config.TrainConfig, algo: Algorithm, policy: torch.nn.Module, policy_path: str, rm_path: str | None
+    cfg: config.TrainConfig,
+    algo: Algorithm,
+    policy: torch.nn.Module,
+    policy_path: str,
+    rm_path: str | None,
+    layout: Layout,
 ) -> tuple[Any, bool, tuple]:
     """The critic module the spec's value_init part builds (None without one), whether the policy's
-    engine trains it, and the extra param groups of that engine: a part with the `lora` metadata
-    builds on the peft policy, and its head (and own adapter) train in the policy's engine at the
-    critic's lr."""
+    engine trains it, and the extra param groups of that engine, as the layout places it (a `lora`
+    part on a LoRA backbone: its head and own adapter train in the policy's engine at the critic's
+    lr)."""
     if not algo.needs_critic:
         return None, False, ()
-    lora_critic = algo.parts["Algorithm.value_init"].meta.get("lora", False)
-    on_policy = {"policy": policy} if lora_critic else {}
-    critic = algo.value_init(policy_path=policy_path, reward_model_path=rm_path, **on_policy)
-    lr_groups = ((models.lora.critic_parameters(policy), cfg.critic_lr),) if lora_critic else ()
-    return critic, lora_critic, lr_groups
+    return layout.critic(algo, policy, policy_path, rm_path, cfg.critic_lr)
 
 
 # --------------------------------------------------------------------------- the warm start

@@ -35,6 +35,7 @@ from gin import config_parser
 from polgrad import config_parts, registry, table5
 from polgrad.algorithm import Algorithm
 from polgrad.errors import ConfigError, PolgradError, did_you_mean
+from polgrad.models import lora
 from polgrad.tasks.base import check_eval_size
 from polgrad.train_config import TrainConfig
 
@@ -74,26 +75,18 @@ def build() -> tuple[TrainConfig, Algorithm, Any]:
             "(Algorithm.preference); leave it at 0"
         )
     value_init = algo.parts.get("Algorithm.value_init")
-    if cfg.critic_warmup_steps and (value_init is None or value_init.meta.get("lora")):
-        what = (
-            "has no critic"
-            if value_init is None
-            else f"trains its critic (@{value_init.full_name}) in the policy's engine"
-        )
+    if cfg.critic_warmup_steps and value_init is None:
         raise ConfigError(
-            f"train.critic_warmup_steps = {cfg.critic_warmup_steps}: {algo.name} {what}; a warm-up needs a "
-            "critic with its own engine (e.g. Algorithm.value_init = @value_init.policy), or bind it to 0"
+            f"train.critic_warmup_steps = {cfg.critic_warmup_steps}: {algo.name} has no critic; a warm-up "
+            "needs a critic with its own engine (e.g. Algorithm.value_init = @value_init.policy), or bind "
+            "it to 0"
         )
+    lora.check_value_init(cfg, value_init, algo.name)  # a critic on the LoRA backbone: its own checks
     if cfg.critic_warmup_steps >= cfg.steps:  # the run would end 'ok' with the starting policy
         raise ConfigError(
             f"train.critic_warmup_steps = {cfg.critic_warmup_steps} is not below train.steps = {cfg.steps}: "
             f"every step would train the critic alone and {algo.name} would never update the policy; bind "
             f"train.critic_warmup_steps below {cfg.steps}, or raise train.steps"
-        )
-    if value_init is not None and value_init.meta.get("lora") and cfg.lora is None:
-        raise ConfigError(
-            f"Algorithm.value_init = @{value_init.full_name} needs a LoRA policy: bind train.lora_r > 0 "
-            "(or use @value_init.policy)"
         )
     return cfg, algo, task
 

@@ -61,6 +61,7 @@ import torch
 from polgrad import checkpoints, collective, run_folder
 from polgrad.errors import DataError, PolgradError
 from polgrad.io import atomic_dir, atomic_write_text
+from polgrad.layout import export_saved, save_gathered
 from polgrad.run_folder import RunFolder
 
 MODEL_DIR = run_folder.MODEL  # RUN_DIR/model/: architecture, tokenizer and spec name for the export
@@ -84,10 +85,7 @@ def _write_run_model_files(m: Any, root: Path, name: str, source: str) -> None:
     m.tokenizer.save_pretrained(root / "policy")
     if m.critic.model is not None:
         m.critic.model.module.config.save_pretrained(root / "critic")
-    if _is_peft(policy):  # LoRA: the adapters' configs, to merge them into the weights on export
-        critic_adapter = getattr(m.critic.model, "adapter", None)
-        lora_json = {"adapters": _lora().peft_configs(policy), "critic_adapter": critic_adapter}
-        atomic_write_text(str(root / _lora().LORA_FILE), json.dumps(lora_json, indent=2, sort_keys=True))
+    m.layout.write_model_files(policy, m.critic.model, root)  # LoRA: the adapters' configs
     atomic_write_text(str(root / "spec.json"), json.dumps({"name": name, "source": source}, indent=2))
 
 
@@ -98,74 +96,14 @@ def write_final(m: Any, out_dir: str, *, name: str, source: str, config: str, su
     final = Path(out_dir) / FINAL_DIR
     # All or nothing: rank 0 writes into a temp folder beside final/ and renames it into place.
     with atomic_dir(final) if collective.rank() == 0 else contextlib.nullcontext(final) as tmp:
-        if _is_peft(m.engine.module):
-            _save_lora_gathered(m, tmp)
-        else:
-            _save_gathered(m.engine.module, tmp)
+        m.layout.save_final(m.engine.module, m.critic.model, tmp)  # LoRA: merged, with its critic
         if m.critic.engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
-            _save_gathered(m.critic.engine.module, tmp / "critic")
+            save_gathered(m.critic.engine.module, tmp / "critic")
         if collective.rank() == 0:
             m.tokenizer.save_pretrained(tmp)
             card = model_card(name, source, summary.get("steps"), config, summary)
             atomic_write_text(str(tmp / "README.md"), card)
     return final
-
-
-def _save_gathered(module: torch.nn.Module, path: Path) -> None:
-    """`module.save_pretrained(path)` on rank 0 with every parameter whole (ZeRO-3: gathered on all ranks)."""
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-        if collective.rank() == 0:
-            module.save_pretrained(path)
-
-
-def _lora():
-    from polgrad.models import lora
-
-    return lora
-
-
-def _is_peft(module: Any) -> bool:
-    return _lora().is_peft(module)
-
-
-def _save_lora_gathered(m: Any, final: Path) -> None:
-    """A LoRA run's final/: the policy with its adapter merged (W + (alpha/r) B A; loads with
-    AutoModelForCausalLM), the adapter itself in final/adapter/ (peft's format) and, with a LoRA
-    critic, final/critic/ (its adapter merged into a backbone copy + its head). Gathered under ZeRO-3."""
-    import deepspeed
-
-    module = m.engine.module
-    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-        if collective.rank() == 0:
-            state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-            adapter = final / "adapter"
-            module.save_pretrained(str(adapter), selected_adapters=[_lora().POLICY_ADAPTER])
-    if collective.rank() == 0:
-        critic = getattr(m.critic.model, "adapter", None)
-        write_lora_model(
-            module.config, state, _lora().peft_configs(module), critic, module.generation_config, final
-        )
-
-
-def write_lora_model(config, state, configs: dict, critic_adapter: str | None, generation_config, dest: Path):
-    """`dest`: the policy adapter merged into the weights (save_pretrained of a plain causal LM) and,
-    with `critic_adapter`, dest/critic/ as a ScalarHeadModel (that adapter merged + the value head)."""
-    from polgrad.models import ScalarHeadModel
-
-    lora = _lora()
-    merged = lora.merged_causal_lm(config, state, configs, lora.POLICY_ADAPTER)
-    if generation_config is not None:
-        merged.generation_config = generation_config
-    merged.save_pretrained(str(dest))
-    if critic_adapter is not None:
-        backbone = lora.merged_causal_lm(config, state, configs, critic_adapter).base_model
-        critic = ScalarHeadModel(backbone)
-        with torch.no_grad():
-            critic.head.weight.copy_(state[f"{lora.VALUE_HEAD}.weight"])
-            critic.head.bias.copy_(state[f"{lora.VALUE_HEAD}.bias"])
-        critic.save_pretrained(dest / "critic")
 
 
 def model_card(name: str, source: str, step: int | None, config: str, metrics: dict) -> str:
@@ -307,7 +245,7 @@ def _check_replaceable(dest: Path) -> None:
 
 
 def _export(run: Path, files: Path, tag: str, dest: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from polgrad.models import ScalarHeadModel
 
@@ -317,21 +255,10 @@ def _export(run: Path, files: Path, tag: str, dest: Path) -> None:
         from transformers import GenerationConfig
 
         generation_config = GenerationConfig.from_pretrained(files / "policy")
-    lora_file = files / _lora().LORA_FILE
-    if lora_file.is_file():  # a LoRA run: merge the adapter(s) of the checkpoint's peft module
-        lora_json = json.loads(lora_file.read_text())
-        state = checkpoint_state_dict(folder.checkpoints_of("policy"), tag)
-        config = AutoConfig.from_pretrained(files / "policy")
-        write_lora_model(
-            config, state, lora_json["adapters"], lora_json["critic_adapter"], generation_config, dest
-        )
-    else:
-        policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files / "policy"))
-        policy_ckpt = folder.checkpoints_of("policy")
-        _load(policy, checkpoint_state_dict(policy_ckpt, tag), policy_ckpt)
-        if generation_config is not None:
-            policy.generation_config = generation_config
-        policy.save_pretrained(dest)
+    policy_ckpt = folder.checkpoints_of("policy")
+    state = checkpoint_state_dict(policy_ckpt, tag)
+    # in the run's layout: a LoRA run's adapter(s) merged, else the full weights checked on load
+    export_saved(files, state, generation_config, dest, lambda model, st: _load(model, st, policy_ckpt))
     AutoTokenizer.from_pretrained(files / "policy").save_pretrained(dest)
     critic_ckpt = folder.checkpoints_of("critic")
     if (critic_ckpt / tag).is_dir():

@@ -69,6 +69,7 @@ from torch import Tensor
 from polgrad import collective
 from polgrad.errors import PolgradError
 from polgrad.io import atomic_path
+from polgrad.layout import FullCopies, Layout
 from polgrad.rollout import hf as hf_rollout
 
 Weights = dict[str, Tensor]
@@ -103,6 +104,7 @@ class Producer:
         saved: dict[int, Weights] | None = None,
         vllm: Any = None,
         keep_distribution: bool = False,
+        layout: Layout | None = None,
     ):
         """draw(step) -> (examples, generate() kwargs) of the step's first sampling round, as the
         trainer's collect asks for them; saved: the versions of a resumed run's checkpoint; vllm: the
@@ -110,12 +112,13 @@ class Producer:
         `start` (the run's starting weights, or those the sampler synced on a resume);
         keep_distribution: the hf rollouts carry their sampling distributions (`Rollout.policy_logp_all`,
         within `hf.MAX_KEPT_DISTRIBUTION`), the exact KL's policy side, for fresh rollouts only (version
-        = step); `sample` hands them out once and never from a stale rollout."""
+        = step); `sample` hands them out once and never from a stale rollout. layout: the run's model
+        layout (polgrad/layout.py; None: full copies), which loads a version into the vLLM engine."""
         self.vllm, self.keep_distribution = vllm, keep_distribution
         self.model = _sampling_copy(module) if vllm is None else None
-        # LoRA on vLLM: the engine gets each version's adapter, cut out of its snapshot with the
-        # policy module's peft config (the module is read for that config only, never its weights)
-        self.peft = module if vllm is not None and getattr(vllm, "lora_enabled", False) else None
+        # how a version's snapshot reaches the vLLM engine (polgrad/layout.py): all its weights, or with
+        # LoRA its adapter, cut out with the policy module's peft config (read for that config only)
+        self.layout, self.policy = (FullCopies() if layout is None else layout), module
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
         self.reloads: list[int] = []  # the versions loaded into the vLLM engine, in order
         self.tokenizer, self.k, self.steps, self.draw = tokenizer, int(max_staleness), int(steps), draw
@@ -261,17 +264,7 @@ class Producer:
         """Load version req.version into the vLLM engine unless it holds it already, then sample."""
         if self.engine_version != req.version:
             self.engine_version = None  # a failed load leaves the engine's weights unknown
-            if self.peft is not None:
-                from peft import get_peft_model_state_dict
-
-                from polgrad.models.lora import POLICY_ADAPTER
-
-                adapter = get_peft_model_state_dict(
-                    self.peft, state_dict=req.weights, adapter_name=POLICY_ADAPTER
-                )
-                self.vllm.load_adapter(adapter, self.peft.peft_config[POLICY_ADAPTER].to_dict())
-            else:
-                self.vllm.load_weights(req.weights)
+            self.layout.load_vllm(self.vllm, req.weights, self.policy)
             self.engine_version = req.version
             self.reloads.append(req.version)
         return self.vllm.generate(req.examples, own_threads=False, **req.kwargs)
@@ -288,11 +281,7 @@ def _sampling_copy(module: torch.nn.Module) -> torch.nn.Module:
     from its config instead (its weights are loaded from each version's gathered snapshot anyway)."""
     if not _partitioned(module):
         return copy.deepcopy(module).eval()
-    if hasattr(module, "peft_config"):
-        raise PolgradError(
-            "asynchronous rollouts with a LoRA policy under ZeRO-3 (train.lora_r > 0, train.zero_stage = 3) "
-            "are not implemented: use ZeRO 0-2, or train.max_staleness = 0"
-        )
+    # a peft policy under ZeRO-3 never gets here: models.lora.check_settings refuses it with the config
     dtype = next(module.parameters()).dtype
     model = type(module)(module.config).to(dtype)
     model.generation_config = copy.deepcopy(module.generation_config)

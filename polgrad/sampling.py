@@ -36,6 +36,7 @@ import torch
 
 from polgrad import config, hooks, producer
 from polgrad.algorithm import Algorithm
+from polgrad.layout import FullCopies, Layout
 from polgrad.rollout import hf as hf_rollout
 from polgrad.run_folder import RunFolder
 
@@ -158,9 +159,14 @@ class VLLMSampler:
     them."""
 
     def __init__(
-        self, vllm: Any, prompts: Callable[[int], tuple[list, dict[str, Any]]], recompute: bool = False
+        self,
+        vllm: Any,
+        prompts: Callable[[int], tuple[list, dict[str, Any]]],
+        recompute: bool = False,
+        layout: Layout | None = None,
     ):
         self.vllm, self.prompts = vllm, prompts
+        self.layout = FullCopies() if layout is None else layout  # how the weights reach the engine
         self.old_logp = recomputed_logp if recompute else sampled_logp  # `recompute`: needs_rollout_logp
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
@@ -178,13 +184,10 @@ class VLLMSampler:
         self._load(module)
 
     def _load(self, module: torch.nn.Module) -> None:
-        """The policy's weights into the engine: all of them, or with LoRA the adapter alone (the
-        engine started from the frozen base; until the first sync it samples the base, which a fresh
-        adapter, B = 0, leaves unchanged)."""
-        if self.vllm.lora_enabled:
-            self.vllm.sync_adapter(module)
-        else:
-            self.vllm.sync_weights(module)
+        """The policy's weights into the engine, as the layout keeps them: all of them, or with LoRA
+        the adapter alone (the engine started from the frozen base; until the first sync it samples
+        the base, which a fresh adapter, B = 0, leaves unchanged)."""
+        self.layout.sync_vllm(self.vllm, module)
 
     def metrics(self, batch: Any) -> dict[str, float]:
         return {}
@@ -213,9 +216,11 @@ class AsyncSampler:
         seed_of: Callable[[int], int],
         vllm: Any = None,
         keep_distribution: bool = False,
+        layout: Layout | None = None,
     ):
         self.cfg, self.algo, self.task, self.out_dir = cfg, algo, task, out_dir
         self.keep_distribution = keep_distribution
+        self.layout = FullCopies() if layout is None else layout
         self.module, self.tokenizer, self.seed_of, self.vllm = module, tokenizer, seed_of, vllm
         self.producer: producer.Producer | None = None
         self.prompts = PromptStream(cfg, algo, task)
@@ -245,6 +250,7 @@ class AsyncSampler:
             self.module,
             self.tokenizer,
             vllm=self.vllm,
+            layout=self.layout,
             max_staleness=cfg.max_staleness,
             steps=cfg.steps,
             start=step,
@@ -267,10 +273,7 @@ class AsyncSampler:
 
     def resumed(self, module: torch.nn.Module) -> None:
         if self.vllm is not None:  # the engine must hold the version the producer starts at
-            if self.vllm.lora_enabled:
-                self.vllm.sync_adapter(module)
-            else:
-                self.vllm.sync_weights(module)
+            self.layout.sync_vllm(self.vllm, module)
 
     def metrics(self, batch: Any) -> dict[str, float]:
         return self.producer.metrics(batch)
@@ -295,21 +298,25 @@ def make_sampler(
     tokenizer: Any,
     policy_path: str,
     seed_of: Callable[[int], int],
+    layout: Layout | None = None,
     keep_distribution: bool = False,
 ) -> Sampler:
     """The run's sampler (module docstring). A preference spec (DPO) samples nothing: it gets the
     HF sampler, or with train.rollout_backend = 'vllm' the vLLM one (its engine is started, synced on
     a resume and closed, as before, but never sampled from); it is never asynchronous. The vLLM
-    engine loads the starting policy from `policy_path`. `keep_distribution`: the HF sampler keeps
-    the sampling distributions for the exact KL (HFSampler; the async one's hf producer too, and the
-    loop reads them when the rollout is not stale)."""
+    engine loads the starting policy from `policy_path`; `layout` (polgrad/layout.py; None: full
+    copies) says what it is started with and how the policy's weights reach it. `keep_distribution`:
+    the HF sampler keeps the sampling distributions for the exact KL (HFSampler; the async one's hf
+    producer too, and the loop reads them when the rollout is not stale)."""
     vllm = None
     if cfg.rollout_backend == "vllm":
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
-        # a LoRA run: the engine keeps the frozen base (the warm start) and samples with the adapter
-        lora_rank = cfg.lora_r if cfg.lora_r else None
-        vllm = VLLMRollout(policy_path, seed=cfg.seed, chat_template=cfg.chat_template, lora_rank=lora_rank)
+        layout = FullCopies() if layout is None else layout
+        # what the layout's engine needs: with LoRA it keeps the frozen base and samples with the adapter
+        vllm = VLLMRollout(
+            policy_path, seed=cfg.seed, chat_template=cfg.chat_template, **layout.vllm_options()
+        )
     if cfg.asynchronous and not algo.offline:
         return AsyncSampler(
             cfg,
@@ -321,9 +328,12 @@ def make_sampler(
             seed_of,
             vllm=vllm,
             keep_distribution=keep_distribution,
+            layout=layout,
         )
     if vllm is not None:
-        return VLLMSampler(vllm, PromptStream(cfg, algo, task), recompute=algo.needs_rollout_logp)
+        return VLLMSampler(
+            vllm, PromptStream(cfg, algo, task), recompute=algo.needs_rollout_logp, layout=layout
+        )
     return HFSampler(
         module,
         tokenizer,

@@ -20,30 +20,13 @@ from polgrad.checks import is_int, is_real
 from polgrad.components.tracker import check_loggers
 from polgrad.config_parts import bind
 from polgrad.errors import ConfigError
+from polgrad.models import lora as lora_lib
+from polgrad.models.lora import LoraSpec
 from polgrad.tasks.rewards import check_policy, check_timeout
 
 REWARD_SOURCES = ("task", "reward_model")
 SANE_STALENESS = 8  # train.max_staleness above this warns (see TrainConfig's docstring)
 ROLLOUT_BACKENDS = ("hf", "vllm")
-
-
-# ---------------------------------------------------------------------------------- LoRA
-@dataclasses.dataclass(frozen=True)
-class LoraSpec:
-    """The policy's LoRA adapter, one object for every role built on the LoRA backbone: the actor's
-    adapter, a LoRA reward model's, and the critic a `lora` value_init part puts on it
-    (polgrad/models/lora.py). `TrainConfig.lora` makes it from train.lora_*; None is LoRA off."""
-
-    r: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    dropout: float
-
-    def settings(self) -> dict[str, Any]:
-        """The keywords of `polgrad.models.lora.lora_config` (also the reward model's cache key)."""
-        return dict(
-            r=self.r, alpha=self.alpha, target_modules=list(self.target_modules), dropout=self.dropout
-        )
 
 
 # ---------------------------------------------------------------------------------- train.*
@@ -247,7 +230,7 @@ class TrainConfig:
         _check_ensemble(self)
         _check_async(self)
         _check_async_vllm_zero3(self)
-        _check_lora(self)
+        lora_lib.check_settings(self)
         _check_compile(self)
         check_loggers(self.loggers)  # registered names whose library is installed
         entry = registry.entry_of(self.task)
@@ -306,9 +289,7 @@ class TrainConfig:
     @property
     def lora(self) -> LoraSpec | None:
         """The run's LoRA adapter (train.lora_*), or None when LoRA is off (train.lora_r = 0)."""
-        if not self.lora_r:
-            return None
-        return LoraSpec(self.lora_r, self.lora_alpha, tuple(self.lora_target_modules), self.lora_dropout)
+        return lora_lib.spec(self)
 
 
 def _check_ensemble(cfg: TrainConfig) -> None:
@@ -371,38 +352,12 @@ def _check_async_vllm_zero3(cfg: TrainConfig) -> None:
         )
 
 
-def _check_lora(cfg: TrainConfig) -> None:
-    """train.lora_*: one-line errors for a bad value or what LoRA does not run with.
-
-    Every ZeRO stage runs with LoRA (0-3 at world size 1, 2 and 3 at world size 2 checked; the
-    frozen backbone is partitioned like any parameter at stage 3), and bf16 too."""
-    if not is_int(cfg.lora_r) or cfg.lora_r < 0:
-        raise ConfigError(f"train.lora_r must be an integer >= 0 (0: LoRA off), got {cfg.lora_r!r}")
-    if not is_real(cfg.lora_alpha) or not 0 < cfg.lora_alpha < math.inf:
-        raise ConfigError(f"train.lora_alpha must be a finite number > 0, got {cfg.lora_alpha!r}")
-    mods = cfg.lora_target_modules
-    if isinstance(mods, str) or not mods or not all(isinstance(m, str) and m for m in mods):
-        raise ConfigError(
-            f"train.lora_target_modules must be a non-empty list of layer names, e.g. ['q_proj', 'v_proj'], "
-            f"got {mods!r}"
-        )
-    if not is_real(cfg.lora_dropout) or not 0 <= cfg.lora_dropout < 1:
-        raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
-    if cfg.lora_r == 0:
-        return
-    if cfg.asynchronous and cfg.zero_stage == 3:
-        raise ConfigError(
-            "train.lora_r > 0 with train.max_staleness > 0 needs train.zero_stage 0, 1 or 2, got 3 (the "
-            "producer's copy of a partitioned peft model: not implemented)"
-        )
-
-
 def _check_compile(cfg: TrainConfig) -> None:
     """train.compile: a bool; not with ZeRO-3 (partitioned weights gathered by module hooks) nor LoRA
     (peft's adapter layers): neither combination is compiled or tested."""
     if not isinstance(cfg.compile, bool):
         raise ConfigError(f"train.compile must be True or False, got {cfg.compile!r}")
-    if cfg.compile and (cfg.zero_stage == 3 or cfg.lora_r > 0):
+    if cfg.compile and cfg.zero_stage == 3:  # with LoRA: refused by models.lora.check_settings
         raise ConfigError(
             f"train.compile = True needs train.zero_stage 0, 1 or 2 and train.lora_r = 0, got zero_stage "
             f"{cfg.zero_stage} and lora_r {cfg.lora_r}: compiling ZeRO-3's partitioned weights or peft's "

@@ -451,7 +451,9 @@ def test_the_lora_reward_model_is_an_adapter_and_head_on_the_policy_backbone():
     in_optimizer = {id(p) for g in m.engine.optimizer.param_groups for p in g["params"]}
     assert not in_optimizer & {id(p) for p in reward_params}
     # the reward model as trained: ScalarHeadModel over the warm start + the saved adapter and head
-    rm_dir = next(p for p in _rm_dirs() if (p / lora.REWARD_FILE).is_file())
+    # this run's: LoRA, the single model (no member), the default steps; other tests running beside
+    # this one write LoRA reward models of their own (ensemble members, shorter runs) into the cache
+    rm_dir = next(p for p in _rm_dirs() if _is_the_single_default_lora_rm(p))
     policy_path = json.loads((rm_dir / "polgrad.json").read_text())["policy_path"]
     ref = ScalarHeadModel.from_backbone(policy_path)
     lcfg = lora.lora_config(r=4, alpha=32.0, target_modules=["q_proj", "v_proj"], dropout=0.0)
@@ -481,6 +483,14 @@ def _rm_dirs():
     from polgrad.models import default_cache_dir
 
     return sorted((default_cache_dir() / "rm").glob("sort-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _is_the_single_default_lora_rm(folder) -> bool:
+    from polgrad import pretrain
+
+    rm = json.loads((folder / "polgrad.json").read_text())["rm"]
+    single = "lora" in rm and "member" not in rm and rm["steps"] == pretrain.reward_model.RM_STEPS
+    return single and (folder / lora.REWARD_FILE).is_file()
 
 
 TIMING = {

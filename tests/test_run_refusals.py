@@ -12,6 +12,7 @@ import pytest
 
 from polgrad import build, config, models, pretrain
 from polgrad.errors import ConfigError, DataError
+from polgrad.layout import FullCopies
 
 PPO, GRPO = (str(config.resolve(f"registry/{spec}.gin")) for spec in ("ppo", "grpo"))
 
@@ -239,7 +240,7 @@ def test_a_config_json_whose_values_transformers_refuses_is_one_line_before_the_
     config.parse_config([GRPO], [f"train.policy_path = '{tmp_path}'"])
     cfg, _, task = config.build()
     with pytest.raises(DataError) as err:
-        build._policy(cfg, task, str(tmp_path))
+        build._policy(cfg, task, str(tmp_path), FullCopies())
     msg = str(err.value)
     assert (
         msg.startswith(f"policy checkpoint '{tmp_path}': its config.json does not load: ") and "\n" not in msg

@@ -17,6 +17,7 @@ if os.environ.get("POLGRAD_REQUIRE_VLLM") == "1":
 else:
     vllm = pytest.importorskip("vllm")
 
+from polgrad.layout import LoraBackbone  # noqa: E402
 from polgrad.models import build_tiny  # noqa: E402
 from polgrad.models import lora as L  # noqa: E402
 from polgrad.rollout import hf  # noqa: E402
@@ -38,7 +39,8 @@ def setup(tmp_path_factory):
     peft = L.add_policy_adapter(
         copy.deepcopy(model), L.lora_config(r=4, alpha=8, target_modules=MODULES, dropout=0.0)
     )
-    engine = VLLMRollout(path, kv_cache_memory_bytes=64 << 20, block_size=32, lora_rank=4)
+    options = LoraBackbone(L.LoraSpec(4, 8.0, tuple(MODULES), 0.0)).vllm_options()  # rank 4: max 8
+    engine = VLLMRollout(path, kv_cache_memory_bytes=64 << 20, block_size=32, **options)
     yield task, model.eval(), peft.eval(), tokenizer, engine
     engine.close()
 

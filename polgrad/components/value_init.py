@@ -141,9 +141,6 @@ def lora(
 def _lora_critic(name: str, policy, *, own_adapter: bool, head_init_std: float, seed: int):
     from polgrad.models import lora as lora_lib
 
-    if policy is None or not lora_lib.is_peft(policy):
-        raise ConfigError(
-            f"Algorithm.value_init = @value_init.{name} needs a LoRA policy: bind train.lora_r > 0 "
-            "(or use @value_init.policy)"
-        )
-    return lora_lib.add_critic(policy, own_adapter=own_adapter, head_init_std=head_init_std, seed=seed)
+    return lora_lib.add_critic(
+        policy, own_adapter=own_adapter, head_init_std=head_init_std, seed=seed, part=f"value_init.{name}"
+    )

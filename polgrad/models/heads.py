@@ -122,6 +122,21 @@ class ScalarHeadModel(nn.Module):
         return model
 
 
+class FullRewardModel:
+    """How `polgrad.pretrain.train_reward_model` trains a reward model by default: every weight of the
+    ScalarHeadModel, saved whole (`lora.LoraRewardModel` is the LoRA form). Nothing enters the cache
+    key (the keys of before the LoRA form)."""
+
+    def key(self) -> dict:
+        return {}
+
+    def prepare(self, model: ScalarHeadModel) -> None:
+        pass
+
+    def save(self, model: ScalarHeadModel, folder: str | os.PathLike) -> None:
+        model.save_pretrained(folder)  # backbone via save_model_dir, head beside it
+
+
 def load_reward_model(path: str | os.PathLike) -> ScalarHeadModel:
     """The reward model at `path`, frozen (eval mode, requires_grad False)."""
     return freeze(ScalarHeadModel.from_pretrained(path))

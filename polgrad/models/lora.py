@@ -20,7 +20,7 @@ One run holds ONE copy of the backbone's weights:
                 + a value head Linear(hidden, 1) registered on the policy module (so the policy's
                 DeepSpeed engine trains it)
     reward      `add_reward_model`: the backbone + the frozen adapter 'reward' and regression head of a
-                reward model trained as LoRA (polgrad.pretrain.train_reward_model(lora=...))
+                reward model trained as LoRA (polgrad.pretrain.train_reward_model(form=LoraRewardModel(...)))
 
 `merged_causal_lm` folds an adapter into the weights (peft `merge_and_unload` on a copy built from
 a state dict), the form `final/` is written in.
@@ -33,12 +33,16 @@ the flags it found (`_same_requires_grad`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError
 from polgrad.models.tokenizer import position_ids_from_mask
 
@@ -49,6 +53,85 @@ VALUE_HEAD = "value_head"  # the critic's head, a submodule of the peft policy m
 REWARD_HEAD = "reward_head"  # the LoRA reward model's head, frozen, on the peft policy module
 REWARD_FILE = "reward_adapter.safetensors"  # a LoRA reward model's adapter (decoder-relative names)
 LORA_FILE = "lora.json"  # RUN_DIR/model/lora.json: the adapters' peft configs, for polgrad.export
+
+
+# --------------------------------------------------------------------------- the settings
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """The policy's LoRA adapter, one object for every role built on the LoRA backbone: the actor's
+    adapter, a LoRA reward model's, and the critic a `lora` value_init part puts on it.
+    `TrainConfig.lora` makes it from train.lora_* (`spec`); None is LoRA off."""
+
+    r: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    dropout: float
+
+    def settings(self) -> dict[str, Any]:
+        """The keywords of `lora_config` (also the reward model's cache key)."""
+        return dict(
+            r=self.r, alpha=self.alpha, target_modules=list(self.target_modules), dropout=self.dropout
+        )
+
+
+def spec(cfg: Any) -> LoraSpec | None:
+    """train.lora_* of the TrainConfig `cfg` as a LoraSpec, or None when LoRA is off (lora_r = 0)."""
+    if not cfg.lora_r:
+        return None
+    return LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout)
+
+
+def check_settings(cfg: Any) -> None:
+    """train.lora_* of the TrainConfig `cfg`: one-line errors for a bad value or what LoRA does not run
+    with (asynchronous rollouts at ZeRO-3; train.compile).
+
+    Every ZeRO stage runs with LoRA (0-3 at world size 1, 2 and 3 at world size 2 checked; the
+    frozen backbone is partitioned like any parameter at stage 3), and bf16 too."""
+    if not is_int(cfg.lora_r) or cfg.lora_r < 0:
+        raise ConfigError(f"train.lora_r must be an integer >= 0 (0: LoRA off), got {cfg.lora_r!r}")
+    if not is_real(cfg.lora_alpha) or not 0 < cfg.lora_alpha < math.inf:
+        raise ConfigError(f"train.lora_alpha must be a finite number > 0, got {cfg.lora_alpha!r}")
+    mods = cfg.lora_target_modules
+    if isinstance(mods, str) or not mods or not all(isinstance(m, str) and m for m in mods):
+        raise ConfigError(
+            f"train.lora_target_modules must be a non-empty list of layer names, e.g. ['q_proj', 'v_proj'], "
+            f"got {mods!r}"
+        )
+    if not is_real(cfg.lora_dropout) or not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError(f"train.lora_dropout must be in [0, 1), got {cfg.lora_dropout!r}")
+    if cfg.lora_r == 0:
+        return
+    if cfg.asynchronous and cfg.zero_stage == 3:
+        raise ConfigError(
+            "train.lora_r > 0 with train.max_staleness > 0 needs train.zero_stage 0, 1 or 2, got 3 (the "
+            "producer's copy of a partitioned peft model: not implemented)"
+        )
+    if cfg.compile is True:
+        raise ConfigError(
+            f"train.compile = True needs train.zero_stage 0, 1 or 2 and train.lora_r = 0, got zero_stage "
+            f"{cfg.zero_stage} and lora_r {cfg.lora_r}: compiling ZeRO-3's partitioned weights or peft's "
+            "adapters is not supported"
+        )
+
+
+def check_value_init(cfg: Any, value_init: Any, spec_name: str) -> None:
+    """A `lora` value_init part (its registry metadata `lora=True`) builds the critic on the LoRA
+    backbone and trains it in the policy's engine: it needs train.lora_r > 0, and it has no warm-up
+    (train.critic_warmup_steps trains a critic with an engine of its own). `value_init` is the spec's
+    part, or None without a critic."""
+    if value_init is None or not value_init.meta.get("lora"):
+        return
+    if cfg.critic_warmup_steps:
+        raise ConfigError(
+            f"train.critic_warmup_steps = {cfg.critic_warmup_steps}: {spec_name} trains its critic "
+            f"(@{value_init.full_name}) in the policy's engine; a warm-up needs a critic with its own "
+            "engine (e.g. Algorithm.value_init = @value_init.policy), or bind it to 0"
+        )
+    if not cfg.lora_r:
+        raise ConfigError(
+            f"Algorithm.value_init = @{value_init.full_name} needs a LoRA policy: bind train.lora_r > 0 "
+            "(or use @value_init.policy)"
+        )
 
 
 def lora_config(*, r: int, alpha: float, target_modules: Sequence[str], dropout: float):
@@ -86,6 +169,13 @@ def add_policy_adapter(model: nn.Module, config) -> nn.Module:
 
 def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    """The peft model inside a DeepSpeed engine or DDP wrapper, else `model`."""
+    while not hasattr(model, "peft_config") and isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
 
 
 @contextlib.contextmanager
@@ -182,10 +272,21 @@ class LoraCritic(nn.Module):
 
 
 def add_critic(
-    peft_model: nn.Module, *, own_adapter: bool, head_init_std: float = 0.0, seed: int = 0
+    peft_model: nn.Module | None,
+    *,
+    own_adapter: bool,
+    head_init_std: float = 0.0,
+    seed: int = 0,
+    part: str = "value_init.lora",
 ) -> LoraCritic:
     """Put a fresh value head (zeros, or N(0, head_init_std^2) seeded; bias 0) on the peft policy, and
-    with `own_adapter` a second adapter 'critic' (the policy's LoraConfig, its own fresh A and B)."""
+    with `own_adapter` a second adapter 'critic' (the policy's LoraConfig, its own fresh A and B).
+    `part` names the value_init part in the one-line error for a policy that is not a peft model."""
+    if peft_model is None or not is_peft(peft_model):
+        raise ConfigError(
+            f"Algorithm.value_init = @{part} needs a LoRA policy: bind train.lora_r > 0 "
+            "(or use @value_init.policy)"
+        )
     hidden = peft_model.config.hidden_size
     head = nn.Linear(hidden, 1, dtype=next(peft_model.parameters()).dtype)
     with torch.no_grad():
@@ -247,6 +348,42 @@ def add_reward_model(peft_model: nn.Module, path, member: int = 0) -> LoraCritic
     head.requires_grad_(False)
     peft_model.add_module(head_name, head)
     return LoraCritic(peft_model, adapter, head_name=head_name, frozen=True)
+
+
+class LoraRewardModel:
+    """How `polgrad.pretrain.train_reward_model` trains a reward model as LoRA (`heads.FullRewardModel`
+    is the other form): the backbone frozen, adapter 'reward' + the head trained; the folder then holds
+    the adapter (REWARD_FILE), the head and the config, no backbone weights, and loads onto a LoRA
+    policy with `add_reward_model` (one backbone in the run). `key()` enters the cache key."""
+
+    def __init__(self, spec: LoraSpec):
+        self.spec = spec
+
+    def key(self) -> dict[str, Any]:
+        return {"lora": self.spec.settings()}
+
+    def prepare(self, model: nn.Module) -> None:
+        """The ScalarHeadModel `model`'s backbone wrapped by peft with the adapter 'reward' (seeded by
+        the RNG in effect: an ensemble member's own seed)."""
+        from peft import get_peft_model
+
+        cfg = lora_config(**self.spec.settings())
+        cfg.task_type = None  # an AutoModel backbone (no LM head)
+        model.backbone = get_peft_model(model.backbone, cfg, adapter_name=REWARD_ADAPTER)
+
+    def save(self, model: nn.Module, folder: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        from polgrad.models.heads import HEAD_FILE
+
+        decoder = model.backbone.get_base_model()
+        save_file(adapter_state(decoder, REWARD_ADAPTER), os.path.join(folder, REWARD_FILE))
+        head = {
+            "weight": model.head.weight.detach().contiguous(),
+            "bias": model.head.bias.detach().contiguous(),
+        }
+        save_file(head, os.path.join(folder, HEAD_FILE))
+        decoder.config.save_pretrained(folder)
 
 
 def critic_parameters(peft_model: nn.Module) -> list[nn.Parameter]:

@@ -27,8 +27,9 @@ from polgrad.models.cache import (
     read_info,
     write_info,
 )
-from polgrad.models.heads import ScalarHeadModel, sequence_scores
+from polgrad.models.heads import FullRewardModel, ScalarHeadModel, sequence_scores
 from polgrad.models.loading import check_dir
+from polgrad.models.lora import LoraRewardModel
 from polgrad.models.threads import default_num_threads, torch_threads
 from polgrad.models.tokenizer import encode_sequences, load_tokenizer
 from polgrad.pretrain.sft import make_task, warmup_then
@@ -88,7 +89,7 @@ def train_reward_model(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     threads: int | None = None,
-    lora: dict | None = None,
+    form: FullRewardModel | LoraRewardModel | None = None,
     member: int = 0,
     chat_template: bool | None = None,
 ) -> tuple[str, float]:
@@ -107,10 +108,11 @@ def train_reward_model(
     Measured accuracies with the defaults are next to RM_STEPS: 0.94 on task.sort, but near chance
     on task.add, whose preference pairs need the sum itself to be told apart.
 
-    `lora` (keywords of `polgrad.models.lora.lora_config`: r, alpha, target_modules, dropout) trains
-    the reward model as a LoRA adapter 'reward' on the frozen backbone + the head instead: the
-    directory then holds the adapter (`lora.REWARD_FILE`), the head and the config, no backbone
-    weights, and loads onto a LoRA policy with `lora.add_reward_model` (one backbone in the run).
+    `form`: how the model trains and is saved, chosen by the run's model layout (polgrad/layout.py):
+    `FullRewardModel()` (None: the default) trains every weight; `LoraRewardModel(spec)` trains a LoRA
+    adapter 'reward' on the frozen backbone + the head instead: the directory then holds the adapter
+    (`lora.REWARD_FILE`), the head and the config, no backbone weights, and loads onto a LoRA policy
+    with `lora.add_reward_model` (one backbone in the run).
 
     `member` k > 0 is member k of an ensemble (train.rm_ensemble; Coste et al. 2024): the same
     training and held-out pairs, another initialisation seed: its head starts from N(0, 1/H) (H the
@@ -122,6 +124,7 @@ def train_reward_model(
     """
     if isinstance(task, str):
         task = make_task(task, None)
+    form = FullRewardModel() if form is None else form
     if not is_int(member) or member < 0:
         raise ConfigError(f"train_reward_model: member must be an integer >= 0, got {member!r}")
     if pairs < 1 or steps < 0 or batch_size < 1 or not lr > 0:
@@ -151,7 +154,7 @@ def train_reward_model(
             "lr": lr,
             "batch_size": batch_size,
             "heldout_pairs": heldout_pairs,
-            **({"lora": lora} if lora else {}),  # absent without LoRA: the keys of before
+            **form.key(),  # {} for the full form (the keys of before LoRA), {'lora': settings}
             **({"member": member} if member else {}),  # absent for the single reward model, likewise
             # the chat template in effect (absent without one: the keys of before; a template's text
             # changes every prompt's tokens, so a reward model trained without it is not reused)
@@ -167,7 +170,7 @@ def train_reward_model(
             return str(final), float(read_info(final)["stats"]["heldout_pairwise_accuracy"])
         with torch_threads(threads or default_num_threads()):
             options = dict(
-                steps=steps, batch_size=batch_size, lr=lr, seed=seed, lora=lora, member=member,
+                steps=steps, batch_size=batch_size, lr=lr, seed=seed, form=form, member=member,
                 chat_template=chat_template,
             )  # fmt: skip
             acc = _train_rm(task, policy, train, heldout, options, progress, key_fields, key, tmp)
@@ -181,12 +184,12 @@ def _member_seed(seed: int, member: int) -> int:
 
 def _train_rm(task, policy, train, heldout, options: dict, progress, key_fields, key, tmp) -> float:
     """The Bradley-Terry run behind `train_reward_model`: train, evaluate, write into `tmp`. `options`:
-    its steps, batch_size, lr, seed, lora, member and chat_template, as `train_reward_model` was
+    its steps, batch_size, lr, seed, form, member and chat_template, as `train_reward_model` was
     given them."""
     from tqdm.auto import tqdm
 
     steps, batch_size, lr, seed = options["steps"], options["batch_size"], options["lr"], options["seed"]
-    lora, member = options["lora"], options["member"]
+    form, member = options["form"], options["member"]
 
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(policy, chat_template=options["chat_template"])
@@ -196,14 +199,7 @@ def _train_rm(task, policy, train, heldout, options: dict, progress, key_fields,
             torch.manual_seed(_member_seed(seed, member))
             with torch.no_grad():
                 model.head.weight.normal_(0.0, model.head.weight.shape[-1] ** -0.5)
-        if lora:  # the backbone frozen, adapter 'reward' + the head trained
-            from peft import get_peft_model
-
-            from polgrad.models import lora as lora_lib
-
-            cfg = lora_lib.lora_config(**lora)
-            cfg.task_type = None  # an AutoModel backbone (no LM head)
-            model.backbone = get_peft_model(model.backbone, cfg, adapter_name=lora_lib.REWARD_ADAPTER)
+        form.prepare(model)  # the LoRA form: the backbone frozen, adapter 'reward' + the head trained
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -234,24 +230,7 @@ def _train_rm(task, policy, train, heldout, options: dict, progress, key_fields,
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     bar.close()
     acc = pairwise_accuracy(model, tokenizer, heldout)
-    if lora:
-        from safetensors.torch import save_file
-
-        from polgrad.models import HEAD_FILE
-        from polgrad.models import lora as lora_lib
-
-        decoder = model.backbone.get_base_model()
-        save_file(
-            lora_lib.adapter_state(decoder, lora_lib.REWARD_ADAPTER), os.path.join(tmp, lora_lib.REWARD_FILE)
-        )
-        head = {
-            "weight": model.head.weight.detach().contiguous(),
-            "bias": model.head.bias.detach().contiguous(),
-        }
-        save_file(head, os.path.join(tmp, HEAD_FILE))
-        decoder.config.save_pretrained(tmp)
-    else:
-        model.save_pretrained(tmp)  # a ScalarHeadModel: backbone via save_model_dir, head beside it
+    form.save(model, tmp)
     tokenizer.save_pretrained(tmp)
     tail = losses[-10:]
     write_info(

@@ -62,6 +62,8 @@ import contextlib
 import gc
 import os
 import random
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -72,6 +74,7 @@ from torch import Tensor
 
 from polgrad.errors import ConfigError
 from polgrad.models import encode_prompts, load_tokenizer, torch_threads
+from polgrad.models.lora import unwrap_peft
 from polgrad.rollout import hf
 from polgrad.rollout.hf import Rollout
 from polgrad.tasks.base import Example
@@ -101,25 +104,6 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-# The adapter ranks vLLM's LoRA kernels are built for (its `max_lora_rank` must be one of these).
-_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def _vllm_lora_rank(r: int) -> int:
-    """The smallest rank vLLM accepts as `max_lora_rank` that holds an adapter of rank `r`."""
-    for k in _VLLM_LORA_RANKS:
-        if k >= r:
-            return k
-    raise ConfigError(f"train.lora_r = {r}: vLLM serves LoRA adapters up to rank {_VLLM_LORA_RANKS[-1]}")
-
-
-def _unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
-    """The peft model inside a DeepSpeed engine or DDP wrapper, else `model`."""
-    while not hasattr(model, "peft_config") and isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
-
-
 class VLLMRollout:
     """A vLLM engine for one checkpoint, with `generate` (-> hf's Rollout) and `sync_weights`.
 
@@ -141,7 +125,6 @@ class VLLMRollout:
         seed: int = 0,
         num_threads: int | None = 1,
         chat_template: bool | None = None,
-        lora_rank: int | None = None,
         **engine_kwargs: Any,
     ):
         path = Path(model_path)
@@ -182,11 +165,8 @@ class VLLMRollout:
         if max_model_len is not None:
             options["max_model_len"] = int(max_model_len)
         self.lora: Any = None  # the LoRARequest of the adapter version the engine samples with
-        self._lora_dir: str | None = None
         self._lora_version = 0
-        self.lora_enabled = lora_rank is not None
-        if lora_rank is not None:  # one adapter at a time, the policy's latest version
-            options.update(enable_lora=True, max_loras=1, max_lora_rank=_vllm_lora_rank(int(lora_rank)))
+        self.lora_enabled = bool(engine_kwargs.get("enable_lora", False))  # `load_adapter` allowed
         options.update(engine_kwargs)
 
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
@@ -202,6 +182,7 @@ class VLLMRollout:
             gc.unfreeze()  # the engine core gc.freeze()s the heap: the trainer's objects too, in-process
         self.start_seconds = time.perf_counter() - t0
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self._lora_dir = tempfile.mkdtemp(prefix="polgrad-vllm-lora-")  # adapter versions; gone at close
 
     # ------------------------------------------------------------------------------------------
     # Generation
@@ -398,7 +379,7 @@ class VLLMRollout:
         Parameters partitioned by ZeRO-3 are gathered here. Returns the seconds it took."""
         from peft import get_peft_model_state_dict
 
-        peft_model = _unwrap_peft(model)
+        peft_model = unwrap_peft(model)
         partitioned = [p for p in peft_model.parameters() if hasattr(p, "ds_id")]
         gather = contextlib.nullcontext()
         if partitioned:
@@ -421,12 +402,11 @@ class VLLMRollout:
         from vllm.lora.request import LoRARequest
 
         if not self.lora_enabled:
-            raise ConfigError("load_adapter: the engine was started without LoRA (VLLMRollout(lora_rank=r))")
+            raise ConfigError(
+                "load_adapter: the engine was started without LoRA (VLLMRollout(..., enable_lora=True, "
+                "max_lora_rank=r), as polgrad.layout.LoraBackbone.vllm_options gives them)"
+            )
         t0 = time.perf_counter()
-        if self._lora_dir is None:
-            import tempfile
-
-            self._lora_dir = tempfile.mkdtemp(prefix="polgrad-vllm-lora-")
         self._lora_version += 1
         folder = Path(self._lora_dir) / f"v{self._lora_version}"
         folder.mkdir()
@@ -439,19 +419,13 @@ class VLLMRollout:
         previous = Path(self._lora_dir) / f"v{self._lora_version - 1}"
         self.lora = LoRARequest("policy", self._lora_version, str(folder))
         if previous.is_dir():
-            import shutil
-
             shutil.rmtree(previous, ignore_errors=True)  # vLLM has loaded it (or never will again)
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
 
     def close(self) -> None:
         """Shut the engine down and free its KV cache (the object is unusable afterwards)."""
-        if self._lora_dir is not None:
-            import shutil
-
-            shutil.rmtree(self._lora_dir, ignore_errors=True)
-            self._lora_dir = None
+        shutil.rmtree(self._lora_dir, ignore_errors=True)
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
