@@ -45,7 +45,9 @@ REMOVED = {
     "default, is the synchronous loop; k > 0 samples step s from the weights of step s - k)",
 }
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_BASE = os.path.join("experiments", "base_tiny.gin")
+# The defaults every run starts from, shipped inside the package (package data): an absolute path, so a
+# run reads the same defaults from any working directory, in a checkout or an installed polgrad.
+DEFAULT_BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults", "base_tiny.gin")
 
 
 def build() -> tuple[TrainConfig, Algorithm, Any]:

@@ -4,9 +4,10 @@
 One training run. Gin files are parsed in order (later bindings win), then the `--bind`s. The
 experiment and spec files in this repo `include` a base config for the tiny default model, so
 `python -m polgrad.train registry/grpo.gin` alone needs one: the base config
-experiments/base_tiny.gin is parsed first (`--base ''` turns that off; parsing it again through
-an `include` is harmless, later bindings win). `--binding` is another spelling of `--bind` (the one
-the sweep passes under DeepSpeed's launcher, which refuses `--bind`).
+polgrad/defaults/base_tiny.gin, shipped inside the package, is parsed first from any working
+directory (`--base ''` turns that off; parsing it again through an `include` is harmless, later
+bindings win). `--binding` is another spelling of `--bind` (the one the sweep passes under
+DeepSpeed's launcher, which refuses `--bind`).
 
 The run folder `--out` has one owner: the trainer locks it (polgrad/runlock.py; under a launcher,
 rank 0 does), and a second trainer on it stops at once in one line naming the holder. A folder that

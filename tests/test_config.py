@@ -245,3 +245,31 @@ def test_sft_stop_at_target_reaches_the_warm_start(monkeypatch, stop, want):
     assert {k: v for k, v in seen.items() if k == "target_accuracy"} == want
     with pytest.raises(ConfigError, match="train.sft_stop_at_target must be True or False"):
         TrainConfig(task=get("task", "add"), max_new_tokens=4, steps=1, sft_stop_at_target=0)
+
+
+def test_the_defaults_ship_inside_the_package_and_read_the_same_from_any_directory(tmp_path, monkeypatch):
+    """The base config every run starts from is package data: an absolute path inside polgrad/, named
+    by pyproject.toml's package-data (so a wheel carries it), parsed the same from any working
+    directory. experiments/base_tiny.gin, which the experiments include, holds no binding of its own."""
+    import fnmatch
+    from pathlib import Path
+
+    import tomllib
+
+    import polgrad
+
+    pkg = Path(polgrad.__file__).resolve().parent
+    base = Path(config.DEFAULT_BASE)
+    assert base.is_absolute() and base.is_file() and base.is_relative_to(pkg)
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as fh:
+        globs = tomllib.load(fh)["tool"]["setuptools"]["package-data"]["polgrad"]
+    assert any(fnmatch.fnmatch(str(base.relative_to(pkg)), g) for g in globs)
+    lab = Path(REPO, "experiments", "base_tiny.gin").read_text().splitlines()
+    statements = [ln for ln in lab if ln.strip() and not ln.lstrip().startswith("#")]
+    assert statements == ["include 'polgrad/defaults/base_tiny.gin'"]  # the defaults once
+    monkeypatch.chdir(tmp_path)
+    gin.clear_config()
+    config.parse_config([GRPO], [])
+    cfg, _, _ = config.build()
+    assert (cfg.task_name, cfg.max_new_tokens, cfg.steps, cfg.micro_batch_size) == ("add", 8, 60, 64)
+    gin.clear_config()
