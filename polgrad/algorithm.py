@@ -117,6 +117,12 @@ class Algorithm:
         self.reward_shaping = tuple(reward_shaping or ())
         spec_checks.validate(self)  # sets self.parts; every check and the probe (polgrad/spec_checks.py)
         self.parts = MappingProxyType(self.parts)  # read-only, like every other attribute
+        # The optional terms of the formulas, each chosen here once: `prepare` and `loss` apply them
+        # without asking which the spec has (an absent term passes its input through unchanged).
+        self._reward_kl = KLPenalty(self.kl) if self.kl_in_reward() else NO_TERM
+        self._loss_kl = KLPenalty(self.kl) if self.kl_in_loss() else NO_TERM
+        self._critic_term = ValueTerm(self.value_loss, self.vf_coef) if self.needs_critic else NO_TERM
+        self._baseline = GreedyBaselineScores() if self.needs_baseline_rollout else NO_TERM
         self._frozen = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -199,34 +205,25 @@ class Algorithm:
         n_rows, score_sum = _global_sums(float(mask.shape[0]), batch.scores.double().sum())
         metrics: dict[str, float] = {"score_mean": score_sum / max(n_rows, 1.0)}
         scores, keep = self._shaped_and_kept(batch)
-        baseline = batch.baseline_scores
-        baseline = baseline.to(mask.dtype) if baseline is not None else None
         (kept,) = _global_sums(keep.double().sum())
         metrics["filtered_frac"] = 1.0 - kept / max(n_rows, 1.0)
         out = batch.select(keep)
         mask, scores = out.mask, scores[keep]
-        baseline = baseline[keep] if baseline is not None else None
         if mask.shape[0] == 0:
             return out, metrics
 
-        # Per-token rewards: the score on the last valid token of each row.
-        token_rewards = last_token(scores, mask)
-        rewards = scores
-        if self.kl_in_reward():
-            kl_tok = self.kl(out.old_logp, out.ref_logp, mask) * mask
-            token_rewards = token_rewards - kl_coef * kl_tok
-            # Sequence-level estimators see the same penalty folded into the scalar reward.
-            rewards = scores - kl_coef * kl_tok.sum(-1)
-            kl_sum, tokens = _global_sums(kl_tok.sum(), mask.sum())
-            metrics["kl_reward"] = kl_sum / max(tokens, 1.0)
-
+        # Per-token rewards: the score on the last valid token of each row; minus kl_coef * KL with
+        # the KL in the reward (the sequence-level reward too).
+        token_rewards, rewards = self._reward_kl.in_reward(
+            last_token(scores, mask), scores, out, kl_coef, metrics
+        )
         adv, returns = self.advantage(
             rewards,
             mask,
             group_ids=out.group_ids,
             values=out.values,
             token_rewards=token_rewards,
-            baseline_rewards=baseline,
+            baseline_rewards=self._baseline.scores(out),  # [B] in mask's dtype (ReMax), or None
         )
         out = out.replace(rewards=rewards, token_rewards=token_rewards, adv=adv, returns=returns)
         adv_sum, tokens = _global_sums((adv * mask).sum(), mask.sum())
@@ -272,21 +269,14 @@ class Algorithm:
         }
         del clip_metrics  # the [B,T] metric tensors are reduced: free them before the KL term is built
         metrics["pg_loss"] = self.aggregate(per_token.detach(), mask, counts)
-        if self.kl_in_loss():
-            kl_tok = self.kl(mb.logp, mb.ref_logp, mask, logits=mb.logits, ref_logits=mb.ref_logits)
-            per_token = per_token + float(kl_coef) * kl_tok
-            metrics["kl_loss"] = (kl_tok.detach() * mask).sum() / counts.num_tokens
+        per_token = self._loss_kl.in_loss(per_token, mb, counts, kl_coef, metrics)  # + kl_coef * KL
         if self.entropy_coef > 0:
             per_token = per_token - self.entropy_coef * mb.entropy
         if mb.entropy is not None:
             metrics["entropy"] = (mb.entropy.detach() * mask).sum() / counts.num_tokens
         policy_loss = self.aggregate(per_token, mask, counts)
 
-        value_loss = None
-        if self.needs_critic:
-            v_tok = self.value_loss(mb.values, mb.old_values, mb.returns, mask)
-            value_loss = self.vf_coef * self.aggregate(v_tok, mask, counts)
-            metrics["value_loss"] = value_loss.detach()
+        value_loss = self._critic_term.value_loss(mb, counts, self.aggregate, metrics)  # None: no critic
         return policy_loss, value_loss, metrics
 
     def next_kl_coef(self, kl_coef: float, measured_kl: float, n_steps: int) -> float:
@@ -327,3 +317,80 @@ class Algorithm:
     def table_row(self) -> dict[str, str]:
         """This spec's row of the chapter's Table 5 (column meanings: polgrad.table5)."""
         return table5.table_row(self)
+
+
+# --------------------------------------------------------------------------- the optional terms
+class KLPenalty:
+    """The KL to the reference as a penalty, in the reward or in the loss (`Algorithm.kl_placement`).
+
+    in the reward:  r_t <- r_t - beta * KL_t on each valid token, and the sequence reward
+                    R <- R - beta * sum_t KL_t (sequence-level estimators see the same penalty);
+                    KL_t = kl(old_logp, ref_logp) (the rollout's policy, no gradient); metric kl_reward
+    in the loss:    loss_t <- loss_t + beta * KL_t with KL_t = kl(logp, ref_logp) (with gradient, and
+                    the logits for a full-vocabulary part); metric kl_loss (its token share)"""
+
+    def __init__(self, kl: Callable[..., Any]):
+        self.kl = kl
+
+    def in_reward(
+        self, token_rewards: Tensor, scores: Tensor, out: Batch, kl_coef: float, metrics: dict
+    ) -> tuple[Tensor, Tensor]:
+        mask = out.mask
+        kl_tok = self.kl(out.old_logp, out.ref_logp, mask) * mask
+        token_rewards = token_rewards - kl_coef * kl_tok
+        rewards = scores - kl_coef * kl_tok.sum(-1)
+        kl_sum, tokens = _global_sums(kl_tok.sum(), mask.sum())
+        metrics["kl_reward"] = kl_sum / max(tokens, 1.0)
+        return token_rewards, rewards
+
+    def in_loss(
+        self, per_token: Tensor, mb: Batch, counts: StepCounts, kl_coef: float, metrics: dict
+    ) -> Tensor:
+        mask = mb.mask
+        kl_tok = self.kl(mb.logp, mb.ref_logp, mask, logits=mb.logits, ref_logits=mb.ref_logits)
+        metrics["kl_loss"] = (kl_tok.detach() * mask).sum() / counts.num_tokens
+        return per_token + float(kl_coef) * kl_tok
+
+
+class ValueTerm:
+    """The critic's loss: vf_coef * aggregate(value_loss(values, old_values, returns, mask)), with the
+    policy loss's aggregation and denominators; metric value_loss."""
+
+    def __init__(self, value_loss: Callable[..., Any], vf_coef: float):
+        self.loss, self.vf_coef = value_loss, vf_coef
+
+    def value_loss(
+        self, mb: Batch, counts: StepCounts, aggregate: Callable[..., Any], metrics: dict
+    ) -> Tensor:
+        v_tok = self.loss(mb.values, mb.old_values, mb.returns, mb.mask)
+        value_loss = self.vf_coef * aggregate(v_tok, mb.mask, counts)
+        metrics["value_loss"] = value_loss.detach()
+        return value_loss
+
+
+class GreedyBaselineScores:
+    """ReMax's baseline: the greedy responses' scores [B] in the computation's dtype (mask's)."""
+
+    def scores(self, out: Batch) -> Tensor:
+        return out.baseline_scores.to(out.mask.dtype)
+
+
+class _NoTerm:
+    """A term the spec leaves out: the reward, the loss and the metrics pass through unchanged."""
+
+    def in_reward(self, token_rewards: Tensor, scores: Tensor, out: Batch, kl_coef: float, metrics: dict):
+        return token_rewards, scores
+
+    def in_loss(
+        self, per_token: Tensor, mb: Batch, counts: StepCounts, kl_coef: float, metrics: dict
+    ) -> Tensor:
+        return per_token
+
+    def value_loss(self, mb: Batch, counts: StepCounts, aggregate: Callable[..., Any], metrics: dict) -> None:
+        return None
+
+    def scores(self, out: Batch) -> None:
+        return None
+
+
+NO_TERM = _NoTerm()

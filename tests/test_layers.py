@@ -461,8 +461,31 @@ def test_the_step_never_branches_on_an_optional_role():
     assert {"collect", "update", "micro_step", "step_row"} <= {f.name for f in fns}
     elsewhere = called_elsewhere(fns, tree, all_modules())
     assert {"response_lengths", "counted"} <= {f.name for f in elsewhere}  # followed out of trainer.py
-    branches = feature_branches(fns + elsewhere, fields)
+    spec = spec_step_methods()
+    assert {f.name for f in spec} == set(SPEC_STEP_METHODS)
+    branches = feature_branches(fns + elsewhere + spec, fields)
     assert branches == [], f"the step branches on optional roles at {branches}"
+
+
+# The step's second file: the spec's formulas (polgrad/algorithm.py), which the step calls as
+# `algo.prepare(...)` and `algo.loss(...)`; their optional terms (KL in the reward or the loss, the
+# critic's loss, ReMax's baseline) are chosen once when the spec is built.
+SPEC_STEP_METHODS = ("prepare", "keep", "_shaped_and_kept", "loss")
+
+
+def spec_step_methods(source: str | None = None) -> list[ast.AST]:
+    tree = ast.parse(source if source is not None else (PKG / "algorithm.py").read_text())
+    algo = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Algorithm")
+    return [n for n in algo.body if isinstance(n, ast.FunctionDef) and n.name in SPEC_STEP_METHODS]
+
+
+def test_the_branch_rule_sees_a_planted_branch_in_the_spec_formulas():
+    source = (PKG / "algorithm.py").read_text()
+    old = "        value_loss = self._critic_term.value_loss("
+    assert old in source
+    planted = source.replace(old, "        if self.needs_critic:\n            pass\n" + old)
+    assert feature_branches(spec_step_methods(source), _optional_fields()) == []
+    assert len(feature_branches(spec_step_methods(planted), _optional_fields())) == 1
 
 
 def test_the_branch_rule_sees_planted_branches(tmp_path):
