@@ -24,6 +24,7 @@ from polgrad import export
 from polgrad.critic import NoCritic
 from polgrad.errors import WriteError
 from polgrad.io import atomic_dir
+from polgrad.layout import FullCopies
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "mp_rank_00_model_states.pt"
@@ -216,7 +217,8 @@ def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
 # ----------------------------------------------------------------------------- final/ and model/
 def _fake_models(model, tok):
     """What write_final reads of a run's models: a plain (non-LoRA) policy engine, no critic."""
-    return types.SimpleNamespace(engine=types.SimpleNamespace(module=model), critic=NoCritic(), tokenizer=tok)
+    engine = types.SimpleNamespace(module=model)
+    return types.SimpleNamespace(engine=engine, critic=NoCritic(), tokenizer=tok, layout=FullCopies())
 
 
 def test_a_write_final_that_fails_midway_leaves_the_old_final_and_no_half_one(tmp_path, monkeypatch):
