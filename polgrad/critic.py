@@ -12,6 +12,9 @@ The loop calls every critic the same way and never asks which one it has:
                                 critic's own
     row(batch, update_seqs)     the step's critic metrics (explained_variance), or {} without a critic
     engines()                   what a checkpoint saves beside the policy: (("critic", engine),) or ()
+    write_model_files(root)     RUN_DIR/model/critic/config.json, what an export of a checkpoint needs
+    save_final(final)           final/critic/ (collective: ZeRO-3 gathers); a LoRA critic is written
+                                with the policy by the model layout (polgrad/layout.py)
 
 Three implementations, picked by `polgrad.build.build_models` from the spec's `value_init` part and
 its `lora` metadata:
@@ -25,6 +28,7 @@ its `lora` metadata:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -33,6 +37,7 @@ from torch import Tensor
 from polgrad import distributed as dist_lib
 from polgrad import hooks
 from polgrad.evaluation import explained_variance
+from polgrad.layout import save_gathered
 from polgrad.rollout import hf as hf_rollout
 
 
@@ -52,6 +57,8 @@ class Critic(Protocol):
     def optimizer_step(self, engine: Any, step: int) -> bool | None: ...
     def row(self, batch: Any, update_seqs: float) -> dict[str, float]: ...
     def engines(self) -> tuple[tuple[str, Any], ...]: ...
+    def write_model_files(self, root: Path) -> None: ...
+    def save_final(self, final: Path) -> None: ...
 
 
 class NoCritic:
@@ -80,6 +87,12 @@ class NoCritic:
     def engines(self) -> tuple[tuple[str, Any], ...]:
         return ()
 
+    def write_model_files(self, root: Path) -> None:
+        pass
+
+    def save_final(self, final: Path) -> None:
+        pass
+
 
 class _Values:
     """The value forwards both critics share: `model` computes V(s_t) per response token."""
@@ -103,6 +116,9 @@ class _Values:
         if not update_seqs or batch.returns is None:
             return {}
         return {"explained_variance": explained_variance(batch.values, batch.returns, batch.mask)}
+
+    def write_model_files(self, root: Path) -> None:
+        self.model.module.config.save_pretrained(root / "critic")
 
 
 class OwnEngineCritic(_Values):
@@ -129,6 +145,9 @@ class OwnEngineCritic(_Values):
     def engines(self) -> tuple[tuple[str, Any], ...]:
         return (("critic", self.engine),)
 
+    def save_final(self, final: Path) -> None:
+        save_gathered(self.engine.module, final / "critic")
+
 
 class PolicyEngineCritic(_Values):
     """A LoRA critic whose head (and own adapter) the policy's engine trains, at the critic's lr
@@ -149,3 +168,6 @@ class PolicyEngineCritic(_Values):
 
     def engines(self) -> tuple[tuple[str, Any], ...]:
         return ()  # its weights are in the policy's checkpoint
+
+    def save_final(self, final: Path) -> None:
+        pass  # written with the policy (its adapter merged + its head): the layout's save_final

@@ -61,7 +61,7 @@ import torch
 from polgrad import checkpoints, collective, run_folder
 from polgrad.errors import DataError, PolgradError
 from polgrad.io import atomic_dir, atomic_write_text
-from polgrad.layout import export_saved, save_gathered
+from polgrad.layout import export_saved
 from polgrad.run_folder import RunFolder
 
 MODEL_DIR = run_folder.MODEL  # RUN_DIR/model/: architecture, tokenizer and spec name for the export
@@ -83,8 +83,7 @@ def _write_run_model_files(m: Any, root: Path, name: str, source: str) -> None:
     if getattr(policy, "generation_config", None) is not None:
         policy.generation_config.save_pretrained(root / "policy")
     m.tokenizer.save_pretrained(root / "policy")
-    if m.critic.model is not None:
-        m.critic.model.module.config.save_pretrained(root / "critic")
+    m.critic.write_model_files(root)
     m.layout.write_model_files(policy, m.critic.model, root)  # LoRA: the adapters' configs
     atomic_write_text(str(root / "spec.json"), json.dumps({"name": name, "source": source}, indent=2))
 
@@ -97,8 +96,7 @@ def write_final(m: Any, out_dir: str, *, name: str, source: str, config: str, su
     # All or nothing: rank 0 writes into a temp folder beside final/ and renames it into place.
     with atomic_dir(final) if collective.rank() == 0 else contextlib.nullcontext(final) as tmp:
         m.layout.save_final(m.engine.module, m.critic.model, tmp)  # LoRA: merged, with its critic
-        if m.critic.engine is not None:  # a critic of its own (a LoRA critic is written with the policy)
-            save_gathered(m.critic.engine.module, tmp / "critic")
+        m.critic.save_final(tmp)  # a critic of its own (a LoRA critic is written with the policy)
         if collective.rank() == 0:
             m.tokenizer.save_pretrained(tmp)
             card = model_card(name, source, summary.get("steps"), config, summary)
