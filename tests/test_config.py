@@ -267,9 +267,13 @@ def test_the_defaults_ship_inside_the_package_and_read_the_same_from_any_directo
     lab = Path(REPO, "experiments", "base_tiny.gin").read_text().splitlines()
     statements = [ln for ln in lab if ln.strip() and not ln.lstrip().startswith("#")]
     assert statements == ["include 'polgrad/defaults/base_tiny.gin'"]  # the defaults once
-    monkeypatch.chdir(tmp_path)
-    gin.clear_config()
-    config.parse_config([GRPO], [])
-    cfg, _, _ = config.build()
-    assert (cfg.task_name, cfg.max_new_tokens, cfg.steps, cfg.micro_batch_size) == ("add", 8, 60, 64)
+    monkeypatch.chdir(tmp_path)  # no checkout here: the defaults come from the package
+    for files, base in (
+        ([GRPO], config.DEFAULT_BASE),
+        ([os.path.join(REPO, "experiments", "base_tiny.gin"), GRPO], None),
+    ):
+        gin.clear_config()
+        config.parse_config(files, [], base=base)
+        cfg, _, _ = config.build()
+        assert (cfg.task_name, cfg.max_new_tokens, cfg.steps, cfg.micro_batch_size) == ("add", 8, 60, 64)
     gin.clear_config()
