@@ -34,6 +34,7 @@ LAYERS: list[list[str]] = [
         "polgrad.machine",
         "polgrad.collapse",
         "polgrad.checks",
+        "polgrad.defaults",
     ],
     ["polgrad.models"],
     ["polgrad.components", "polgrad.tasks"],
