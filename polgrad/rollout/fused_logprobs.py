@@ -1,0 +1,146 @@
+"""Token log-probs and entropy from the last hidden states, without the full logits.
+
+At a real vocabulary the logits, not the layers, decide memory: for N scored positions and V tokens
+the plain path (`hf.response_logprobs`) holds the [N,V] logits in fp32, a [N,V] log-softmax and, for
+the entropy, a third [N,V] product, all kept for the backward (at N = 2,048, V = 151,936: 1.24 GB
+each). `token_logprobs` computes the same quantities from the hidden states h [N,H] and the output
+projection W [V,H] (the LM head, bias b [V] if any) a chunk of rows at a time, keeps only h, W and the
+targets for the backward, and there recomputes each chunk's logits (as Liger's and verl's fused
+linear-cross-entropy kernels do). Extra memory: a few [C,V] fp32 blocks for a chunk of C rows.
+
+Per row n with z = (h_n W^T + b) / tau (tau = temperature; 0 and 1 leave z as it is), computed in
+fp32 (fp64 stays fp64):
+
+    log p_n = log_softmax(z)[y_n]                         (y_n the target token)
+    H_n     = -sum_v p_v log p_v                           (entropy of the tempered distribution)
+
+and their gradients, per row, with p = softmax(z) and upstream g (for log p) and e (for H):
+
+    dL/dz_v = g (1[v = y_n] - p_v)  -  e p_v (log p_v + H_n)
+
+(the second term: dH/dz_v = -p_v (z_v - E_p[z]) = -p_v (log p_v + H_n)), then dz / tau to the raw
+logits, and through the projection: dL/dh = (dL/dlogits) W, dL/dW = sum_n (dL/dlogits_n)^T h_n
+(accumulated in fp32 over the chunks), dL/db = sum_n dL/dlogits_n.
+
+Shapes: hidden [N,H] (any float dtype), weight [V,H] (same dtype), bias [V] or None, targets [N]
+int64 in [0, V). Returns (logp [N], entropy [N] or None), fp32 (fp64 for fp64 inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from polgrad.errors import ShapeError
+
+# A chunk holds about this many logits (C x V): 2^24 fp32 = 64 MiB per [C,V] block.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def default_chunk_rows(vocab: int) -> int:
+    """Rows per chunk at vocabulary size `vocab`: CHUNK_ELEMENTS // vocab, at least 1."""
+    return max(1, CHUNK_ELEMENTS // max(int(vocab), 1))
+
+
+def token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_rows: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """(logp [N], entropy [N] or None) of `targets` under softmax((hidden W^T + bias) / temperature),
+    a chunk of `chunk_rows` rows at a time (None: `default_chunk_rows(V)`), the logits recomputed in
+    the backward (module docstring)."""
+    where = "token_logprobs"
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ShapeError(
+            f"{where}: hidden [N,H] and weight [V,H] with the same H, got {tuple(hidden.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    if targets.shape != hidden.shape[:1] or targets.dtype != torch.long:
+        raise ShapeError(
+            f"{where}: targets [N] int64 with N = {hidden.shape[0]}, got {tuple(targets.shape)} "
+            f"{targets.dtype}"
+        )
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ShapeError(f"{where}: bias [V] with V = {weight.shape[0]}, got {tuple(bias.shape)}")
+    rows = default_chunk_rows(weight.shape[0]) if chunk_rows is None else int(chunk_rows)
+    if rows < 1:
+        raise ShapeError(f"{where}: chunk_rows must be >= 1, got {chunk_rows}")
+    scale = 1.0 if temperature in (0.0, 1.0) else float(temperature)
+    logp, entropy = _TokenLogprobs.apply(hidden, weight, bias, targets, scale, rows, bool(with_entropy))
+    return logp, (entropy if with_entropy else None)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # bf16/fp16/fp32 -> fp32, fp64 stays
+
+
+def _chunk(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    """(z, log_softmax(z)) of one chunk, as the plain path computes them: the projection in the
+    model's dtype, then fp32, then / temperature."""
+    z = F.linear(hidden, weight, bias).to(_compute_dtype(hidden.dtype))
+    if scale != 1.0:
+        z = z / scale
+    return z, F.log_softmax(z, dim=-1)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, scale, rows, with_entropy):
+        n = hidden.shape[0]
+        dtype = _compute_dtype(hidden.dtype)
+        logp = torch.empty(n, dtype=dtype, device=hidden.device)
+        entropy = torch.zeros(n, dtype=dtype, device=hidden.device)
+        for s in range(0, n, rows):
+            _, lp = _chunk(hidden[s : s + rows], weight, bias, scale)
+            logp[s : s + rows] = lp.gather(-1, targets[s : s + rows, None]).squeeze(-1)
+            if with_entropy:
+                entropy[s : s + rows] = -(lp.exp() * lp).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, entropy)
+        ctx.scale, ctx.rows, ctx.with_entropy = scale, rows, with_entropy
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        hidden, weight, bias, targets, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        dtype = _compute_dtype(hidden.dtype)
+        d_hidden = torch.zeros_like(hidden) if need_h else None
+        d_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_w else None
+        d_bias = torch.zeros(bias.shape, dtype=dtype, device=bias.device) if need_b else None
+        rows = ctx.rows
+        for s in range(0, hidden.shape[0], rows):
+            h = hidden[s : s + rows]
+            with torch.no_grad():
+                _, lp = _chunk(h, weight, bias, ctx.scale)
+                p = lp.exp()
+                g = g_logp[s : s + rows].to(dtype)[:, None]
+                dz = -p * g
+                dz.scatter_add_(-1, targets[s : s + rows, None], g)
+                if ctx.with_entropy and g_entropy is not None:
+                    e = g_entropy[s : s + rows].to(dtype)[:, None]
+                    dz -= e * p * (lp + entropy[s : s + rows, None])
+                if ctx.scale != 1.0:
+                    dz = dz / ctx.scale
+                d_logits = dz.to(hidden.dtype)
+                if need_h:
+                    d_hidden[s : s + rows] = d_logits @ weight
+                if need_w:
+                    d_weight += (d_logits.t() @ h).to(dtype)
+                if need_b:
+                    d_bias += d_logits.sum(0).to(dtype)
+        return (
+            d_hidden,
+            None if d_weight is None else d_weight.to(weight.dtype),
+            None if d_bias is None else d_bias.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
