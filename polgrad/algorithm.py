@@ -371,8 +371,9 @@ class ValueTerm:
 class GreedyBaselineScores:
     """ReMax's baseline: the greedy responses' scores [B] in the computation's dtype (mask's)."""
 
-    def scores(self, out: Batch) -> Tensor:
-        return out.baseline_scores.to(out.mask.dtype)
+    def scores(self, out: Batch) -> Tensor | None:
+        scores = out.baseline_scores  # None: the advantage part says in one line what is missing
+        return None if scores is None else scores.to(out.mask.dtype)
 
 
 class _NoTerm:

@@ -16,8 +16,8 @@ The loop calls every critic the same way and never asks which one it has:
     save_final(final)           final/critic/ (collective: ZeRO-3 gathers); a LoRA critic is written
                                 with the policy by the model layout (polgrad/layout.py)
 
-Three implementations, picked by `polgrad.build.build_models` from the spec's `value_init` part and
-its `lora` metadata:
+Three implementations, picked by `polgrad.build.build_models` from where the model layout
+(polgrad/layout.py `critic`) places the spec's `value_init` part's critic:
 
     NoCritic           a spec without a value function (GRPO, RLOO, ...): one backward of the policy loss
     OwnEngineCritic    a critic model with its own DeepSpeed engine and optimizer (PPO's default)
@@ -151,7 +151,8 @@ class OwnEngineCritic(_Values):
 
 class PolicyEngineCritic(_Values):
     """A LoRA critic whose head (and own adapter) the policy's engine trains, at the critic's lr
-    (a second param group, polgrad/build.py): one backward of the sum, no engine of its own."""
+    (a second param group, from the layout: polgrad/layout.py): one backward of the sum, no engine of
+    its own."""
 
     engine = None
 

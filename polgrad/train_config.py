@@ -358,11 +358,7 @@ def _check_compile(cfg: TrainConfig) -> None:
     if not isinstance(cfg.compile, bool):
         raise ConfigError(f"train.compile must be True or False, got {cfg.compile!r}")
     if cfg.compile and cfg.zero_stage == 3:  # with LoRA: refused by models.lora.check_settings
-        raise ConfigError(
-            f"train.compile = True needs train.zero_stage 0, 1 or 2 and train.lora_r = 0, got zero_stage "
-            f"{cfg.zero_stage} and lora_r {cfg.lora_r}: compiling ZeRO-3's partitioned weights or peft's "
-            "adapters is not supported"
-        )
+        raise ConfigError(lora_lib.compile_refusal(cfg))
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -127,6 +127,8 @@ def test_a_compiled_ppo_run_trains_as_the_eager_one_to_float_tolerance(tmp_path,
     w0 = load_policy(warm_start_of(tmp_path / "eager")).state_dict()
     d_eager = torch.cat([(w_eager[k] - w0[k]).flatten() for k in w0])
     d_comp = torch.cat([(w_comp[k] - w0[k]).flatten() for k in w0])
+    # the per-element bound is a sanity bound (each run's own moves stay within it); the ratio below is
+    # the test of the compiled forwards
     assert d_eager.norm() > 0 and (d_comp - d_eager).abs().max() <= 2 * 1e-4 * 12
     ratio = float((d_comp - d_eager).norm() / d_eager.norm())
     print(f"compiled vs eager: update difference {ratio:.2e} of the update's norm")

@@ -453,7 +453,7 @@ def test_the_lora_reward_model_is_an_adapter_and_head_on_the_policy_backbone():
     # the reward model as trained: ScalarHeadModel over the warm start + the saved adapter and head
     # this run's: LoRA, the single model (no member), the default steps; other tests running beside
     # this one write LoRA reward models of their own (ensemble members, shorter runs) into the cache
-    rm_dir = next(p for p in _rm_dirs() if _is_the_single_default_lora_rm(p))
+    rm_dir = next(p for p in _rm_dirs() if _is_the_single_default_lora_rm(p, cfg.lora.settings()))
     policy_path = json.loads((rm_dir / "polgrad.json").read_text())["policy_path"]
     ref = ScalarHeadModel.from_backbone(policy_path)
     lcfg = lora.lora_config(r=4, alpha=32.0, target_modules=["q_proj", "v_proj"], dropout=0.0)
@@ -485,11 +485,13 @@ def _rm_dirs():
     return sorted((default_cache_dir() / "rm").glob("sort-*"), key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def _is_the_single_default_lora_rm(folder) -> bool:
+def _is_the_single_default_lora_rm(folder, settings: dict) -> bool:
     from polgrad import pretrain
 
     rm = json.loads((folder / "polgrad.json").read_text())["rm"]
-    single = "lora" in rm and "member" not in rm and rm["steps"] == pretrain.reward_model.RM_STEPS
+    single = (
+        rm.get("lora") == settings and "member" not in rm and rm["steps"] == pretrain.reward_model.RM_STEPS
+    )
     return single and (folder / lora.REWARD_FILE).is_file()
 
 

@@ -107,11 +107,16 @@ def check_settings(cfg: Any) -> None:
             "producer's copy of a partitioned peft model: not implemented)"
         )
     if cfg.compile is True:
-        raise ConfigError(
-            f"train.compile = True needs train.zero_stage 0, 1 or 2 and train.lora_r = 0, got zero_stage "
-            f"{cfg.zero_stage} and lora_r {cfg.lora_r}: compiling ZeRO-3's partitioned weights or peft's "
-            "adapters is not supported"
-        )
+        raise ConfigError(compile_refusal(cfg))
+
+
+def compile_refusal(cfg: Any) -> str:
+    """train.compile's one line for ZeRO-3 or LoRA (train_config's check and `check_settings` share it)."""
+    return (
+        f"train.compile = True needs train.zero_stage 0, 1 or 2 and train.lora_r = 0, got zero_stage "
+        f"{cfg.zero_stage} and lora_r {cfg.lora_r}: compiling ZeRO-3's partitioned weights or peft's "
+        "adapters is not supported"
+    )
 
 
 def check_value_init(cfg: Any, value_init: Any, spec_name: str) -> None:
