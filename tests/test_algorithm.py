@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from polgrad import config_parts, registry
 from polgrad.algorithm import Algorithm
-from polgrad.errors import ConfigError
+from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import StepCounts, register
 
 GRPO = """
@@ -207,3 +207,20 @@ def _adv_without_keyword_defaults(rewards, mask, *, group_ids, values, token_rew
 def test_probe_calls_the_advantage_with_every_keyword_the_loop_passes():
     a = build("Algorithm.advantage = @advantage.t_probe_strict_keywords")
     assert a.parts["Algorithm.advantage"].full_name == "advantage.t_probe_strict_keywords"
+
+
+def test_a_remax_batch_without_its_greedy_baseline_is_the_parts_one_line():
+    """ReMax's baseline term hands the batch's baseline scores to the advantage part, cast to the
+    computation's dtype; a batch without them gets the part's one-line error, not a traceback."""
+    a = build("Algorithm.advantage = @advantage.remax\nAlgorithm.group_size = 1")
+    assert a.needs_baseline_rollout
+    batch = _batch(torch.Generator().manual_seed(2))
+    with pytest.raises(ShapeError, match="needs baseline_rewards") as e:
+        a.prepare(batch, kl_coef=a.kl_coef)
+    assert "\n" not in str(e.value)
+    batch["baseline_scores"] = torch.full((8,), 0.5, dtype=torch.float32)  # cast to the mask's float64
+    out, _ = a.prepare(batch, kl_coef=a.kl_coef)
+    valid = batch["mask"] > 0
+    assert out["adv"].dtype == torch.float64 and torch.equal(
+        out["adv"][valid], (out["rewards"][:, None] - 0.5).expand_as(out["adv"])[valid]
+    )
