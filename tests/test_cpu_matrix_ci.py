@@ -18,9 +18,12 @@ STUB = """#!/usr/bin/env python3
 import json, os, sys
 cache = os.environ["POLGRAD_CACHE"]
 calls = os.environ["STUB_CALLS"]
+inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
 record = {"argv": sys.argv[1:], "cache_empty": os.path.isdir(cache) and not os.listdir(cache),
+          "inductor_empty": os.path.isdir(inductor) and not os.listdir(inductor),
           "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-                                                  "MKL_ENABLE_INSTRUCTIONS", "POLGRAD_CACHE")}}
+                                                  "MKL_ENABLE_INSTRUCTIONS", "POLGRAD_CACHE",
+                                                  "TORCHINDUCTOR_CACHE_DIR")}}
 with open(calls, "a") as fh:
     fh.write(json.dumps(record) + "\\n")
 fail = os.environ.get("STUB_FAIL") == record["env"]["ATEN_CPU_CAPABILITY"]
@@ -85,6 +88,9 @@ def test_an_amx_cpu_runs_both_legs_each_from_its_own_empty_cache_and_a_failed_le
     assert [{k: c["env"][k] for k in AVX2} for c in calls] == [AVX2, AVX512]
     assert all(c["cache_empty"] for c in calls)
     assert calls[0]["env"]["POLGRAD_CACHE"] != calls[1]["env"]["POLGRAD_CACHE"]
+    # and its own empty torch.compile cache: kernels compiled for another ISA are not reused
+    assert all(c["inductor_empty"] for c in calls)
+    assert calls[0]["env"]["TORCHINDUCTOR_CACHE_DIR"] != calls[1]["env"]["TORCHINDUCTOR_CACHE_DIR"]
     basetemps = [next(a for a in c["argv"] if a.startswith("--basetemp=")) for c in calls]
     assert basetemps[0] != basetemps[1]
     assert "AVX2 leg: passed in" in out and "AVX-512 leg: FAILED (pytest exit 1)" in out
