@@ -359,6 +359,21 @@ def _names_in(test: ast.AST) -> set[str]:
     return out
 
 
+def branch_tests(tree: ast.AST) -> list[ast.AST]:
+    """The conditions of every branch in `tree`, the branches both rules count: if, conditional
+    expression, while, comprehension if, match, and an and/or outside those."""
+    tests: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            tests.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            tests.extend(node.ifs)
+        elif isinstance(node, ast.Match):
+            tests.append(node.subject)
+    inside = {id(n) for t in tests for n in ast.walk(t)}
+    return tests + [n for n in ast.walk(tree) if isinstance(n, ast.BoolOp) and id(n) not in inside]
+
+
 def feature_branches(functions: list[ast.AST], fields: set[str], name: str = "m") -> list[str]:
     """The branches of `functions` whose condition names an optional role (FEATURE_NAMES) or tests the
     models bundle `name` (any of its `fields`), as 'function:line'. A branch: an if, a conditional
@@ -375,17 +390,7 @@ def feature_branches(functions: list[ast.AST], fields: set[str], name: str = "m"
 
     out = []
     for fn in functions:
-        tests: list[ast.AST] = []
-        for node in ast.walk(fn):
-            if isinstance(node, (ast.If, ast.IfExp, ast.While)):
-                tests.append(node.test)
-            elif isinstance(node, ast.comprehension):
-                tests.extend(node.ifs)
-            elif isinstance(node, ast.Match):
-                tests.append(node.subject)
-        inside = {id(n) for t in tests for n in ast.walk(t)}
-        tests += [n for n in ast.walk(fn) if isinstance(n, ast.BoolOp) and id(n) not in inside]
-        out += [f"{getattr(fn, 'name', '?')}:{t.lineno}" for t in tests if names_a_role(t)]
+        out += [f"{getattr(fn, 'name', '?')}:{t.lineno}" for t in branch_tests(fn) if names_a_role(t)]
     return sorted(out)
 
 
@@ -527,21 +532,6 @@ def test_the_branch_rule_sees_planted_branches(tmp_path):
 LAYOUT_MODULES = ("polgrad/layout.py", "polgrad/models/lora.py")
 LORA_PATTERN = re.compile(r"lora|peft|adapter", re.IGNORECASE)
 MAX_LORA_BRANCHES = 3
-
-
-def branch_tests(tree: ast.AST) -> list[ast.AST]:
-    """The conditions of every branch in `tree`, as the step rule counts them: if, conditional
-    expression, while, comprehension if, match, and an and/or outside those."""
-    tests: list[ast.AST] = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
-            tests.append(node.test)
-        elif isinstance(node, ast.comprehension):
-            tests.extend(node.ifs)
-        elif isinstance(node, ast.Match):
-            tests.append(node.subject)
-    inside = {id(n) for t in tests for n in ast.walk(t)}
-    return tests + [n for n in ast.walk(tree) if isinstance(n, ast.BoolOp) and id(n) not in inside]
 
 
 def lora_branches(paths: dict[str, Path]) -> list[str]:
