@@ -118,6 +118,9 @@ class FullCopies:
         save_gathered(policy, final)
 
 
+FULL_COPIES = FullCopies()  # the default layout (frozen, no fields: one instance serves every run)
+
+
 @dataclasses.dataclass(frozen=True)
 class LoraBackbone:
     """One frozen backbone for every role (module docstring; polgrad/models/lora.py). `spec` is the

@@ -69,7 +69,7 @@ from torch import Tensor
 from polgrad import collective
 from polgrad.errors import PolgradError
 from polgrad.io import atomic_path
-from polgrad.layout import FullCopies, Layout
+from polgrad.layout import FULL_COPIES, Layout
 from polgrad.rollout import hf as hf_rollout
 
 Weights = dict[str, Tensor]
@@ -104,7 +104,7 @@ class Producer:
         saved: dict[int, Weights] | None = None,
         vllm: Any = None,
         keep_distribution: bool = False,
-        layout: Layout | None = None,
+        layout: Layout = FULL_COPIES,
     ):
         """draw(step) -> (examples, generate() kwargs) of the step's first sampling round, as the
         trainer's collect asks for them; saved: the versions of a resumed run's checkpoint; vllm: the
@@ -113,12 +113,12 @@ class Producer:
         keep_distribution: the hf rollouts carry their sampling distributions (`Rollout.policy_logp_all`,
         within `hf.MAX_KEPT_DISTRIBUTION`), the exact KL's policy side, for fresh rollouts only (version
         = step); `sample` hands them out once and never from a stale rollout. layout: the run's model
-        layout (polgrad/layout.py; None: full copies), which loads a version into the vLLM engine."""
+        layout (polgrad/layout.py; default: full copies), which loads a version into the vLLM engine."""
         self.vllm, self.keep_distribution = vllm, keep_distribution
         self.model = _sampling_copy(module) if vllm is None else None
         # how a version's snapshot reaches the vLLM engine (polgrad/layout.py): all its weights, or with
         # LoRA its adapter, cut out with the policy module's peft config (read for that config only)
-        self.layout, self.policy = (FullCopies() if layout is None else layout), module
+        self.layout, self.policy = layout, module
         self.engine_version: int | None = start  # the version the vLLM engine holds (None: unknown)
         self.reloads: list[int] = []  # the versions loaded into the vLLM engine, in order
         self.tokenizer, self.k, self.steps, self.draw = tokenizer, int(max_staleness), int(steps), draw

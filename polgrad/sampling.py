@@ -36,7 +36,7 @@ import torch
 
 from polgrad import config, hooks, producer
 from polgrad.algorithm import Algorithm
-from polgrad.layout import FullCopies, Layout
+from polgrad.layout import FULL_COPIES, Layout
 from polgrad.rollout import hf as hf_rollout
 from polgrad.run_folder import RunFolder
 
@@ -163,10 +163,10 @@ class VLLMSampler:
         vllm: Any,
         prompts: Callable[[int], tuple[list, dict[str, Any]]],
         recompute: bool = False,
-        layout: Layout | None = None,
+        layout: Layout = FULL_COPIES,
     ):
         self.vllm, self.prompts = vllm, prompts
-        self.layout = FullCopies() if layout is None else layout  # how the weights reach the engine
+        self.layout = layout  # how the weights reach the engine
         self.old_logp = recomputed_logp if recompute else sampled_logp  # `recompute`: needs_rollout_logp
 
     def begin(self, step: int, module: torch.nn.Module) -> None:
@@ -216,11 +216,11 @@ class AsyncSampler:
         seed_of: Callable[[int], int],
         vllm: Any = None,
         keep_distribution: bool = False,
-        layout: Layout | None = None,
+        layout: Layout = FULL_COPIES,
     ):
         self.cfg, self.algo, self.task, self.out_dir = cfg, algo, task, out_dir
         self.keep_distribution = keep_distribution
-        self.layout = FullCopies() if layout is None else layout
+        self.layout = layout
         self.module, self.tokenizer, self.seed_of, self.vllm = module, tokenizer, seed_of, vllm
         self.producer: producer.Producer | None = None
         self.prompts = PromptStream(cfg, algo, task)
@@ -298,13 +298,13 @@ def make_sampler(
     tokenizer: Any,
     policy_path: str,
     seed_of: Callable[[int], int],
-    layout: Layout | None = None,
+    layout: Layout = FULL_COPIES,
     keep_distribution: bool = False,
 ) -> Sampler:
     """The run's sampler (module docstring). A preference spec (DPO) samples nothing: it gets the
     HF sampler, or with train.rollout_backend = 'vllm' the vLLM one (its engine is started, synced on
     a resume and closed, as before, but never sampled from); it is never asynchronous. The vLLM
-    engine loads the starting policy from `policy_path`; `layout` (polgrad/layout.py; None: full
+    engine loads the starting policy from `policy_path`; `layout` (polgrad/layout.py; default: full
     copies) says what it is started with and how the policy's weights reach it. `keep_distribution`:
     the HF sampler keeps the sampling distributions for the exact KL (HFSampler; the async one's hf
     producer too, and the loop reads them when the rollout is not stale)."""
@@ -312,7 +312,6 @@ def make_sampler(
     if cfg.rollout_backend == "vllm":
         from polgrad.rollout.vllm import VLLMRollout  # optional extra: imported only when chosen
 
-        layout = FullCopies() if layout is None else layout
         # what the layout's engine needs: with LoRA it keeps the frozen base and samples with the adapter
         vllm = VLLMRollout(
             policy_path, seed=cfg.seed, chat_template=cfg.chat_template, **layout.vllm_options()
