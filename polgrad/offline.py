@@ -22,7 +22,6 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from polgrad import collective, config, hooks, stopping
@@ -30,7 +29,8 @@ from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.build import Models
 from polgrad.loop_state import LoopState
-from polgrad.models import encode_sequences
+from polgrad.models import encode_sequences, position_ids_from_mask
+from polgrad.rollout import hf as hf_rollout
 
 
 def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Tensor:
@@ -39,8 +39,8 @@ def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Te
     ids, attn, response_mask [B,S] as `polgrad.models.encode_sequences` makes them (right-padded;
     response_mask 1 on the response characters and the EOS). Token t is predicted at position t-1.
     """
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    logp = F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    pos = position_ids_from_mask(attn)  # 0, 1, ... on each row's tokens (right-padded)
+    logp = hf_rollout.scored_logprobs(model, ids, attn, pos, ids[:, 1:])  # fused where the model allows
     return (logp.double() * response_mask[:, 1:].double()).sum(-1)
 
 

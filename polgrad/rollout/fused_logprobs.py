@@ -27,6 +27,13 @@ logits, and through the projection: dL/dh = (dL/dlogits) W, dL/dW = sum_n (dL/dl
 
 Shapes: hidden [N,H] (any float dtype), weight [V,H] (same dtype), bias [V] or None, targets [N]
 int64 in [0, V). Returns (logp [N], entropy [N] or None), fp32 (fp64 for fp64 inputs).
+
+The model's side (used by `hf.response_logprobs` and the offline path): `output_projection(model)`
+finds the Linear that makes the logits through the run's wrappers (DeepSpeed engine, peft, the
+adapter-disabled LoRA reference), or None where fusing would be wrong or impossible (another model
+family, a compiled forward, LoRA on the output layer, ZeRO-3's partitioned weight: those keep the
+plain full-logits path); `head_inputs(model, head, ...)` runs the model's own forward with the
+projection skipped and returns its input, the last hidden states.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from polgrad.errors import ShapeError
+from polgrad.models.compiled import is_compiled
 
 # A chunk holds about this many logits (C x V): 2^24 fp32 = 64 MiB per [C,V] block.
 CHUNK_ELEMENTS = 1 << 24
@@ -84,17 +92,25 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)  # bf16/fp16/fp32 -> fp32, fp64 stays
 
 
-def _chunk(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
-    """(z, log_softmax(z)) of one chunk, as the plain path computes them: the projection in the
-    model's dtype, then fp32 (fp64 inputs stay fp64, where the plain path's `.float()` would round
-    them), then / temperature."""
+def _chunk_logp(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+    """log_softmax(z) [C,V] of one chunk, z computed as the plain path computes the logits: the
+    projection in the model's dtype, then fp32 (fp64 inputs stay fp64, where the plain path's
+    `.float()` would round them), then / temperature. z is dropped before returning: one [C,V] block
+    outlives the call."""
     z = F.linear(hidden, weight, bias).to(_compute_dtype(hidden.dtype))
     if scale != 1.0:
         z = z / scale
-    return z, F.log_softmax(z, dim=-1)
+    return F.log_softmax(z, dim=-1)
+
+
+def _neg_entropy(p: Tensor, lp: Tensor) -> Tensor:
+    """sum_v p_v log p_v per row [C], as a batched dot product: no [C,V] product is made."""
+    return (p.unsqueeze(-2) @ lp.unsqueeze(-1)).view(-1)
 
 
 class _TokenLogprobs(torch.autograd.Function):
+    # Memory per chunk of C rows: at most two [C,V] blocks live at once (the projection and its
+    # log-softmax while it is taken; then the log-softmax and its exp), every later step in place.
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, scale, rows, with_entropy):
         n = hidden.shape[0]
@@ -102,10 +118,11 @@ class _TokenLogprobs(torch.autograd.Function):
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
         entropy = torch.zeros(n, dtype=dtype, device=hidden.device)
         for s in range(0, n, rows):
-            _, lp = _chunk(hidden[s : s + rows], weight, bias, scale)
+            lp = _chunk_logp(hidden[s : s + rows], weight, bias, scale)
             logp[s : s + rows] = lp.gather(-1, targets[s : s + rows, None]).squeeze(-1)
             if with_entropy:
-                entropy[s : s + rows] = -(lp.exp() * lp).sum(-1)
+                entropy[s : s + rows] = -_neg_entropy(lp.exp(), lp)
+            del lp
         ctx.save_for_backward(hidden, weight, bias, targets, entropy)
         ctx.scale, ctx.rows, ctx.with_entropy = scale, rows, with_entropy
         return logp, entropy
@@ -122,23 +139,33 @@ class _TokenLogprobs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s : s + rows]
             with torch.no_grad():
-                _, lp = _chunk(h, weight, bias, ctx.scale)
+                lp = _chunk_logp(h, weight, bias, ctx.scale)
                 p = lp.exp()
                 g = g_logp[s : s + rows].to(dtype)[:, None]
-                dz = -p * g
-                dz.scatter_add_(-1, targets[s : s + rows, None], g)
                 if ctx.with_entropy and g_entropy is not None:
+                    # e p (log p + H), in place in lp's block (lp is not needed after it)
                     e = g_entropy[s : s + rows].to(dtype)[:, None]
-                    dz -= e * p * (lp + entropy[s : s + rows, None])
+                    term = lp.add_(entropy[s : s + rows, None]).mul_(p).mul_(e)
+                else:
+                    term = None
+                del lp
+                dz = p.mul_(-g)  # -p g, in p's block
+                del p
+                dz.scatter_add_(-1, targets[s : s + rows, None], g)
+                if term is not None:
+                    dz.sub_(term)
+                    del term
                 if ctx.scale != 1.0:
-                    dz = dz / ctx.scale
+                    dz.div_(ctx.scale)
                 d_logits = dz.to(hidden.dtype)
+                del dz
                 if need_h:
                     d_hidden[s : s + rows] = d_logits @ weight
                 if need_w:
                     d_weight += (d_logits.t() @ h).to(dtype)
                 if need_b:
                     d_bias += d_logits.sum(0).to(dtype)
+                del d_logits
         return (
             d_hidden,
             None if d_weight is None else d_weight.to(weight.dtype),
@@ -148,3 +175,80 @@ class _TokenLogprobs(torch.autograd.Function):
             None,
             None,
         )
+
+
+# --------------------------------------------------------------------------- the model's side
+# Model families whose causal-LM logits are exactly `lm_head(last hidden state)` (no logit
+# soft-capping, logit scale or extra term after the projection): for them `response_logprobs` fuses
+# the projection with the log-softmax (polgrad/rollout/fused_logprobs.py). Other families take the
+# plain path, which is correct for any model and holds the [B,T,V] logits.
+FUSED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+
+
+def _wrapped(model) -> list:
+    """The chain of wrappers down to the Hugging Face model: a DeepSpeed engine or DDP (`.module`),
+    the LoRA reference (`AdapterDisabled`, its policy), a peft model (`.base_model.model`)."""
+    chain = [model]
+    while True:
+        m = chain[-1]
+        inner = getattr(m, "_policy", None)  # polgrad.models.lora.AdapterDisabled
+        inner = inner[0] if isinstance(inner, tuple) else getattr(m, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            base = getattr(m, "base_model", None)  # peft: PeftModel -> LoraModel -> the HF model
+            inner = getattr(base, "model", None) if isinstance(base, torch.nn.Module) else None
+        if not isinstance(inner, torch.nn.Module) or any(inner is c for c in chain):
+            return chain
+        chain.append(inner)
+
+
+def output_projection(model) -> torch.nn.Linear | None:
+    """The Linear layer that makes `model`'s logits, when `hf.response_logprobs` can fuse it with the
+    log-softmax; None when the plain path must hold the logits:
+
+    - the family is not in FUSED_MODEL_TYPES (its logits may be more than the projection);
+    - a compiled forward (`train.compile`: the graph includes the projection);
+    - the projection is not a plain `nn.Linear` (LoRA on the output layer: its weight alone is not
+      the layer's map);
+    - its weight is a ZeRO-3 partition (gathered only inside the model's own forward).
+
+    Tied embeddings (the tiny model's) are fine: the weight's gradient adds to the embedding's."""
+    chain = _wrapped(model)
+    hf_model = chain[-1]
+    config = getattr(hf_model, "config", None)
+    if getattr(config, "model_type", None) not in FUSED_MODEL_TYPES:
+        return None
+    if any(is_compiled(m) for m in chain if isinstance(m, torch.nn.Module)):
+        return None
+    get = getattr(hf_model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if type(head) is not torch.nn.Linear or hasattr(head.weight, "ds_id"):
+        return None
+    return head
+
+
+def head_inputs(
+    model, head: torch.nn.Linear, input_ids: Tensor, attn: Tensor, pos: Tensor, keep: int
+) -> Tensor:
+    """The last hidden states [B,keep,H] the model feeds `head`, from one forward through `model`
+    (every wrapper: the engine, peft, the disabled adapter) whose projection is skipped: a pre-hook
+    takes the projection's input and hands it an empty sequence, so no logits are computed."""
+    seen: list[Tensor] = []
+
+    def take(_module, args):
+        seen.append(args[0])
+        return (args[0][:, :0],)
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        model(
+            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=keep
+        )
+    finally:
+        handle.remove()
+    if len(seen) != 1 or seen[0].dim() != 3 or seen[0].shape[1] != keep:
+        raise RuntimeError(
+            f"response_logprobs: the model called its output projection {len(seen)} times "
+            f"(expected once on [B,{keep},H]); remove {type(_wrapped(model)[-1]).__name__}'s model_type "
+            "from polgrad.rollout.fused_logprobs.FUSED_MODEL_TYPES"
+        )
+    return seen[0]

@@ -45,6 +45,7 @@ from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask, sequence_scores, torch_threads
 from polgrad.models.compiled import is_compiled
 from polgrad.models.threads import decode_threads
+from polgrad.rollout.fused_logprobs import head_inputs, output_projection, token_logprobs
 from polgrad.rollout.rollout import Rollout
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
@@ -398,6 +399,12 @@ def response_logprobs(
     Differentiable (no no_grad here). Values at positions after the EOS are meaningless: multiply by
     `mask`.
 
+    Without `return_logits`, and where `output_projection(model)` finds the projection, the [B,T,V]
+    logits are never held: the last hidden states go through `fused_logprobs.token_logprobs` (a chunk
+    of rows at a time, recomputed in the backward), whose values equal the plain log-softmax's up to
+    float reordering of the projection's sums. Otherwise the plain path: the logits, fp32, then
+    log_softmax over the vocabulary.
+
     Returns logp [B,T] fp32; if `with_entropy` or `return_logits`, a TokenLogprobs(logp, entropy [B,T]
     of the temperature-scaled distribution, logits [B,T,V] already divided by the temperature) with
     None for what was not asked.
@@ -405,8 +412,49 @@ def response_logprobs(
     prompt_ids, prompt_mask, response_ids = _unpack(
         "response_logprobs", rollout_or_prompt_ids, prompt_mask, response_ids
     )
-    t = response_ids.shape[1]
     input_ids, attn, pos = _sequence(prompt_ids, prompt_mask, response_ids)
+    return scored_logprobs(
+        model,
+        input_ids,
+        attn,
+        pos,
+        response_ids,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        return_logits=return_logits,
+    )
+
+
+def scored_logprobs(
+    model,
+    input_ids: Tensor,
+    attn: Tensor,
+    pos: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    return_logits: bool = False,
+) -> Tensor | TokenLogprobs:
+    """`response_logprobs` on a whole sequence: input_ids, attn, pos [B,S] and the last T tokens'
+    `targets` [B,T] (T < S), token t predicted at sequence position S - T - 1 + t. The offline (DPO)
+    path scores every token after the first with it (targets = input_ids[:, 1:])."""
+    b, t = targets.shape
+    head = None if return_logits else output_projection(model)
+    if head is not None:
+        hidden = head_inputs(model, head, input_ids, attn, pos, t + 1)[:, :-1]
+        logp, entropy = token_logprobs(
+            hidden.reshape(b * t, -1),
+            head.weight,
+            targets.reshape(-1),
+            bias=head.bias,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
+        logp = logp.float().view(b, t)
+        if not with_entropy:
+            return logp
+        return TokenLogprobs(logp, entropy.float().view(b, t), None)
     logits = (
         model(
             input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=t + 1
@@ -417,7 +465,7 @@ def response_logprobs(
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     if not (with_entropy or return_logits):
         return logp
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
