@@ -116,6 +116,25 @@ def test_the_fused_path_goes_through_the_engine_and_peft(tiny, monkeypatch):
     assert (fused[1].logp - fused[2].logp)[m].abs().max() > 1e-3  # the adapter is in the policy's numbers
 
 
+def test_logits_within_one_chunk_take_the_plain_path(tiny, monkeypatch):
+    """At the default chunk the tiny model's logits (16 tokens) fit one chunk: the plain path, so its
+    runs are bit for bit what they were before the fused path; one row past the chunk fuses."""
+    model, rollout = tiny
+    head = fused_logprobs.output_projection(model)
+    rows = rollout.response_ids.numel()
+    assert not fused_logprobs.fuses(head, rows)
+    calls = []
+    monkeypatch.setattr(
+        hf, "token_logprobs", lambda *a, **k: calls.append(1) or fused_logprobs.token_logprobs(*a, **k)
+    )
+    hf.response_logprobs(model, rollout, with_entropy=True)
+    assert not calls
+    monkeypatch.setattr(fused_logprobs, "CHUNK_ELEMENTS", (rows - 1) * head.out_features)
+    assert fused_logprobs.fuses(head, rows)
+    hf.response_logprobs(model, rollout, with_entropy=True)
+    assert calls == [1]
+
+
 def test_models_the_fused_path_cannot_serve_take_the_plain_one(tiny):
     """A family outside FUSED_MODEL_TYPES, and an output projection that is not a plain Linear (LoRA on
     the output layer), keep the plain path: correct whatever the model computes after its hidden

@@ -103,11 +103,6 @@ def _chunk_logp(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: floa
     return F.log_softmax(z, dim=-1)
 
 
-def _neg_entropy(p: Tensor, lp: Tensor) -> Tensor:
-    """sum_v p_v log p_v per row [C], as a batched dot product: no [C,V] product is made."""
-    return (p.unsqueeze(-2) @ lp.unsqueeze(-1)).view(-1)
-
-
 class _TokenLogprobs(torch.autograd.Function):
     # Memory per chunk of C rows: at most two [C,V] blocks live at once (the projection and its
     # log-softmax while it is taken; then the log-softmax and its exp), every later step in place.
@@ -120,8 +115,8 @@ class _TokenLogprobs(torch.autograd.Function):
         for s in range(0, n, rows):
             lp = _chunk_logp(hidden[s : s + rows], weight, bias, scale)
             logp[s : s + rows] = lp.gather(-1, targets[s : s + rows, None]).squeeze(-1)
-            if with_entropy:
-                entropy[s : s + rows] = -_neg_entropy(lp.exp(), lp)
+            if with_entropy:  # p log p in p's block, summed as the plain path sums it (same bits)
+                entropy[s : s + rows] = -lp.exp().mul_(lp).sum(-1)
             del lp
         ctx.save_for_backward(hidden, weight, bias, targets, entropy)
         ctx.scale, ctx.rows, ctx.with_entropy = scale, rows, with_entropy
@@ -199,6 +194,15 @@ def _wrapped(model) -> list:
         if not isinstance(inner, torch.nn.Module) or any(inner is c for c in chain):
             return chain
         chain.append(inner)
+
+
+def fuses(head: torch.nn.Linear | None, rows: int) -> bool:
+    """Whether `rows` scored positions go through `token_logprobs` with `head` (from
+    `output_projection`): only when their logits exceed one chunk (rows x V > CHUNK_ELEMENTS). Below
+    that the plain path holds no more memory than one chunk would, and it keeps autograd's own
+    log-softmax backward, so runs at a small vocabulary (the tiny model's 16 tokens) are bit for bit
+    what they were before the fused path existed."""
+    return head is not None and rows * head.out_features > CHUNK_ELEMENTS
 
 
 def output_projection(model) -> torch.nn.Linear | None:

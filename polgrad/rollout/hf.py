@@ -45,7 +45,7 @@ from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask, sequence_scores, torch_threads
 from polgrad.models.compiled import is_compiled
 from polgrad.models.threads import decode_threads
-from polgrad.rollout.fused_logprobs import head_inputs, output_projection, token_logprobs
+from polgrad.rollout.fused_logprobs import fuses, head_inputs, output_projection, token_logprobs
 from polgrad.rollout.rollout import Rollout
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
@@ -399,10 +399,11 @@ def response_logprobs(
     Differentiable (no no_grad here). Values at positions after the EOS are meaningless: multiply by
     `mask`.
 
-    Without `return_logits`, and where `output_projection(model)` finds the projection, the [B,T,V]
-    logits are never held: the last hidden states go through `fused_logprobs.token_logprobs` (a chunk
-    of rows at a time, recomputed in the backward), whose values equal the plain log-softmax's up to
-    float reordering of the projection's sums. Otherwise the plain path: the logits, fp32, then
+    Without `return_logits`, where `output_projection(model)` finds the projection and the [B,T,V]
+    logits exceed one chunk (`fused_logprobs.fuses`), they are never held: the last hidden states go
+    through `fused_logprobs.token_logprobs` (a chunk of rows at a time, recomputed in the backward),
+    whose values equal the plain log-softmax's up to float reordering of the projection's sums and
+    of the backward. Otherwise the plain path: the logits, fp32, then
     log_softmax over the vocabulary.
 
     Returns logp [B,T] fp32; if `with_entropy` or `return_logits`, a TokenLogprobs(logp, entropy [B,T]
@@ -441,7 +442,7 @@ def scored_logprobs(
     path scores every token after the first with it (targets = input_ids[:, 1:])."""
     b, t = targets.shape
     head = None if return_logits else output_projection(model)
-    if head is not None:
+    if fuses(head, b * t):
         hidden = head_inputs(model, head, input_ids, attn, pos, t + 1)[:, :-1]
         logp, entropy = token_logprobs(
             hidden.reshape(b * t, -1),
