@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -78,8 +76,11 @@ def median(xs: Sequence[float]) -> float:
 
 
 def peak_rss_mb() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    """The worker's own peak RSS in MiB (polgrad.machine.peak_rss_mib: not the bench driver's, which
+    `ru_maxrss` would carry across the worker's exec)."""
+    from polgrad.machine import peak_rss_mib
+
+    return peak_rss_mib()
 
 
 def torch_threads() -> int:

@@ -83,7 +83,6 @@ import contextlib
 import math
 import os
 import random
-import resource
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,6 +94,7 @@ import torch
 from polgrad import collective
 from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError
+from polgrad.machine import peak_rss_mib
 
 if TYPE_CHECKING:  # deepspeed is imported lazily: DS_ACCELERATOR must be set before its import
     from deepspeed import DeepSpeedEngine
@@ -400,5 +400,4 @@ def peak_memory_mb() -> float:
     """Peak memory of this process in MiB: CUDA allocator peak on GPU, peak RSS on CPU."""
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+    return peak_rss_mib()

@@ -12,6 +12,8 @@ ONEDNN_MAX_CPU_ISA=AVX2), so `train.bf16 = True` there makes training tens of ti
     bf16_slowdown()    a 256x256 bf16 matmul's time over fp32's on one thread, best of 7: measured,
                        not inferred from flags (a flag does not say what oneDNN will use)
     warn_if_bf16_slow(enabled)   one warning line with that ratio when it is above `BF16_SLOW`
+    peak_rss_mib()     this process's own peak resident memory (VmHWM; not ru_maxrss, which Linux
+                       carries across exec from the parent)
 
 Imports nothing of polgrad; torch is imported inside the functions that need it.
 """
@@ -104,3 +106,23 @@ def warn_if_bf16_slow(enabled: bool) -> float | None:
             flush=True,
         )
     return ratio
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB: the kernel's high-water mark of its current
+    address space (VmHWM in /proc/self/status), so a process started by a large one (a trainer from a
+    sweep, a bench worker, a test's subprocess) reports its own peak. `ru_maxrss` is not that: Linux
+    carries it across execve, so it starts at the RSS of the process that forked it (measured: a
+    subprocess of a 780 MiB pytest worker reported a 776 MiB peak for work that took 157 MiB).
+    Elsewhere (macOS) `ru_maxrss`, in bytes there."""
+    import resource
+
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10

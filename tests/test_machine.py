@@ -72,3 +72,23 @@ def test_a_sweep_row_records_the_cpu():
     from polgrad.results.store import BACK_COLUMNS
 
     assert row_machine()["cpu"] == machine.cpu_label() and "cpu" in BACK_COLUMNS
+
+
+def test_a_subprocess_reports_its_own_peak_memory_not_its_parents():
+    """peak_rss_mib is the process's own high-water mark: a child of a process that holds 800 MiB
+    reports its own peak (an interpreter importing polgrad, torch included: 223 MiB measured), while its
+    ru_maxrss, which Linux carries across exec, starts at the parent's (the premise, checked too)."""
+    import subprocess
+    import sys
+
+    held = bytearray(800 * 2**20)  # touched: zero-filled pages are resident
+    held[::4096] = b"x" * len(held[::4096])
+    code = (
+        "import resource; from polgrad.machine import peak_rss_mib; "
+        "print(peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    own, carried = map(float, out.stdout.split())
+    del held
+    assert carried > 800, carried  # ru_maxrss: the parent's RSS at the fork
+    assert own < 400, own
