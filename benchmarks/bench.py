@@ -41,7 +41,12 @@ The workload (defaults; flags change G, L, prompts, model size, threads, pairs, 
             16), saved once with `save_pretrained`; both frameworks load policy and reference from it
             (fp32, sdpa). `--preset tiny`: hidden 128, 4 layers, 4 query / 2 kv heads (head_dim 32),
             SwiGLU 256, tied embeddings: 594k parameters. `--preset 24m`: hidden 512, 8 layers, 8 / 4
-            heads (head_dim 64), SwiGLU 1408: 23.6M parameters. --hidden etc. override the preset.
+            heads (head_dim 64), SwiGLU 1408: 23.6M parameters. A real vocabulary: `24m_v32k` and
+            `24m_v152k` (the 24m body at 32,000 and 151,936 tokens: the tokenizer padded with filler
+            tokens, the tied embedding resized; their random-init model samples every token id), and
+            `qwen05b`, Qwen2.5-0.5B's configuration (hidden 896, 24 layers, 14 / 2 heads, SwiGLU 4864,
+            151,936 tokens, tied; 494M parameters) at 4 prompts x G=8 so that both frameworks fit
+            24 GiB. --hidden, --vocab etc. override the preset.
   precision fp32, or bf16 as each framework's users switch it on: polgrad `train.bf16 = True`
             (DeepSpeed bf16: bf16 module, fp32 master weights and AdamW state), TRL `bf16=True`
             (fp32 model, Accelerate's bf16 autocast); both cast logits to fp32 for the log-softmax.
@@ -127,7 +132,15 @@ from benchmarks.sizes import SIZES, sizes_bench, sizes_report, sizes_summary
 from benchmarks.sizes import draw as draw_sizes
 from benchmarks.trl_run import run_trl, trl_available
 from benchmarks.workers import env_omp_wait_policy, interleaved, loadavg, run_worker
-from benchmarks.workload import OMP_WAIT_POLICIES, PRECISIONS, PRESETS, TRL_PIN, Workload, make_model
+from benchmarks.workload import (
+    OMP_WAIT_POLICIES,
+    PRECISIONS,
+    PRESET_WORKLOADS,
+    PRESETS,
+    TRL_PIN,
+    Workload,
+    make_model,
+)
 from polgrad.io import atomic_write_text
 from polgrad.machine import BF16_SLOW, bf16_slowdown, cpu_label
 
@@ -175,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--steps", type=int, default=8, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=2, help="discarded steps at the start of each run")
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=None, help="default 8 (4 for --preset qwen05b)")
     ap.add_argument("--group-size", "-G", type=int, default=8)
     ap.add_argument("--max-new-tokens", "-L", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--preset", choices=tuple(PRESETS), default="tiny", help="the model (see above)")
-    for flag in ("--hidden", "--layers", "--heads", "--kv-heads", "--intermediate"):
+    for flag in ("--hidden", "--layers", "--heads", "--kv-heads", "--intermediate", "--vocab"):
         ap.add_argument(flag, type=int, default=None, help="overrides the preset")
     ap.add_argument(
         "--precision",
@@ -241,11 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     if "trl" in frameworks and not trl_available():
         print(f"TRL is not importable: polgrad side only (pip install '{TRL_PIN}' or the `bench` extra)")
         frameworks = [f for f in frameworks if f != "trl"]
-    model = {
-        k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()
-    }
+    model = dict(PRESETS[args.preset])  # the preset, then any --hidden, --vocab, ... over it
+    overrides = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab")
+    model.update({k: getattr(args, k) for k in overrides if getattr(args, k) is not None})
+    prompts = (
+        args.prompts if args.prompts is not None else PRESET_WORKLOADS.get(args.preset, {}).get("prompts", 8)
+    )
     w = Workload(
-        prompts=args.prompts,
+        prompts=prompts,
         group_size=args.group_size,
         max_new_tokens=args.max_new_tokens,
         threads=args.threads,

@@ -13,11 +13,21 @@ TRL_PIN = "trl==1.16.0"  # the `bench` extra; tested with torch 2.13.0, transfor
 NEVER_EOS = "<|never|>"
 OMP_WAIT_POLICIES = ("default", "passive", "active")  # default: the user's environment, untouched
 PRECISIONS = ("fp32", "bf16")
-# `--preset`: the model; the workload (prompts, G, L) is the same. 24m: 23.6M parameters, head_dim 64.
+# `--preset`: the model; the workload (prompts, G, L) is the same unless PRESET_WORKLOADS says.
+# 24m: 23.6M parameters, head_dim 64. vocab 0 is the task's character tokenizer (16 tokens); a real
+# vocabulary pads it with filler tokens (models.build_tokenizer) and the embedding to that size.
+# qwen05b: Qwen2.5-0.5B's configuration (random init, tied embeddings; no weights can be downloaded).
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256),
     "24m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408),
+    "24m_v32k": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408, vocab=32_000),
+    "24m_v152k": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408, vocab=151_936),
+    "qwen05b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151_936),
 }
+# A preset's own workload where the default one would not fit 24 GiB with both frameworks' models,
+# references, AdamW states and logits: Qwen2.5-0.5B at 4 prompts x G=8 (32 rows; one fp32 copy of
+# its [32, 39, 151,936] logits is 0.76 GB).
+PRESET_WORKLOADS: dict[str, dict[str, int]] = {"qwen05b": dict(prompts=4)}
 # Phases timed in both frameworks (see benchmarks/bench.py's docstring); `sample` is inside `gen`.
 PHASES = ("gen", "sample", "reward", "ref", "policy_fwd", "loss", "backward", "optim", "other")
 # polgrad's own per-step timings in metrics.jsonl.
@@ -39,6 +49,7 @@ class Workload:
     heads: int = 4
     kv_heads: int = 2
     intermediate: int = 256
+    vocab: int = 0  # 0: the task's characters (16 tokens); else padded to this many (PRESETS)
     lr: float = 1e-4
     beta: float = 0.04
     clip_eps: float = 0.2
@@ -54,6 +65,10 @@ class Workload:
             raise ValueError(f"need warmup >= 1 and steps >= 1, got {self.warmup}, {self.steps}")
         if self.group_size < 2 or self.prompts < 1 or self.max_new_tokens < 1 or self.threads < 1:
             raise ValueError("need group_size >= 2, prompts >= 1, max_new_tokens >= 1, threads >= 1")
+        if self.vocab < 0:
+            raise ValueError(
+                f"vocab must be 0 (the task's characters) or a vocabulary size, got {self.vocab}"
+            )
         if self.eos not in ("never", "natural"):
             raise ValueError(f"eos must be 'never' or 'natural', got {self.eos!r}")
         if self.omp_wait_policy not in OMP_WAIT_POLICIES:
@@ -101,6 +116,13 @@ def make_model(out_dir: str, w: Workload) -> dict[str, Any]:
 
     task = bench_task()
     model, tok = models.build_tiny(task, seed=w.seed, **w.model_kwargs)
+    if w.vocab:  # a real vocabulary size: filler tokens, the embedding (tied: and the head) resized
+        import torch
+
+        tok = models.build_tokenizer(task.alphabet, vocab_size=w.vocab)
+        with torch.random.fork_rng():
+            torch.manual_seed(w.seed)  # the new rows' init (normal, the config's initializer_range)
+            model.resize_token_embeddings(w.vocab, mean_resizing=False)
     need = 2 + int(task.max_prompt_chars) + w.max_new_tokens + 1
     model.config.max_position_embeddings = max(
         model.config.max_position_embeddings, 2 ** math.ceil(math.log2(need))

@@ -197,6 +197,45 @@ def test_never_eos_model(tmp_path):
     assert model.get_output_embeddings().weight.shape[0] == info["vocab"]
 
 
+def test_a_real_vocabulary_model_encodes_text_as_the_character_one_and_samples_every_id(tmp_path):
+    """--vocab (the 24m_v32k, 24m_v152k and qwen05b presets): the tokenizer is padded with fillers and
+    the tied embedding resized to V; prompts encode to the same ids as with the 16-token tokenizer;
+    a filler id decodes as its name; the never-EOS sits at id V, past every logit."""
+    from benchmarks.workload import PRESET_WORKLOADS, PRESETS, bench_task
+    from polgrad import models
+
+    v = 1000
+    w = Workload(hidden=64, heads=2, kv_heads=1, layers=1, intermediate=64, vocab=v)
+    info = make_model(str(tmp_path / "m"), w)
+    tok = models.load_tokenizer(info["model_dir"])
+    model = models.load_policy(info["model_dir"])
+    assert model.config.vocab_size == info["vocab"] == v == tok.eos_token_id
+    assert model.get_output_embeddings().weight.shape == (v, 64)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # still tied
+    chars = models.build_tokenizer(bench_task().alphabet)
+    prompt = "12+34="
+    assert tok(prompt)["input_ids"] == chars(prompt)["input_ids"]
+    assert tok.decode([v - 1]) == f"<|t{v - 1}|>"
+    with pytest.raises(ValueError, match="vocab must be 0"):
+        Workload(vocab=-1)
+    assert PRESETS["24m_v152k"]["vocab"] == PRESETS["qwen05b"]["vocab"] == 151_936
+    assert PRESET_WORKLOADS["qwen05b"]["prompts"] == 4
+
+
+def test_the_qwen05b_preset_is_qwen2_5_0_5b_shaped():
+    """494M parameters (Qwen2.5-0.5B's count with tied embeddings), head_dim 64, on the meta device
+    (no memory)."""
+    from benchmarks.workload import PRESETS, bench_task
+    from polgrad import models
+
+    w = Workload(**PRESETS["qwen05b"])
+    with torch.device("meta"):
+        model, _ = models.build_tiny(bench_task(), **w.model_kwargs)
+        model.resize_token_embeddings(w.vocab, mean_resizing=False)
+    assert model.config.head_dim == 64 and model.config.tie_word_embeddings
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6) == 494
+
+
 @pytest.mark.cpu_matrix
 @pytest.mark.parametrize("frameworks", ["polgrad,trl" if HAS_TRL else "polgrad"])
 def test_cli_compare_and_composition_smoke(tmp_path, frameworks, capsys):

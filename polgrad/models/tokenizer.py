@@ -20,8 +20,13 @@ PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3; the alphabet follows from id 4
 
 
-def build_tokenizer(alphabet: str):
+def build_tokenizer(alphabet: str, vocab_size: int | None = None):
     """A character-level `PreTrainedTokenizerFast` over `alphabet` (order kept, duplicates dropped).
+
+    `vocab_size` (None: the specials and the characters only) pads the vocabulary with filler
+    tokens `<|t{i}|>` up to that many entries, for a model at a real vocabulary size (the bench's
+    32,000 and 151,936): text encodes exactly as without them (the pre-tokenizer splits text into
+    single characters, and no filler is one character), and a sampled filler decodes as its name.
 
     Built with the `tokenizers` library: a WordLevel vocabulary (specials first, then one entry per
     character), a pre-tokenizer that isolates every character (whitespace included), a post-processor
@@ -39,6 +44,13 @@ def build_tokenizer(alphabet: str):
     if clash:
         raise ConfigError(f"the task alphabet contains special-token strings {clash}")
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    if vocab_size is not None:
+        if vocab_size < len(vocab):
+            raise ConfigError(
+                f"vocab_size = {vocab_size} is below the {len(vocab)} special tokens and characters "
+                "of this alphabet; pass None or at least that many"
+            )
+        vocab.update({f"<|t{i}|>": i for i in range(len(vocab), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
