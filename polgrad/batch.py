@@ -9,7 +9,8 @@ can read `batch["adv"]` and `batch.get("values")`, and `Algorithm.prepare` / `lo
 mapping of field names (made a Batch first, `Batch.of`).
 
 Shapes: [B] for scores, gold_scores, truncated, group_ids, baseline_scores, rewards; [B,T] for the others
-except logits/ref_logits [B,T,V].
+except logits/ref_logits [B,T,V] (tensors, or LogitRows that make the logits a chunk of positions
+at a time: polgrad/components/logit_rows.py).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class Batch(Mapping):
     returns: Tensor | None = None  # [B,T]
     logp: Tensor | None = None  # [B,T] current policy (with grad), per micro-batch
     entropy: Tensor | None = None  # [B,T]
-    logits: Tensor | None = None  # [B,T,V]
-    ref_logits: Tensor | None = None  # [B,T,V]
+    logits: Any = None  # [B,T,V]: a tensor or a LogitRows (polgrad/components/logit_rows.py)
+    ref_logits: Any = None  # [B,T,V]: a tensor or a LogitRows
     rollout: Any = None  # the sampled sequences (polgrad.rollout.hf.Rollout), same rows
 
     def __post_init__(self) -> None:

@@ -30,7 +30,7 @@ from polgrad.algorithm import Algorithm
 from polgrad.build import Models
 from polgrad.loop_state import LoopState
 from polgrad.models import encode_sequences, position_ids_from_mask
-from polgrad.rollout import hf as hf_rollout
+from polgrad.rollout.fused_logprobs import scored_logprobs
 
 
 def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Tensor:
@@ -40,7 +40,7 @@ def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Te
     response_mask 1 on the response characters and the EOS). Token t is predicted at position t-1.
     """
     pos = position_ids_from_mask(attn)  # 0, 1, ... on each row's tokens (right-padded)
-    logp = hf_rollout.scored_logprobs(model, ids, attn, pos, ids[:, 1:])  # fused where the model allows
+    logp = scored_logprobs(model, ids, attn, pos, ids[:, 1:])  # fused where the model allows
     return (logp.double() * response_mask[:, 1:].double()).sum(-1)
 
 

@@ -6,7 +6,8 @@ The loop asks every reference the same things and never whether it has one:
                                             of the sampled batch, from one no-grad reference forward
                                             ({None, None} without a reference)
     logits(out, rollout, temperature)       the training forward's full-vocabulary fields for an
-                                            exact-KL part ({"logits", "ref_logits"}: [B,T,V] float64),
+                                            exact-KL part ({"logits", "ref_logits"}: [B,T,V] float64
+                                            LogitRows, made a chunk at a time at a large vocabulary),
                                             or {} for every other spec
     row(batch, update_seqs)                 the step's KL metrics (kl, kl_exact per token; kl_seq,
                                             kl_exact_seq per sequence), or {} without a reference
@@ -115,11 +116,11 @@ class FrozenReference:
 
 class LogitsReference(FrozenReference):
     """A FrozenReference for a KL part that needs the full distributions (meta needs_logits): the
-    training forward's policy logits and a no-grad reference forward's logits, [B,T,V] float64."""
+    training forward's policy logits and a no-grad reference forward's logits, [B,T,V] float64, as
+    LogitRows (polgrad/components/logit_rows.py): at a large vocabulary made a chunk at a time from
+    each model's hidden states, never held whole."""
 
     def logits(self, out: Any, rollout: hf_rollout.Rollout, temperature: float) -> dict[str, Tensor]:
         with torch.no_grad():
-            ref = hf_rollout.response_logprobs(
-                self.module, rollout, temperature=temperature, return_logits=True
-            )
-        return {"logits": out.logits.double(), "ref_logits": ref.logits.double()}
+            ref = hf_rollout.response_logprobs(self.module, rollout, temperature=temperature, logit_rows=True)
+        return {"logits": out.logits.to(torch.float64), "ref_logits": ref.logits.to(torch.float64)}

@@ -395,7 +395,7 @@ def micro_step(
             mb.rollout,
             temperature=cfg.temperature,
             with_entropy=True,
-            return_logits=algo.needs_logits,
+            logit_rows=algo.needs_logits,
         )
     fresh: dict[str, Tensor] = {"logp": out.logp.double(), "entropy": out.entropy.double()}
     fresh.update(m.reference.logits(out, mb.rollout, cfg.temperature))  # an exact-KL part's [B,T,V] ({})

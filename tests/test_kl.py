@@ -202,6 +202,68 @@ def test_full_equals_analytic_kl(b, t, v, seed, scale):
     assert torch.equal(logits.grad[mask == 0], torch.zeros_like(logits.grad[mask == 0]))
 
 
+@given(
+    st.integers(1, 3), st.integers(1, 5), st.integers(2, 9), st.integers(1, 4), st.integers(0, 2**31 - 1),
+    st.sampled_from([1.0, 0.7, 0.0]),
+)  # fmt: skip
+def test_full_in_chunks_from_hidden_states_equals_full_on_the_logits(b, t, v, rows, seed, temperature):
+    """kl.full on HeadLogits (logits made from hidden states [B,T,H] and a projection [V,H] with bias,
+    divided by the temperature) split into chunks of `rows` positions, each checkpointed, against
+    kl.full on the [B,T,V] logits: value and the gradients wrt hidden states, weight and bias of both
+    sides. float64 both ways; only the order of the projection's H-term sums may differ with the
+    chunk's row count (~1e-15 relative on O(10) logits), so 1e-10 absolute."""
+    from polgrad.components import logit_rows
+    from polgrad.components.logit_rows import HeadLogits
+
+    g = torch.Generator().manual_seed(seed)
+    h = 3
+
+    def side():
+        return [torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(True)
+                for shape in ((b, t, h), (v, h), (v,))]  # fmt: skip
+
+    pol, ref = side(), side()
+    mask = (torch.rand(b, t, generator=g) > 0.3).to(torch.float64)
+    logp = torch.zeros(b, t, dtype=torch.float64)
+    tau = 1.0 if temperature == 0.0 else temperature
+
+    def logits(hidden, weight, bias):
+        return torch.nn.functional.linear(hidden, weight, bias) / tau
+
+    plain = get("kl", "full")(logp, logp, mask, logits=logits(*pol), ref_logits=logits(*ref))
+    grads = torch.autograd.grad(plain.sum(), [*pol, *ref])
+    saved = logit_rows.CHUNK_ELEMENTS
+    logit_rows.CHUNK_ELEMENTS = rows * v  # chunks of `rows` positions
+    try:
+        chunked = get("kl", "full")(
+            logp, logp, mask, logits=HeadLogits(*pol, temperature), ref_logits=HeadLogits(*ref, temperature)
+        )
+        chunk_grads = torch.autograd.grad(chunked.sum(), [*pol, *ref])
+    finally:
+        logit_rows.CHUNK_ELEMENTS = saved
+    torch.testing.assert_close(chunked, plain, rtol=0, atol=1e-10)
+    for got, want in zip(chunk_grads, grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert torch.equal(chunked[mask == 0], torch.zeros_like(chunked[mask == 0]))
+
+
+def test_full_takes_logit_rows_and_says_what_else_it_takes():
+    """A [B,T,V] tensor is wrapped, a LogitRows taken as it is; anything else is a one-line ShapeError."""
+    from polgrad.components.logit_rows import HeadLogits, TensorLogits
+
+    z = torch.zeros(1, 2, dtype=torch.float64)
+    logits = torch.randn(1, 2, 4, dtype=torch.float64)
+    want = get("kl", "full")(z, z, torch.ones_like(z), logits=logits, ref_logits=logits.flip(-1))
+    got = get("kl", "full")(z, z, torch.ones_like(z), logits=TensorLogits(logits), ref_logits=logits.flip(-1))
+    assert torch.equal(got, want)
+    with pytest.raises(
+        ShapeError, match=r"kl\.full: logits must be \[B,T,V\] logits \(a tensor or a LogitRows\)"
+    ):
+        get("kl", "full")(z, z, torch.ones_like(z), logits=torch.zeros(2, 4), ref_logits=logits)
+    with pytest.raises(ShapeError, match=r"HeadLogits: hidden \[B,T,H\] and weight \[V,H\] with the same H"):
+        HeadLogits(torch.zeros(1, 2, 3), torch.zeros(4, 5))
+
+
 def test_full_handles_impossible_tokens():
     # π_θ puts 0 mass on token 2 (logit -inf): 0·log 0 = 0, no nan in value or gradient.
     logits = torch.tensor([[[0.0, 0.0, -math.inf]]], dtype=torch.float64, requires_grad=True)

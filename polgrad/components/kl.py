@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from polgrad.checks import check_bt, is_real, require, zero_pad
+from polgrad.components.logit_rows import LogitRows, as_logit_rows, chunk_rows
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -174,8 +176,8 @@ def full(
     ref_logp: Tensor,
     mask: Tensor,
     *,
-    logits: Tensor | None = None,
-    ref_logits: Tensor | None = None,
+    logits: Tensor | LogitRows | None = None,
+    ref_logits: Tensor | LogitRows | None = None,
 ) -> Tensor:
     """Exact per-token KL(π_θ(·|s_t) || π_ref(·|s_t)) = Σ_v π_θ(v) (log π_θ(v) - log π_ref(v)).
 
@@ -184,29 +186,50 @@ def full(
     per-position KL. Half-precision logits are upcast to float32 for the log-softmax. Vocabulary
     entries with π_θ(v) = 0 (logit -inf) contribute 0 (the 0·log 0 = 0 convention).
     Source: the definition of KL; verl `kl_penalty='full'`.
+
+    The logits come as [B,T,V] tensors or as `LogitRows` (polgrad/components/logit_rows.py: the
+    training forward's are made from its hidden states a chunk at a time). Positions are taken
+    `chunk_rows(V, dtype)` at a time (64 MiB per [C,V] block); when that splits the batch, each
+    chunk is checkpointed (its logits, log-softmaxes and products are recomputed in the backward,
+    not kept), so memory holds a chunk, never [B,T,V]. One chunk is the plain computation, unchanged.
     Shapes: logits, ref_logits [B,T,V]; logp, ref_logp, mask [B,T] -> [B,T] (dtype of logp).
     """
     where = "kl.full"
     b, t = check_bt(where, mask, logp=logp, ref_logp=ref_logp)
     require(where, "logits", logits, _LOGITS_HINT)
     require(where, "ref_logits", ref_logits, _LOGITS_HINT)
-    for name, z in (("logits", logits), ("ref_logits", ref_logits)):
-        if not isinstance(z, Tensor) or z.dim() != 3 or tuple(z.shape[:2]) != (b, t):
-            got = f"shape {list(z.shape)}" if isinstance(z, Tensor) else type(z).__name__
-            raise ShapeError(f"{where}: {name} must be [B,T,V] with [B,T]=[{b},{t}], got {got}")
-    if logits.shape != ref_logits.shape:
+    pol = as_logit_rows(where, "logits", logits)
+    ref = as_logit_rows(where, "ref_logits", ref_logits)
+    for name, z in (("logits", pol), ("ref_logits", ref)):
+        if tuple(z.shape[:2]) != (b, t):
+            raise ShapeError(f"{where}: {name} must be [B,T,V] with [B,T]=[{b},{t}], got {list(z.shape)}")
+    if pol.shape != ref.shape:
         raise ShapeError(
             f"{where}: logits and ref_logits must have the same shape [B,T,V], got "
-            f"{list(logits.shape)} and {list(ref_logits.shape)}"
+            f"{list(pol.shape)} and {list(ref.shape)}"
         )
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    lp = torch.log_softmax(logits.to(dtype), dim=-1)
-    lq = torch.log_softmax(ref_logits.to(dtype), dim=-1)
+    dtype = torch.promote_types(pol.dtype, torch.float32)
+    n, rows = b * t, chunk_rows(pol.shape[2], dtype)
+    if rows >= n:
+        kl = _full_rows(pol, ref, 0, n, dtype)
+    else:
+        kl = torch.cat(
+            [
+                checkpoint(_full_rows, pol, ref, s, min(s + rows, n), dtype, use_reentrant=False)
+                for s in range(0, n, rows)
+            ]
+        )
+    return zero_pad(mask > 0, kl.view(b, t).to(logp.dtype))  # the logits' KL is not 0 on padding
+
+
+def _full_rows(pol: LogitRows, ref: LogitRows, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+    """kl.full's sum over the vocabulary for positions [start, stop) of the flattened [B,T]: [C]."""
+    lp = torch.log_softmax(pol.rows(start, stop).to(dtype), dim=-1)
+    lq = torch.log_softmax(ref.rows(start, stop).to(dtype), dim=-1)
     p = lp.exp()
     # Select before multiplying so that p = 0 entries give 0, not 0·(-inf) = nan, in value and gradient.
     diff = torch.where(p > 0, lp - lq, lp.new_zeros(()))
-    kl = (p * diff).sum(dim=-1).to(logp.dtype)
-    return zero_pad(mask > 0, kl)  # the logits' KL is not 0 on padding
+    return (p * diff).sum(dim=-1)
 
 
 @register("kl", "k1_st", formula="k1 = x (∇ of x^2/2)", unbiased=True, needs_logits=False)

@@ -71,7 +71,9 @@ class KLFn(Protocol):
 
         Per-token KL estimate, zero where mask is 0. logits/ref_logits are omitted when the KL is
         placed in the reward and passed (possibly None) in the loss; only parts that declare
-        needs_logits get tensors.
+        needs_logits get them: [B,T,V] tensors, or (the trainer's, at a large vocabulary) LogitRows
+        that make the logits a chunk of positions at a time (polgrad/components/logit_rows.py:
+        `as_logit_rows` takes either).
         """
         ...
 

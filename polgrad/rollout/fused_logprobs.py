@@ -33,25 +33,29 @@ finds the Linear that makes the logits through the run's wrappers (DeepSpeed eng
 adapter-disabled LoRA reference), or None where fusing would be wrong or impossible (another model
 family, a compiled forward, LoRA on the output layer, ZeRO-3's partitioned weight: those keep the
 plain full-logits path); `head_inputs(model, head, ...)` runs the model's own forward with the
-projection skipped and returns its input, the last hidden states.
+projection skipped and returns its input, the last hidden states; `scored_logprobs` (what
+`hf.response_logprobs` and the offline path call) takes the fused path where `fuses` says so and the
+plain one otherwise.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from polgrad.components import logit_rows
+from polgrad.components.logit_rows import HeadLogits, LogitRows, TensorLogits
 from polgrad.errors import ShapeError
 from polgrad.models.compiled import is_compiled
 
-# A chunk holds about this many logits (C x V): 2^24 fp32 = 64 MiB per [C,V] block.
-CHUNK_ELEMENTS = 1 << 24
-
 
 def default_chunk_rows(vocab: int) -> int:
-    """Rows per chunk at vocabulary size `vocab`: CHUNK_ELEMENTS // vocab, at least 1."""
-    return max(1, CHUNK_ELEMENTS // max(int(vocab), 1))
+    """Rows per chunk at vocabulary size `vocab`: `logit_rows.CHUNK_ELEMENTS` (2^24 logits, 64 MiB
+    per fp32 [C,V] block; the exact-KL part chunks by the same number) // vocab, at least 1."""
+    return logit_rows.chunk_rows(vocab)
 
 
 def token_logprobs(
@@ -92,32 +96,58 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)  # bf16/fp16/fp32 -> fp32, fp64 stays
 
 
-def _chunk_logp(hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> Tensor:
-    """log_softmax(z) [C,V] of one chunk, z computed as the plain path computes the logits: the
-    projection in the model's dtype, then fp32 (fp64 inputs stay fp64, where the plain path's
-    `.float()` would round them), then / temperature. z is dropped before returning: one [C,V] block
-    outlives the call."""
-    z = F.linear(hidden, weight, bias).to(_compute_dtype(hidden.dtype))
-    if scale != 1.0:
-        z = z / scale
-    return F.log_softmax(z, dim=-1)
+class _Blocks:
+    """Two [C,V] work blocks of the compute dtype, allocated once per call and reused by every chunk
+    (fresh [C,V] tensors per chunk fragment the C allocator's heap: the process's peak grew with the
+    number of chunks), plus a [C,V] block of the model's dtype when that is narrower (bf16)."""
+
+    def __init__(self, rows: int, hidden: Tensor, weight: Tensor):
+        dtype = _compute_dtype(hidden.dtype)
+        shape = (min(rows, hidden.shape[0]), weight.shape[0])
+        self.a = torch.empty(shape, dtype=dtype, device=hidden.device)
+        self.b = torch.empty(shape, dtype=dtype, device=hidden.device)
+        self.narrow = (
+            None if hidden.dtype == dtype else torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
+        )
+
+    def log_softmax(self, h: Tensor, weight: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+        """log_softmax(z) of one chunk in block a, z = (h W^T + b) / scale computed as the plain path
+        computes the logits: the projection in the model's dtype, then the compute dtype (fp32; fp64
+        inputs stay fp64), then / temperature; then z - logsumexp(z) in place."""
+        c = h.shape[0]
+        z = self.a[:c]
+        if self.narrow is None:
+            torch.matmul(h, weight.t(), out=z)
+            if bias is not None:
+                z.add_(bias)
+        else:
+            zn = self.narrow[:c]
+            torch.matmul(h, weight.t(), out=zn)
+            if bias is not None:
+                zn.add_(bias)
+            z.copy_(zn)
+        if scale != 1.0:
+            z.div_(scale)
+        return z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
 
 
 class _TokenLogprobs(torch.autograd.Function):
-    # Memory per chunk of C rows: at most two [C,V] blocks live at once (the projection and its
-    # log-softmax while it is taken; then the log-softmax and its exp), every later step in place.
+    # Memory: two [C,V] blocks of the compute dtype for the whole call (a third of the model's dtype
+    # for bf16), every step in place in them.
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, scale, rows, with_entropy):
         n = hidden.shape[0]
         dtype = _compute_dtype(hidden.dtype)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
         entropy = torch.zeros(n, dtype=dtype, device=hidden.device)
+        blocks = _Blocks(rows, hidden, weight)
         for s in range(0, n, rows):
-            lp = _chunk_logp(hidden[s : s + rows], weight, bias, scale)
+            lp = blocks.log_softmax(hidden[s : s + rows], weight, bias, scale)
             logp[s : s + rows] = lp.gather(-1, targets[s : s + rows, None]).squeeze(-1)
-            if with_entropy:  # p log p in p's block, summed as the plain path sums it (same bits)
-                entropy[s : s + rows] = -lp.exp().mul_(lp).sum(-1)
-            del lp
+            if with_entropy:  # -sum p log p, p log p in block b
+                p = torch.exp(lp, out=blocks.b[: lp.shape[0]])
+                entropy[s : s + rows] = -p.mul_(lp).sum(-1)
+        del blocks
         ctx.save_for_backward(hidden, weight, bias, targets, entropy)
         ctx.scale, ctx.rows, ctx.with_entropy = scale, rows, with_entropy
         return logp, entropy
@@ -131,36 +161,36 @@ class _TokenLogprobs(torch.autograd.Function):
         d_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_w else None
         d_bias = torch.zeros(bias.shape, dtype=dtype, device=bias.device) if need_b else None
         rows = ctx.rows
-        for s in range(0, hidden.shape[0], rows):
-            h = hidden[s : s + rows]
-            with torch.no_grad():
-                lp = _chunk_logp(h, weight, bias, ctx.scale)
-                p = lp.exp()
+        with torch.no_grad():
+            blocks = _Blocks(rows, hidden, weight)
+            for s in range(0, hidden.shape[0], rows):
+                h = hidden[s : s + rows]
+                lp = blocks.log_softmax(h, weight, bias, ctx.scale)  # block a
+                p = torch.exp(lp, out=blocks.b[: h.shape[0]])  # block b
                 g = g_logp[s : s + rows].to(dtype)[:, None]
                 if ctx.with_entropy and g_entropy is not None:
-                    # e p (log p + H), in place in lp's block (lp is not needed after it)
+                    # e p (log p + H), in block a (log p is not needed after it)
                     e = g_entropy[s : s + rows].to(dtype)[:, None]
                     term = lp.add_(entropy[s : s + rows, None]).mul_(p).mul_(e)
                 else:
                     term = None
-                del lp
-                dz = p.mul_(-g)  # -p g, in p's block
-                del p
+                dz = p.mul_(-g)  # -p g, in block b
                 dz.scatter_add_(-1, targets[s : s + rows, None], g)
                 if term is not None:
                     dz.sub_(term)
-                    del term
                 if ctx.scale != 1.0:
                     dz.div_(ctx.scale)
-                d_logits = dz.to(hidden.dtype)
-                del dz
+                # dz is the gradient wrt the chunk's logits in the compute dtype; the model's dtype
+                # (bf16) rounds it for dL/dh as the plain path's cast would, while W's gradient
+                # accumulates from the unrounded dz in the compute dtype (no [V,H] temporary)
                 if need_h:
+                    d_logits = dz if blocks.narrow is None else blocks.narrow[: h.shape[0]].copy_(dz)
                     d_hidden[s : s + rows] = d_logits @ weight
                 if need_w:
-                    d_weight += (d_logits.t() @ h).to(dtype)
+                    d_weight.addmm_(dz.t(), h.to(dtype))
                 if need_b:
-                    d_bias += d_logits.sum(0).to(dtype)
-                del d_logits
+                    d_bias += dz.sum(0)
+            del blocks
         return (
             d_hidden,
             None if d_weight is None else d_weight.to(weight.dtype),
@@ -198,11 +228,11 @@ def _wrapped(model) -> list:
 
 def fuses(head: torch.nn.Linear | None, rows: int) -> bool:
     """Whether `rows` scored positions go through `token_logprobs` with `head` (from
-    `output_projection`): only when their logits exceed one chunk (rows x V > CHUNK_ELEMENTS). Below
-    that the plain path holds no more memory than one chunk would, and it keeps autograd's own
-    log-softmax backward, so runs at a small vocabulary (the tiny model's 16 tokens) are bit for bit
-    what they were before the fused path existed."""
-    return head is not None and rows * head.out_features > CHUNK_ELEMENTS
+    `output_projection`): only when their logits exceed one chunk (rows x V >
+    logit_rows.CHUNK_ELEMENTS). Below that the plain path holds no more memory than one chunk
+    would, and it keeps autograd's own log-softmax backward, so runs at a small vocabulary (the
+    tiny model's 16 tokens) are bit for bit what they were before the fused path existed."""
+    return head is not None and rows * head.out_features > logit_rows.CHUNK_ELEMENTS
 
 
 def output_projection(model) -> torch.nn.Linear | None:
@@ -256,3 +286,63 @@ def head_inputs(
             "from polgrad.rollout.fused_logprobs.FUSED_MODEL_TYPES"
         )
     return seen[0]
+
+
+class TokenLogprobs(NamedTuple):
+    """What `response_logprobs` returns when entropy or logits are asked for (None if not asked):
+    logits [B,T,V] for `return_logits`, a LogitRows (polgrad/components/logit_rows.py) for
+    `logit_rows`."""
+
+    logp: Tensor
+    entropy: Tensor | None
+    logits: Tensor | LogitRows | None
+
+
+def scored_logprobs(
+    model,
+    input_ids: Tensor,
+    attn: Tensor,
+    pos: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    return_logits: bool = False,
+    logit_rows: bool = False,
+) -> Tensor | TokenLogprobs:
+    """`response_logprobs` on a whole sequence: input_ids, attn, pos [B,S] and the last T tokens'
+    `targets` [B,T] (T < S), token t predicted at sequence position S - T - 1 + t. The offline (DPO)
+    path scores every token after the first with it (targets = input_ids[:, 1:])."""
+    b, t = targets.shape
+    head = None if return_logits else output_projection(model)
+    if fuses(head, b * t):
+        hidden = head_inputs(model, head, input_ids, attn, pos, t + 1)[:, :-1]
+        logp, entropy = token_logprobs(
+            hidden.reshape(b * t, -1),
+            head.weight,
+            targets.reshape(-1),
+            bias=head.bias,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
+        logp = logp.float().view(b, t)
+        if not (with_entropy or logit_rows):
+            return logp
+        rows = HeadLogits(hidden, head.weight, head.bias, temperature) if logit_rows else None
+        return TokenLogprobs(logp, entropy.float().view(b, t) if with_entropy else None, rows)
+    logits = (
+        model(
+            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=t + 1
+        )
+        .logits[:, :-1]
+        .float()
+    )
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    if not (with_entropy or return_logits or logit_rows):
+        return logp
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    kept = logits if return_logits else TensorLogits(logits) if logit_rows else None
+    return TokenLogprobs(logp, entropy, kept)

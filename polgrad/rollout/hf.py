@@ -34,7 +34,6 @@ log-probs at temperature 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +44,7 @@ from polgrad.errors import ConfigError, ShapeError
 from polgrad.models import encode_prompts, position_ids_from_mask, sequence_scores, torch_threads
 from polgrad.models.compiled import is_compiled
 from polgrad.models.threads import decode_threads
-from polgrad.rollout.fused_logprobs import fuses, head_inputs, output_projection, token_logprobs
+from polgrad.rollout.fused_logprobs import TokenLogprobs, scored_logprobs
 from polgrad.rollout.rollout import Rollout
 from polgrad.rollout.static_decode import StaticDecoder
 from polgrad.tasks.base import Example
@@ -347,14 +346,6 @@ def generate(
     )
 
 
-class TokenLogprobs(NamedTuple):
-    """What `response_logprobs` returns when entropy or logits are asked for (None if not asked)."""
-
-    logp: Tensor
-    entropy: Tensor | None
-    logits: Tensor | None
-
-
 def _unpack(what: str, rollout_or_ids, prompt_mask, response_ids) -> tuple[Tensor, Tensor, Tensor]:
     if isinstance(rollout_or_ids, Rollout):
         return rollout_or_ids.prompt_ids, rollout_or_ids.prompt_mask, rollout_or_ids.response_ids
@@ -389,6 +380,7 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     return_logits: bool = False,
+    logit_rows: bool = False,
 ) -> Tensor | TokenLogprobs:
     """Log-prob of each response token under `model`, from ONE forward over concat(prompt, response).
 
@@ -406,9 +398,11 @@ def response_logprobs(
     of the backward. Otherwise the plain path: the logits, fp32, then
     log_softmax over the vocabulary.
 
-    Returns logp [B,T] fp32; if `with_entropy` or `return_logits`, a TokenLogprobs(logp, entropy [B,T]
-    of the temperature-scaled distribution, logits [B,T,V] already divided by the temperature) with
-    None for what was not asked.
+    Returns logp [B,T] fp32; if `with_entropy`, `return_logits` or `logit_rows`, a
+    TokenLogprobs(logp, entropy [B,T] of the temperature-scaled distribution, logits already divided
+    by the temperature) with None for what was not asked. The logits: [B,T,V] for `return_logits`;
+    for `logit_rows` (an exact-KL part's input) a LogitRows: on the fused path a `HeadLogits` over
+    the same hidden states, never held whole; on the plain path the [B,T,V] tensor wrapped.
     """
     prompt_ids, prompt_mask, response_ids = _unpack(
         "response_logprobs", rollout_or_prompt_ids, prompt_mask, response_ids
@@ -423,54 +417,8 @@ def response_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         return_logits=return_logits,
+        logit_rows=logit_rows,
     )
-
-
-def scored_logprobs(
-    model,
-    input_ids: Tensor,
-    attn: Tensor,
-    pos: Tensor,
-    targets: Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    return_logits: bool = False,
-) -> Tensor | TokenLogprobs:
-    """`response_logprobs` on a whole sequence: input_ids, attn, pos [B,S] and the last T tokens'
-    `targets` [B,T] (T < S), token t predicted at sequence position S - T - 1 + t. The offline (DPO)
-    path scores every token after the first with it (targets = input_ids[:, 1:])."""
-    b, t = targets.shape
-    head = None if return_logits else output_projection(model)
-    if fuses(head, b * t):
-        hidden = head_inputs(model, head, input_ids, attn, pos, t + 1)[:, :-1]
-        logp, entropy = token_logprobs(
-            hidden.reshape(b * t, -1),
-            head.weight,
-            targets.reshape(-1),
-            bias=head.bias,
-            temperature=temperature,
-            with_entropy=with_entropy,
-        )
-        logp = logp.float().view(b, t)
-        if not with_entropy:
-            return logp
-        return TokenLogprobs(logp, entropy.float().view(b, t), None)
-    logits = (
-        model(
-            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=t + 1
-        )
-        .logits[:, :-1]
-        .float()
-    )
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-    if not (with_entropy or return_logits):
-        return logp
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-    return TokenLogprobs(logp, entropy, logits if return_logits else None)
 
 
 def response_values(
