@@ -12,8 +12,9 @@ also records that model's score of the same greedy responses (`rm_score`, `rm_sc
 beside the gold accuracy. Step 0 is the starting
 policy (the warm start), evaluated before the first update.
 
-`exact_kl` is KL(π‖π_ref) summed over the whole vocabulary at each sampled position, computed in
-chunks of rows so that at most `max_elements` logits of each model are held at once.
+`exact_kl` is KL(π‖π_ref) summed over the whole vocabulary at each sampled position, computed a chunk
+of positions at a time from each model's hidden states where it can (else in chunks of rows), so that
+no [B,T,V] logits are held.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from torch import Tensor
 
 from polgrad import collective
 from polgrad.components.kl import full as exact_kl_part
+from polgrad.components.logit_rows import TensorLogits
 from polgrad.errors import ShapeError
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
+from polgrad.rollout.fused_logprobs import output_projection
 from polgrad.run_folder import RunFolder
 from polgrad.tasks.base import Example, is_correct
 from polgrad.tasks.rewards import RewardGuard
@@ -176,10 +179,14 @@ def exact_kl(
     `policy`'s own). Then only the reference runs a forward, and the KL equals the two-forward one up
     to the float difference between a KV-cached decode and one full forward
     (tests/test_evaluation.py; in bf16 that rounding is ~1e-6 per token, so a step-1 KL is not
-    exactly 0), and `policy` is not called. Without it, `policy` runs a no-grad forward. Rows are
-    processed in chunks of at most `max_elements / (T·V)` rows, so memory is O(B·T) for the result
-    plus one chunk's logits (plus the rollout's own [B,T,V] distributions when it carries them).
-    Zero where the rollout's mask is 0.
+    exactly 0), and `policy` is not called. Without it, `policy` runs a no-grad forward.
+
+    Memory: where both models' output projections can be fused (`fused_logprobs.output_projection`),
+    each runs one forward over the whole batch that stops at its hidden states, and `kl.full` makes
+    the logits of a chunk of positions at a time from them (HeadLogits): no [B,T,V] is held, and the
+    body's matmuls see the whole batch. Otherwise rows are processed in chunks of at most
+    `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one chunk's logits (plus the
+    rollout's own [B,T,V] distributions when it carries them). Zero where the rollout's mask is 0.
     """
     b, t = rollout.response_ids.shape
     policy_logp_all = rollout.policy_logp_all
@@ -189,17 +196,20 @@ def exact_kl(
             f"exact_kl: rollout.policy_logp_all must be [B,T,V] with [B,T]=[{b},{t}] (the rollout's), "
             f"got {list(policy_logp_all.shape)}"
         )
-    rows_per_chunk = max(1, max_elements // max(1, t * vocab))
+    fused = output_projection(reference) is not None and (
+        policy_logp_all is not None or output_projection(policy) is not None
+    )
+    rows_per_chunk = b if fused else max(1, max_elements // max(1, t * vocab))
     out, ref_logp = [], []
     for rows in torch.arange(b).split(rows_per_chunk):
         ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows])
-        ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, return_logits=True)
+        ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, logit_rows=True)
         if policy_logp_all is None:
-            pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, return_logits=True)
+            pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, logit_rows=True)
             pol_logp, pol_logits = pol.logp, pol.logits
         else:  # log_softmax of a log-softmax is itself: the sampler's distribution serves as logits
-            pol_logits = policy_logp_all[rows].to(ref.logits.dtype)
-            pol_logp = pol_logits.gather(-1, ids[2][..., None]).squeeze(-1)
+            held = policy_logp_all[rows].to(ref.logits.dtype)
+            pol_logp, pol_logits = held.gather(-1, ids[2][..., None]).squeeze(-1), TensorLogits(held)
         mask = rollout.mask[rows].to(pol_logp.dtype)
         out.append(exact_kl_part(pol_logp, ref.logp, mask, logits=pol_logits, ref_logits=ref.logits))
         ref_logp.append(ref.logp)

@@ -69,6 +69,7 @@ def _compare(a, b):
         torch.testing.assert_close(a[2][name], b[2][name], rtol=TOL, atol=TOL, msg=name)
 
 
+@pytest.mark.cpu_matrix  # fused vs plain kernels: the same numbers under every ISA
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_fused_and_plain_paths_give_the_same_logprobs_entropy_and_gradients(tiny, monkeypatch, temperature):
     """The tiny model (tied embeddings), chunks of 5 rows (the rollout has 16 x 12): values and the
@@ -87,6 +88,7 @@ def test_fused_and_plain_paths_give_the_same_logprobs_entropy_and_gradients(tiny
         torch.testing.assert_close(fused[0], rollout.rollout_logp * rollout.mask, rtol=0, atol=TOL)
 
 
+@pytest.mark.cpu_matrix  # fused vs plain kernels: the same numbers under every ISA
 def test_the_fused_path_goes_through_the_engine_and_peft(tiny, monkeypatch):
     """A DeepSpeed engine (ZeRO-0), a peft LoRA policy and its adapter-disabled reference: each finds
     the output projection, and gives the plain path's numbers (the LoRA policy's own, with its
@@ -151,6 +153,7 @@ def test_models_the_fused_path_cannot_serve_take_the_plain_one(tiny):
     assert fused_logprobs.output_projection(lora.add_policy_adapter(copy.deepcopy(model), config)) is not None
 
 
+@pytest.mark.cpu_matrix  # fused vs plain kernels: the same numbers under every ISA
 def test_the_offline_path_scores_sequences_fused_as_it_did_plain(tiny, monkeypatch):
     """DPO's summed response log-prob (polgrad/offline.py `sequence_logp`) on right-padded sequences
     of different lengths, fused with chunks of 4 rows vs plain: the same per-row sums and gradients."""
@@ -176,6 +179,37 @@ def test_the_offline_path_scores_sequences_fused_as_it_did_plain(tiny, monkeypat
     torch.testing.assert_close(fused[1], plain[1], rtol=TOL, atol=TOL)
 
 
+@pytest.mark.cpu_matrix  # fused vs plain kernels: the same numbers under every ISA
+@pytest.mark.parametrize("kept", [False, True], ids=["policy_forward", "sampler_distributions"])
+def test_the_exact_kl_metric_from_hidden_states_equals_the_row_chunked_one(tiny, monkeypatch, kept):
+    """evaluation.exact_kl (the kl_exact metric and ref_logp) with both models' logits made from their
+    hidden states a chunk of 5 positions at a time, against the plain row-chunked path: the same KL
+    and reference log-probs, with the policy's side from its own forward or from the distributions
+    the sampler kept. Tolerance as above (fp32 reordering of the projection's sums)."""
+    from polgrad.evaluation import exact_kl
+
+    model, _ = tiny
+    policy, reference = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():  # a reference that differs from the policy, so the KL is not 0
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    task = get("task", "add")(digits=2)
+    tok = models.build_tokenizer(task.alphabet)
+    rollout = hf.generate(policy, tok, task.examples("train", 4, seed=3), group_size=4, max_new_tokens=12,
+                          generator_seed=2, temperature=0.8, keep_distribution=kept)  # fmt: skip
+    assert (rollout.policy_logp_all is not None) == kept
+    monkeypatch.setattr(logit_rows, "CHUNK_ELEMENTS", 5 * model.config.vocab_size)
+    calls, real_rows = [], logit_rows.HeadLogits.rows
+    monkeypatch.setattr(logit_rows.HeadLogits, "rows", lambda *a: calls.append(1) or real_rows(*a))
+    fused = exact_kl(policy, reference, rollout, temperature=0.8)
+    assert calls  # the logits came from the hidden states
+    _plain(monkeypatch)
+    plain = exact_kl(policy, reference, rollout, temperature=0.8, max_elements=40 * 16)
+    assert float(plain[0].sum()) > 1e-3
+    for got, want in zip(fused, plain, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+
+
 def _run(tmp_path, name, spec, overrides):
     from polgrad.config import parse_config
     from polgrad.train import run as train
@@ -194,6 +228,7 @@ MEASURED = {"time_s", "time_gen", "time_ref", "time_values", "time_adv", "time_u
             "peak_mem_mb"}  # fmt: skip
 
 
+@pytest.mark.cpu_matrix
 @pytest.mark.parametrize(
     "spec, extra", [("ppo.gin", []), ("grpo.gin", ["Algorithm.kl = @kl.full"])], ids=["ppo", "grpo_kl_full"]
 )
@@ -202,28 +237,37 @@ def test_a_run_whose_chunks_split_gives_the_plain_runs_metrics(tmp_path, monkeyp
     HeadLogits of the policy and the reference, checkpointed chunk by chunk), for 3 steps: once with
     chunks of 3 positions (every training, old-log-prob, reference and KL computation splits) and once
     on the plain path: every metric of every row agrees to float reordering. A 3-row matrix product
-    sums in another order than the whole batch's: ~1e-7 relative per logit at step 1 (measured 1e-7
-    on the entropy, 1.1e-6 on approx_kl), which three Adam steps carry into the weights (measured at
-    most 8e-6 relative, explained_variance at step 3, on an AVX-512 EPYC). So 1e-4 relative. Numbers
-    that are differences of O(1) terms can be near 0 (adv_mean ~1e-16, GRPO's pg_loss ~1e-8,
-    approx_kl ~1e-13 on-policy, explained_variance = 1 - a variance ratio near 1): their error is
-    absolute, up to 1.3e-6 measured (explained_variance 0.01078 at one torch thread), so 1e-5
-    absolute. A missing temperature, a shifted row or target moves these by > 1e-2."""
+    sums in another order than the whole batch's: ~1e-7 relative per logit, which three Adam steps
+    carry into the weights. Measured on an AVX-512 EPYC with partial-credit rewards: at most 1.3e-5
+    relative on metrics above 1e-3 (kl at step 2 of the kl.full run; 3.9e-6 for PPO), so 1e-4
+    relative. Numbers that are differences of O(1) terms can be near 0 (adv_mean ~1e-16, GRPO's
+    pg_loss ~1e-8, step 1's KL ~1e-7, explained_variance = 1 - a variance ratio near 1): their error
+    is absolute, at most 4.3e-7 measured (1.3e-6 for explained_variance at one torch thread), so
+    1e-5 absolute. A missing temperature, a shifted row or target moves these by > 1e-2."""
     overrides = ["train.steps = 3", "train.prompts_per_step = 4", "train.eval_every = 100",
                  "train.eval_size = None", "train.checkpoint_every = 100",
-                 "train.progress = False", *extra]  # fmt: skip
+                 "train.progress = False", "task.add.partial = True", *extra]  # fmt: skip
     with monkeypatch.context() as mp:
         mp.setattr(logit_rows, "CHUNK_ELEMENTS", 3 * 16)
         calls, chunks = [], []
         real, real_rows = fused_logprobs.token_logprobs, logit_rows.HeadLogits.rows
         mp.setattr(fused_logprobs, "token_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
-        mp.setattr(logit_rows.HeadLogits, "rows", lambda *a: chunks.append(1) or real_rows(*a))
+        mp.setattr(
+            logit_rows.HeadLogits,
+            "rows",
+            lambda *a: chunks.append(a[0].hidden.requires_grad) or real_rows(*a),
+        )
         fused = _run(tmp_path, "fused", spec, overrides)
         assert calls  # the run took the fused path
-        assert bool(chunks) == bool(extra)  # and kl.full made its logits from the hidden states
+        assert chunks  # the kl_exact metric made its logits from the hidden states (no grad)
+        assert any(chunks) == bool(extra)  # and kl.full in the loss from the training forward's
     _plain(monkeypatch)
     plain = _run(tmp_path, "plain", spec, overrides)
     assert len(fused) == len(plain) == 3
+    # Partial credit: rewards that differ within the batch. With all rewards 0 (the task's exact-match
+    # reward at this budget) PPO's whitened advantages are the KL penalty's rounding noise scaled to
+    # O(1), and two runs that differ by one ulp in ref_logp train apart: no test of anything.
+    assert all(r["reward_std"] > 0.05 for r in plain), [r["reward_std"] for r in plain]
     for f, p in zip(fused, plain, strict=True):
         assert f.keys() == p.keys()
         for k, v in f.items():
