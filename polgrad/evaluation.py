@@ -32,11 +32,11 @@ from torch import Tensor
 
 from polgrad import collective
 from polgrad.components.kl import full as exact_kl_part
-from polgrad.components.logit_rows import TensorLogits
+from polgrad.components.logit_rows import HeadLogits, TensorLogits, chunk_rows
 from polgrad.errors import ShapeError
 from polgrad.io import atomic_write_text
 from polgrad.rollout import hf as hf_rollout
-from polgrad.rollout.fused_logprobs import output_projection
+from polgrad.rollout.fused_logprobs import fuses, head_inputs, output_projection
 from polgrad.run_folder import RunFolder
 from polgrad.tasks.base import Example, is_correct
 from polgrad.tasks.rewards import RewardGuard
@@ -181,12 +181,14 @@ def exact_kl(
     (tests/test_evaluation.py; in bf16 that rounding is ~1e-6 per token, so a step-1 KL is not
     exactly 0), and `policy` is not called. Without it, `policy` runs a no-grad forward.
 
-    Memory: where both models' output projections can be fused (`fused_logprobs.output_projection`),
-    each runs one forward over the whole batch that stops at its hidden states, and `kl.full` makes
-    the logits of a chunk of positions at a time from them (HeadLogits): no [B,T,V] is held, and the
-    body's matmuls see the whole batch. Otherwise rows are processed in chunks of at most
-    `max_elements / (T·V)` rows, so memory is O(B·T) for the result plus one chunk's logits (plus the
-    rollout's own [B,T,V] distributions when it carries them). Zero where the rollout's mask is 0.
+    Memory: where both models' output projections can be fused and the logits exceed one chunk
+    (`fused_logprobs.output_projection`, `fuses`), each model runs one forward over the whole batch
+    that stops at its hidden states, and the logits are made a chunk of positions at a time from them
+    (HeadLogits), each chunk giving its KL (`kl.full`) and the reference's log-probs: no [B,T,V] is
+    held, the body's matmuls see the whole batch, and each output projection runs once per position.
+    Otherwise rows are processed in chunks of at most `max_elements / (T·V)` rows, so memory is O(B·T)
+    for the result plus one chunk's logits (plus the rollout's own [B,T,V] distributions when it
+    carries them). Zero where the rollout's mask is 0.
     """
     b, t = rollout.response_ids.shape
     policy_logp_all = rollout.policy_logp_all
@@ -196,24 +198,61 @@ def exact_kl(
             f"exact_kl: rollout.policy_logp_all must be [B,T,V] with [B,T]=[{b},{t}] (the rollout's), "
             f"got {list(policy_logp_all.shape)}"
         )
-    fused = output_projection(reference) is not None and (
-        policy_logp_all is not None or output_projection(policy) is not None
-    )
-    rows_per_chunk = b if fused else max(1, max_elements // max(1, t * vocab))
+    ref_head = output_projection(reference)
+    pol_head = None if policy_logp_all is not None else output_projection(policy)
+    if fuses(ref_head, b * t) and (policy_logp_all is not None or pol_head is not None):
+        return _exact_kl_from_hidden(policy, reference, rollout, temperature, ref_head, pol_head)
+    rows_per_chunk = max(1, max_elements // max(1, t * vocab))
     out, ref_logp = [], []
     for rows in torch.arange(b).split(rows_per_chunk):
         ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows])
-        ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, logit_rows=True)
+        ref = hf_rollout.response_logprobs(reference, *ids, temperature=temperature, return_logits=True)
         if policy_logp_all is None:
-            pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, logit_rows=True)
+            pol = hf_rollout.response_logprobs(policy, *ids, temperature=temperature, return_logits=True)
             pol_logp, pol_logits = pol.logp, pol.logits
         else:  # log_softmax of a log-softmax is itself: the sampler's distribution serves as logits
-            held = policy_logp_all[rows].to(ref.logits.dtype)
-            pol_logp, pol_logits = held.gather(-1, ids[2][..., None]).squeeze(-1), TensorLogits(held)
+            pol_logits = policy_logp_all[rows].to(ref.logits.dtype)
+            pol_logp = pol_logits.gather(-1, ids[2][..., None]).squeeze(-1)
         mask = rollout.mask[rows].to(pol_logp.dtype)
         out.append(exact_kl_part(pol_logp, ref.logp, mask, logits=pol_logits, ref_logits=ref.logits))
         ref_logp.append(ref.logp)
     return torch.cat(out).double(), torch.cat(ref_logp)
+
+
+def _exact_kl_from_hidden(
+    policy, reference, rollout, temperature, ref_head, pol_head
+) -> tuple[Tensor, Tensor]:
+    """`exact_kl` from each model's last hidden states (one forward each over the whole batch), the
+    logits of a chunk of positions at a time: per chunk the KL (`kl.full`, the part's own formula)
+    and the reference's log-probs of the sampled tokens."""
+    b, t = rollout.response_ids.shape
+    ids, attn, pos = hf_rollout.sequence_inputs(rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids)
+
+    def rows_of(model, head) -> HeadLogits:
+        hidden = head_inputs(model, head, ids, attn, pos, t + 1)[:, :-1]
+        return HeadLogits(hidden, head.weight, head.bias, temperature)
+
+    ref_rows = rows_of(reference, ref_head)
+    if rollout.policy_logp_all is not None:  # the sampler's log-softmax serves as logits
+        pol_rows = TensorLogits(rollout.policy_logp_all.to(ref_rows.dtype))
+    else:
+        pol_rows = rows_of(policy, pol_head)
+    targets = rollout.response_ids.reshape(-1)
+    mask = rollout.mask.reshape(1, -1).to(ref_rows.dtype)
+    n = b * t
+    kl = torch.empty(n, dtype=ref_rows.dtype)
+    ref_logp = torch.empty(n, dtype=ref_rows.dtype)
+    step = chunk_rows(ref_rows.shape[2])
+    for s in range(0, n, step):
+        e = min(s + step, n)
+        zq = ref_rows.rows(s, e)
+        ref_logp[s:e] = torch.log_softmax(zq, dim=-1).gather(-1, targets[s:e, None]).squeeze(-1)
+        unused = torch.zeros(1, e - s, dtype=zq.dtype)  # kl.full reads the logits, not the log-probs
+        part = exact_kl_part(
+            unused, unused, mask[:, s:e], logits=pol_rows.rows(s, e)[None], ref_logits=zq[None]
+        )
+        kl[s:e] = part[0]
+    return kl.view(b, t).double(), ref_logp.view(b, t)
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:

@@ -365,7 +365,10 @@ def _unpack(what: str, rollout_or_ids, prompt_mask, response_ids) -> tuple[Tenso
     return prompt_ids, prompt_mask, response_ids
 
 
-def _sequence(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def sequence_inputs(
+    prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids, attention_mask, position_ids) [B,P+T] of concat(prompt, response) (module docstring)."""
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attn = torch.cat([prompt_mask.long(), torch.ones_like(response_ids, dtype=torch.long)], dim=1)
     return input_ids, attn, position_ids_from_mask(attn)
@@ -407,7 +410,7 @@ def response_logprobs(
     prompt_ids, prompt_mask, response_ids = _unpack(
         "response_logprobs", rollout_or_prompt_ids, prompt_mask, response_ids
     )
-    input_ids, attn, pos = _sequence(prompt_ids, prompt_mask, response_ids)
+    input_ids, attn, pos = sequence_inputs(prompt_ids, prompt_mask, response_ids)
     return scored_logprobs(
         model,
         input_ids,
@@ -436,7 +439,7 @@ def response_values(
         "response_values", rollout_or_prompt_ids, prompt_mask, response_ids
     )
     t = response_ids.shape[1]
-    input_ids, attn, pos = _sequence(prompt_ids, prompt_mask, response_ids)
+    input_ids, attn, pos = sequence_inputs(prompt_ids, prompt_mask, response_ids)
     values = critic(input_ids, attn, pos)
     return values[:, -t - 1 : -1]
 
