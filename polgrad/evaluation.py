@@ -184,8 +184,9 @@ def exact_kl(
     Memory: where both models' output projections can be fused and the logits exceed one chunk
     (`fused_logprobs.output_projection`, `fuses`), each model runs one forward over the whole batch
     that stops at its hidden states, and the logits are made a chunk of positions at a time from them
-    (HeadLogits), each chunk giving its KL (`kl.full`) and the reference's log-probs: no [B,T,V] is
-    held, the body's matmuls see the whole batch, and each output projection runs once per position.
+    (HeadLogits), each chunk giving its KL (`kl.full`) and the reference's log-probs: no [B,T,V]
+    logits are made (the sampler's kept distributions, when the rollout carries them, are at most
+    2^25 values), the body's matmuls see the whole batch, and each output projection runs once per position.
     Otherwise rows are processed in chunks of at most `max_elements / (T·V)` rows, so memory is O(B·T)
     for the result plus one chunk's logits (plus the rollout's own [B,T,V] distributions when it
     carries them). Zero where the rollout's mask is 0.
@@ -240,14 +241,15 @@ def _exact_kl_from_hidden(
     targets = rollout.response_ids.reshape(-1)
     mask = rollout.mask.reshape(1, -1).to(ref_rows.dtype)
     n = b * t
-    kl = torch.empty(n, dtype=ref_rows.dtype)
-    ref_logp = torch.empty(n, dtype=ref_rows.dtype)
+    device = rollout.response_ids.device
+    kl = torch.empty(n, dtype=ref_rows.dtype, device=device)
+    ref_logp = torch.empty(n, dtype=ref_rows.dtype, device=device)
     step = chunk_rows(ref_rows.shape[2])
     for s in range(0, n, step):
         e = min(s + step, n)
         zq = ref_rows.rows(s, e)
         ref_logp[s:e] = torch.log_softmax(zq, dim=-1).gather(-1, targets[s:e, None]).squeeze(-1)
-        unused = torch.zeros(1, e - s, dtype=zq.dtype)  # kl.full reads the logits, not the log-probs
+        unused = zq.new_zeros(1, e - s)  # kl.full reads the logits, not the log-probs
         part = exact_kl_part(
             unused, unused, mask[:, s:e], logits=pol_rows.rows(s, e)[None], ref_logits=zq[None]
         )

@@ -126,3 +126,19 @@ def test_bad_shapes_are_one_line():
 def test_default_chunk_holds_about_2_to_the_24_logits():
     assert default_chunk_rows(151_936) == (1 << 24) // 151_936 == 110
     assert default_chunk_rows(1 << 30) == 1
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_inputs_give_the_plain_paths_numbers(bias):
+    """A bf16 model's hidden states and projection (the `narrow` block): the chunk's logits are the
+    projection rounded once to bf16, as the plain path's `F.linear(...).float()` makes them (with a
+    bias too), then fp32. Both sides then run fp32 log-softmaxes of the same bf16-rounded logits, so
+    they differ by fp32 rounding only: 1e-5 on log-probs of O(10)."""
+    hidden, weight, b, targets = _inputs(37, 16, 50, seed=3, bias=bias)
+    hidden, weight = hidden.to(torch.bfloat16), weight.to(torch.bfloat16)
+    b = None if b is None else b.to(torch.bfloat16)
+    logp, entropy = token_logprobs(hidden, weight, targets, bias=b, with_entropy=True, chunk_rows=8)
+    z = F.linear(hidden, weight, b).float()
+    lp = F.log_softmax(z, dim=-1)
+    torch.testing.assert_close(logp, lp.gather(-1, targets[:, None]).squeeze(-1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, -(lp.exp() * lp).sum(-1), rtol=0, atol=1e-5)

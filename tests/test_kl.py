@@ -233,7 +233,7 @@ def test_full_in_chunks_from_hidden_states_equals_full_on_the_logits(b, t, v, ro
     plain = get("kl", "full")(logp, logp, mask, logits=logits(*pol), ref_logits=logits(*ref))
     grads = torch.autograd.grad(plain.sum(), [*pol, *ref])
     saved = logit_rows.CHUNK_ELEMENTS
-    logit_rows.CHUNK_ELEMENTS = rows * v  # chunks of `rows` positions
+    logit_rows.CHUNK_ELEMENTS = 2 * rows * v  # chunks of `rows` positions (fp64 blocks: twice the bytes)
     try:
         chunked = get("kl", "full")(
             logp, logp, mask, logits=HeadLogits(*pol, temperature), ref_logits=HeadLogits(*ref, temperature)

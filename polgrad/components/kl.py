@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from polgrad.checks import check_bt, is_real, require, zero_pad
-from polgrad.components.logit_rows import LogitRows, as_logit_rows, chunk_rows
+from polgrad.components.logit_rows import LogitRows, as_logit_rows, chunk_rows, piece_logits
 from polgrad.errors import ConfigError, ShapeError
 from polgrad.registry import register
 
@@ -211,21 +211,28 @@ def full(
     dtype = torch.promote_types(pol.dtype, torch.float32)
     n, rows = b * t, chunk_rows(pol.shape[2], dtype)
     if rows >= n:
-        kl = _full_rows(pol, ref, 0, n, dtype)
+        kl = _full_rows(pol.rows(0, n), ref.rows(0, n), dtype)
     else:
+        # a held tensor is split once, outside the checkpoints: slicing it inside each would make
+        # every chunk's backward a zero-filled [B,T,V] gradient (quadratic in the chunk count)
         kl = torch.cat(
             [
-                checkpoint(_full_rows, pol, ref, s, min(s + rows, n), dtype, use_reentrant=False)
-                for s in range(0, n, rows)
+                checkpoint(_full_chunk, p, q, dtype, use_reentrant=False)
+                for p, q in zip(pol.pieces(rows), ref.pieces(rows), strict=True)
             ]
         )
     return zero_pad(mask > 0, kl.view(b, t).to(logp.dtype))  # the logits' KL is not 0 on padding
 
 
-def _full_rows(pol: LogitRows, ref: LogitRows, start: int, stop: int, dtype: torch.dtype) -> Tensor:
-    """kl.full's sum over the vocabulary for positions [start, stop) of the flattened [B,T]: [C]."""
-    lp = torch.log_softmax(pol.rows(start, stop).to(dtype), dim=-1)
-    lq = torch.log_softmax(ref.rows(start, stop).to(dtype), dim=-1)
+def _full_chunk(pol, ref, dtype: torch.dtype) -> Tensor:
+    """`_full_rows` of one piece of each side (logit_rows: a [C,V] tensor or a HeadLogits chunk)."""
+    return _full_rows(piece_logits(pol), piece_logits(ref), dtype)
+
+
+def _full_rows(pol: Tensor, ref: Tensor, dtype: torch.dtype) -> Tensor:
+    """kl.full's sum over the vocabulary for one chunk of positions, logits [C,V] -> [C]."""
+    lp = torch.log_softmax(pol.to(dtype), dim=-1)
+    lq = torch.log_softmax(ref.to(dtype), dim=-1)
     p = lp.exp()
     # Select before multiplying so that p = 0 entries give 0, not 0·(-inf) = nan, in value and gradient.
     diff = torch.where(p > 0, lp - lq, lp.new_zeros(()))

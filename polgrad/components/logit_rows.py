@@ -60,6 +60,10 @@ class TensorLogits:
     def to(self, dtype: torch.dtype) -> TensorLogits:
         return TensorLogits(self.logits.to(dtype))
 
+    def pieces(self, rows: int) -> list[Tensor]:
+        """The flattened logits split into [rows,V] tensors (one split: its backward joins them once)."""
+        return list(self.logits.reshape(-1, self.logits.shape[-1]).split(rows))
+
 
 @dataclasses.dataclass(frozen=True)
 class HeadLogits:
@@ -100,8 +104,21 @@ class HeadLogits:
     def to(self, dtype: torch.dtype) -> HeadLogits:
         return dataclasses.replace(self, out_dtype=dtype)
 
+    def pieces(self, rows: int) -> list[tuple[HeadLogits, int, int]]:
+        """Chunks of `rows` positions, each made when `piece_logits` is called on it."""
+        n = self.hidden.shape[0] * self.hidden.shape[1]
+        return [(self, s, min(s + rows, n)) for s in range(0, n, rows)]
+
 
 LogitRows = TensorLogits | HeadLogits
+
+
+def piece_logits(piece) -> Tensor:
+    """The [C,V] logits of one of `pieces(rows)`: a held tensor as it is, a HeadLogits chunk made."""
+    if isinstance(piece, Tensor):
+        return piece
+    rows, start, stop = piece
+    return rows.rows(start, stop)
 
 
 def as_logit_rows(where: str, name: str, x) -> LogitRows:

@@ -120,12 +120,10 @@ class _Blocks:
             torch.matmul(h, weight.t(), out=z)
             if bias is not None:
                 z.add_(bias)
-        else:
-            zn = self.narrow[:c]
-            torch.matmul(h, weight.t(), out=zn)
-            if bias is not None:
-                zn.add_(bias)
-            z.copy_(zn)
+        elif bias is None:
+            z.copy_(torch.matmul(h, weight.t(), out=self.narrow[:c]))
+        else:  # F.linear rounds h W^T + b once to the model's dtype, as the plain path does
+            z.copy_(F.linear(h, weight, bias))
         if scale != 1.0:
             z.div_(scale)
         return z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
@@ -269,8 +267,8 @@ def head_inputs(
     seen: list[Tensor] = []
 
     def take(_module, args):
-        seen.append(args[0])
-        return (args[0][:, :0],)
+        seen.append(args[0] if args else None)
+        return (args[0][:, :0],) if args else None
 
     handle = head.register_forward_pre_hook(take)
     try:
@@ -279,7 +277,7 @@ def head_inputs(
         )
     finally:
         handle.remove()
-    if len(seen) != 1 or seen[0].dim() != 3 or seen[0].shape[1] != keep:
+    if len(seen) != 1 or seen[0] is None or seen[0].dim() != 3 or seen[0].shape[1] != keep:
         raise RuntimeError(
             f"response_logprobs: the model called its output projection {len(seen)} times "
             f"(expected once on [B,{keep},H]); remove {type(_wrapped(model)[-1]).__name__}'s model_type "
