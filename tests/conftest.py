@@ -70,6 +70,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
+def tiny():
+    """A random-init tiny Qwen2 (the base config's size) on `add`, and one fixed rollout of 4 x 4 rows
+    (shared by the modules that compare two computations on the same model and batch)."""
+    import polgrad  # noqa: F401  (registers the tasks)
+    from polgrad import models
+    from polgrad.registry import get
+    from polgrad.rollout import hf
+
+    task = get("task", "add")(digits=2)
+    model, tok = models.build_tiny(task, seed=0)
+    rollout = hf.generate(model, tok, task.examples("train", 4, seed=0), group_size=4,
+                          max_new_tokens=12, generator_seed=1)  # fmt: skip
+    return model, rollout
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): small
     models run faster and bit-reproducibly on one thread, and the thread count is restored after."""

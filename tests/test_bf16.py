@@ -22,7 +22,7 @@ from polgrad import distributed as dist_lib
 from polgrad import models
 from polgrad.batch import Batch
 from polgrad.config import load_spec, parse_config
-from polgrad.registry import StepCounts, get
+from polgrad.registry import StepCounts
 from polgrad.rollout import hf
 
 pytestmark = pytest.mark.cpu_matrix
@@ -31,18 +31,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO = os.path.join(REPO, "registry", "grpo.gin")
 U_BF16 = 2.0**-8  # unit roundoff of bf16: 8 significant bits (7 stored + the implicit one)
 U_FP32 = 2.0**-24
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """A random-init tiny Qwen2 (the base config's size) on `add`, and one fixed rollout of 4 x 4 rows."""
-    import polgrad  # noqa: F401  (registers the tasks)
-
-    task = get("task", "add")(digits=2)
-    model, tok = models.build_tiny(task, seed=0)
-    rollout = hf.generate(model, tok, task.examples("train", 4, seed=0), group_size=4,
-                          max_new_tokens=12, generator_seed=1)  # fmt: skip
-    return model, rollout
 
 
 def _engine(model, bf16: bool, stage: int = 0, lr: float = 1e-4):

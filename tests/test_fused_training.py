@@ -35,17 +35,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    import polgrad  # noqa: F401  (registers the tasks)
-
-    task = get("task", "add")(digits=2)
-    model, tok = models.build_tiny(task, seed=0)
-    rollout = hf.generate(model, tok, task.examples("train", 4, seed=0), group_size=4,
-                          max_new_tokens=12, generator_seed=1)  # fmt: skip
-    return model, rollout
-
-
 def _plain(monkeypatch):
     """Force the plain path (no family is fused)."""
     monkeypatch.setattr(fused_logprobs, "FUSED_MODEL_TYPES", frozenset())
