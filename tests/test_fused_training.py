@@ -274,7 +274,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     from polgrad.rollout import fused_logprobs, hf
     if sys.argv[2] == "plain":
         fused_logprobs.FUSED_MODEL_TYPES = frozenset()
-    logit_rows.CHUNK_ELEMENTS = 1 << 22  # a quarter of the default; so is the batch below
+    logit_rows.CHUNK_ELEMENTS = 1 << 21  # an eighth of the default: the copy below is 16 chunks
     torch.set_num_threads(1)
     V, B, P, T = 32768, 16, 8, 64
     cfg = Qwen2Config(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
@@ -320,15 +320,17 @@ def test_one_step_at_a_large_vocabulary_adds_at_most_one_fp32_logits_copy(step):
     """V = 32,768 and 16 x 64 scored tokens: one fp32 copy of the logits is 128 MiB. In a fresh
     process (its peak RSS is its own), the fused path's forward with entropy and its backward
     (`logprobs`), and that plus a reference forward and kl.full in float64 (`kl`, the exact-KL spec's
-    step), raise the peak by at most that copy: chunks of CHUNK_ELEMENTS logits' bytes, a few blocks
-    live at a time (measured +56 MiB and +90 MiB on an AVX-512 EPYC; the plain path, which holds the
-    logits, their log-softmax and the entropy's product with their graph, +644 MiB for `logprobs`).
-    The chunk and the batch are both a quarter of the default chunk and of a 512 MiB batch, where the
-    fused path measured +157-204 MiB and +400 MiB before its blocks were reused, the plain one 2,713
-    MiB and 7,311 MiB. Scaled down so that the test takes seconds; the ratio to the copy is what it
-    checks."""
+    step), raise the peak by at most that copy. What they hold is a number of [C,V] chunk blocks
+    that does not grow with the batch: two for the log-probs, about eight for kl.full's chunk
+    backward (its fp64 log-softmaxes, probabilities, product and their gradients). So the bound is
+    about the ratio of the copy to a chunk, set here to 16 (an 8 MiB chunk), which is the ratio of a
+    real batch to the default chunk (2,048 positions x V = 151,936: 1.24 GB, 19 chunks of 64 MiB).
+    Measured on an AVX-512 EPYC: +33 MiB and +66 MiB; the plain path, which holds the logits, their
+    log-softmax and the entropy's product with their graph, +644 MiB and +1,321 MiB. (At twice this
+    chunk `kl` measured +123-130 MiB: eight blocks of 16 MiB, no longer under the copy.) Scaled down
+    so that the test takes seconds; the ratio to the copy is what it checks."""
     # At the default chunk every [C,V] block is 64 MiB, above glibc's largest mmap threshold (32 MiB):
-    # each is its own mapping, returned when freed. The quarter-size blocks here (16 MiB) would come
+    # each is its own mapping, returned when freed. The small blocks here (8-16 MiB) would come
     # from the heap instead, whose fragmentation grew the peak with the number of chunks (+526 MiB
     # measured for `kl`); a fixed 1 MiB threshold gives them the default size's allocation.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}

@@ -104,10 +104,13 @@ class HeadLogits:
     def to(self, dtype: torch.dtype) -> HeadLogits:
         return dataclasses.replace(self, out_dtype=dtype)
 
-    def pieces(self, rows: int) -> list[tuple[HeadLogits, int, int]]:
-        """Chunks of `rows` positions, each made when `piece_logits` is called on it."""
-        n = self.hidden.shape[0] * self.hidden.shape[1]
-        return [(self, s, min(s + rows, n)) for s in range(0, n, rows)]
+    def pieces(self, rows: int) -> list[HeadLogits]:
+        """Chunks of `rows` positions, each a HeadLogits of one [1,C,H] piece of the hidden states, its
+        logits made when `piece_logits` is called on it. The hidden states are split once, here:
+        slicing them inside each chunk's checkpoint would give every chunk's backward a zero-filled
+        gradient of the whole [B,T,H] (time and heap traffic growing with chunks x positions)."""
+        flat = self.hidden.reshape(-1, self.hidden.shape[-1])
+        return [dataclasses.replace(self, hidden=h[None]) for h in flat.split(rows)]
 
 
 LogitRows = TensorLogits | HeadLogits
@@ -117,8 +120,7 @@ def piece_logits(piece) -> Tensor:
     """The [C,V] logits of one of `pieces(rows)`: a held tensor as it is, a HeadLogits chunk made."""
     if isinstance(piece, Tensor):
         return piece
-    rows, start, stop = piece
-    return rows.rows(start, stop)
+    return piece.rows(0, piece.hidden.shape[1])
 
 
 def as_logit_rows(where: str, name: str, x) -> LogitRows:
