@@ -775,7 +775,9 @@ def test_a_run_session_restores_the_environment():
 
 
 def test_no_polgrad_docs_point_outside_the_project():
-    for path in [REPO / "README.md", REPO / "CONTRIBUTING.md", *PKG.rglob("*.py")]:
+    pages = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "results" / "README.md"]
+    pages += sorted((REPO / "docs").glob("*.md"))
+    for path in [*pages, *PKG.rglob("*.py")]:
         assert "../shared" not in path.read_text(), path
     assert os.path.isfile(REPO / "CONTRIBUTING.md")
 
