@@ -96,3 +96,13 @@ def test_the_readme_sweep_example_passes_the_dry_run(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
     cells = [line for line in proc.stdout.splitlines() if re.match(r"^(grpo|dr_grpo|rloo)-s\d+-", line)]
     assert len(cells) == 30, proc.stdout[-2000:]
+
+
+def test_the_run_folders_a_newcomer_makes_are_ignored_by_git():
+    """The README's one run (`--out runs/...`) and `polgrad.train`'s default folder (results/runs/) are
+    ignored: otherwise every later sweep row is recorded '-dirty' with the run's weights in its diff."""
+    readme = (REPO / "README.md").read_text()
+    out = re.search(r"python -m polgrad\.train \S+ .*--out (\S+)", readme).group(1)
+    for path in (f"{out}/metrics.jsonl", "results/runs/grpo-20260101-000000/final/model.safetensors"):
+        proc = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
+        assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
