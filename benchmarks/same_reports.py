@@ -4,7 +4,7 @@
 
 For every CSV at the top of the results folder with its .md beside it, the report is written again
 from the committed CSV with this checkout's code (`python -m polgrad.results X`; the over-optimisation
-analysis's X_gao.md with `python -m polgrad.sweep.overoptimization EXP --report-only`) into a copy
+analysis's X_gao.md with `python -m studies.overoptimization EXP --report-only`) into a copy
 of the folder, and compared with the committed .md line by line, the report's own date masked (the
 one line that says when it was written). A refactor that moves no number leaves every report
 identical. Plots are not compared: the curve plots read the per-cell run folders, which are not
@@ -34,7 +34,7 @@ def _masked(text: str) -> list[str]:
 def _regenerate(name: str, results: Path) -> subprocess.CompletedProcess:
     if name.endswith("_gao"):
         exp = REPO / "experiments" / f"{name.removesuffix('_gao')}.gin"
-        cmd = ["-m", "polgrad.sweep.overoptimization", str(exp), "--report-only"]
+        cmd = ["-m", "studies.overoptimization", str(exp), "--report-only"]
     else:
         cmd = ["-m", "polgrad.results", name]
     return subprocess.run(

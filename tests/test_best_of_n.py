@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polgrad.best_of_n import best_of_n_means, kl_best_of_n
 from polgrad.errors import ConfigError, ShapeError
+from studies.overoptimization.best_of_n import best_of_n_means, kl_best_of_n
 
 F64 = torch.float64
 
@@ -97,7 +97,7 @@ def test_the_sampled_kl_of_a_policy_with_atoms():
     # Two equally likely responses (N = 2 samples, distinct scores), n = 2: best-of-2 picks the better
     # one with q = (1/2)^2 ... F: 1/2, 1 -> q = (1/4, 3/4); KL = 1/4 log(1/4 / 1/2) + 3/4 log(3/4 / 1/2)
     # = 1/4 log(1/2) + 3/4 log(3/2) = 0.130812 (the bound log 2 - 1/2 = 0.193 overstates it)
-    from polgrad.best_of_n import kl_best_of_n_sampled
+    from studies.overoptimization.best_of_n import kl_best_of_n_sampled
 
     want = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
     assert kl_best_of_n_sampled(torch.tensor([[0.3, 0.9]], dtype=F64), 2) == pytest.approx(want, abs=1e-12)

@@ -1,4 +1,4 @@
-"""The campaign's check (`python -m polgrad.results --check-campaign TAG`, polgrad/results/campaign.py):
+"""The campaign's check (`python -m studies.campaign TAG`, studies/campaign.py):
 every CSV directly under the results folder comes from the commit TAG names, clean, with >= 10 seeds
 per configuration and one warm start per seed; pilots in a sub-folder are not its business."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from polgrad.results import campaign
-from polgrad.results.__main__ import main
+from studies import campaign
+from studies.campaign import main
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -72,7 +72,7 @@ def test_a_campaign_of_clean_rows_from_the_tag_passes(repo, capsys):
     _write(repo / "results", "exp_points", [{"d": "0.1", "gold": "0.2"}], sweep=False)  # no commit column
     (repo / "results" / "pilots").mkdir()
     _write(repo / "results" / "pilots", "pilot", _rows("0123456", seeds=range(2)))  # not the campaign's
-    assert main(["--check-campaign", "camp"]) == 0
+    assert main(["camp"]) == 0
     out = capsys.readouterr().out
     assert f"ok results/exp.csv: 20 rows from {sha[:7]}" in out
     assert "ok results/exp_points.csv: 1 row (no git_commit column: its sweep's exp.csv passes)" in out
@@ -106,7 +106,7 @@ def test_each_rule_broken_is_one_line_naming_the_csv_and_the_rerun(repo):
     assert "seeds 0 started from more than one warm start" in by_csv["results/mixed.csv"]
     assert "its sweep's few.csv fails" in by_csv["results/few_points.csv"]
     assert by_csv["results/few_points.csv"].endswith(
-        "(python -m polgrad.sweep.overoptimization experiments/few.gin)"
+        "(python -m studies.overoptimization experiments/few.gin)"
     )
     assert (
         "rerun it from a clean clone of camp (python -m polgrad.sweep experiments/dirty.gin)"
@@ -139,6 +139,6 @@ def test_every_declared_cell_must_have_finished_and_recorded_its_warm_start(repo
 
 
 def test_an_unknown_tag_is_one_line_and_exit_2(repo, capsys):
-    assert main(["--check-campaign", "no-such-tag"]) == 2
+    assert main(["no-such-tag"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no-such-tag: no such tag or commit" in err

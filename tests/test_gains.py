@@ -260,6 +260,7 @@ def test_a_replications_answer_is_about_the_replication(tmp_path):
             "predictions": preds,
             "cells": [{"id": r["cell_id"]} for r in rows],
             "command": f"python -m polgrad.sweep experiments/{name}.gin --results {tmp_path}",
+            "studies": ["studies.replication"],  # as experiments/kl_ablation.gin names it
         }
         (tmp_path / name / "experiment.json").write_text(json.dumps(meta))
     for name in ("x", "x_replication"):

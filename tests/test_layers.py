@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,6 @@ LAYERS: list[list[str]] = [
         "polgrad.resume_config",
         "polgrad.loop_state",
         "polgrad.offline",
-        "polgrad.best_of_n",
     ],
     ["polgrad.trainer", "polgrad.train"],
     ["polgrad.results"],
@@ -212,6 +213,54 @@ def test_the_checks_see_a_planted_cycle_and_an_upward_import(tmp_path):
     tmp = tmp_path / "probe.py"
     tmp.write_text("def f():\n    from polgrad import trainer\n")
     assert "polgrad.trainer" in imports_of(tmp, all_modules(), name="polgrad.probe")
+
+
+# The lab: what the repository keeps beside the library (its studies, benchmarks, examples, tests)
+LAB = ("studies", "benchmarks", "examples", "tests")
+
+
+def lab_imports(path: Path) -> list[str]:
+    """The lab modules `path` imports anywhere in its body (importlib of a name is not an import)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        found += [n for n in names if n.split(".")[0] in LAB]
+    return found
+
+
+def test_the_library_imports_no_study_or_lab_code(tmp_path):
+    bad = {module_name(p): found for p in sorted(PKG.rglob("*.py")) if (found := lab_imports(p))}
+    assert not bad, f"the library imports lab code (a study plugs in through Sweep.studies): {bad}"
+    planted = tmp_path / "planted.py"  # the check sees a planted import, at module level or in a function
+    planted.write_text("import studies.replication\ndef f():\n    from benchmarks.bench import main\n")
+    assert lab_imports(planted) == ["studies.replication", "benchmarks.bench"]
+
+
+LIBRARY_WITHOUT_THE_LAB = """
+import sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        lab = ("studies", "benchmarks", "polgrad.sweep", "polgrad.results")
+        if name.split(".")[0] in lab or name.startswith(lab[2:]):
+            raise ImportError(f"blocked: {name}")
+sys.meta_path.insert(0, Blocked())
+import polgrad, polgrad.trainer, polgrad.train, polgrad.offline, polgrad.export
+from polgrad import config
+config.parse_config(["registry/grpo.gin"], ["train.steps = 1"])
+cfg, algo, task = config.build()
+print("built", algo.name, cfg.steps)
+"""
+
+
+def test_the_library_imports_and_builds_a_run_without_the_sweep_results_or_studies():
+    """The library (parts, registry, spec, loop, models, rollout, tasks, config) is importable and
+    builds a run with the sweep, the results code and every study unimportable."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LIBRARY_WITHOUT_THE_LAB], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "built grpo 1" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_contributing_states_the_same_layers():

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from polgrad.results import overoptimization as oo
+from studies.overoptimization import fits as oo
 
 
 def test_run_points_averages_windows_of_steps():
@@ -154,13 +154,13 @@ def _write(path, rows):
 
 
 def test_the_report_is_made_from_the_csvs_alone(tmp_path):
-    """python -m polgrad.sweep.overoptimization --report-only: the md and png from the three CSVs. Two
+    """python -m studies.overoptimization --report-only: the md and png from the three CSVs. Two
     families whose gold curves are known (peaks at d* = 1 and 3, each seed's start subtracted), a proxy
     that rises with d, best-of-n rows; the md states each fit, each prediction's verdict and the
     ensemble's paired peak difference (3 - 1 = 2)."""
     from types import SimpleNamespace
 
-    from polgrad.sweep.overoptimization import report
+    from studies.overoptimization.analysis import report
 
     exp = SimpleNamespace(
         name="oo",
@@ -250,7 +250,7 @@ def test_without_best_of_n_the_start_is_the_runs_first_step(tmp_path):
     from types import SimpleNamespace
 
     from polgrad.errors import PolgradError
-    from polgrad.sweep.overoptimization import report
+    from studies.overoptimization.analysis import report
 
     exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
     points = _curve("ppo", (0.0, 0.5, 1.0, 2.0, 3.0, 4.0), gold=lambda d: 0.5 + d * (0.4 - 0.1 * d))
@@ -274,7 +274,7 @@ def test_the_points_of_a_run_start_at_its_first_step(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from polgrad.sweep.overoptimization import points_stage
+    from studies.overoptimization.analysis import points_stage
 
     exp = SimpleNamespace(name="oo", swept_columns=["Algorithm.kl_coef"])
     run = tmp_path / "oo" / "runs" / "c0"
@@ -328,7 +328,7 @@ def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
     so it holds as the gin words P1 and not by the report code's stricter test."""
     from types import SimpleNamespace
 
-    from polgrad.sweep.overoptimization import report
+    from studies.overoptimization.analysis import report
 
     exp = SimpleNamespace(name="oo", question="q?", swept_columns=["train.rm_ensemble"])
     points, rows, bon = [], [], []
@@ -401,11 +401,11 @@ def test_the_answer_groups_every_verdict_word():
 
 
 def test_the_analysis_rewrites_the_sweeps_md_when_the_sweep_has_one(tmp_path, monkeypatch):
-    """python -m polgrad.sweep.overoptimization --report-only: after its own md it rewrites the sweep's
+    """python -m studies.overoptimization --report-only: after its own md it rewrites the sweep's
     (which quotes its answer), and only where the sweep's experiment.json exists."""
     from types import SimpleNamespace
 
-    import polgrad.sweep.overoptimization as cli
+    import studies.overoptimization.analysis as cli
 
     calls = []
     monkeypatch.setattr(cli, "load_experiment", lambda path: SimpleNamespace(name="oo"))
@@ -425,7 +425,7 @@ def test_the_sensitivity_fit_places_a_maximum_before_the_first_trained_point_out
     first trained point (d = 0.5), so not among the points; the first step sits 0.05 above the start."""
     from types import SimpleNamespace
 
-    from polgrad.sweep.overoptimization import report
+    from studies.overoptimization.analysis import report
 
     exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
     points = _curve("grpo", (0.0, 0.5, 1.0, 2.0, 3.0), gold=lambda d: 0.05 + 0.04 * d - 0.1 * d * d)

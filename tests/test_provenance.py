@@ -217,6 +217,34 @@ def test_only_the_experiments_own_outputs_are_ignored(tmp_path, monkeypatch):
     assert env["git_diff"] == hashlib.sha256(patch.encode()).hexdigest()[:12]
 
 
+def test_the_outputs_of_the_studies_an_experiment_names_are_its_own(tmp_path, monkeypatch):
+    """An experiment whose experiment.json names a study (Sweep.studies): the files the study writes
+    beside the experiment's (studies/overoptimization: X_gao.md, X_points.csv, ...) may differ at a
+    cell's start; without the study they are another's files and the tree is dirty."""
+    repo = make_repo(tmp_path / "a")
+    for f in ("results/exp_gao.md", "results/exp_points.csv", "results/exp/experiment.json"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text("committed\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "results")
+    head = git(repo, "rev-parse", "--short", "HEAD")
+    monkeypatch.chdir(repo)
+    monkeypatch.syspath_prepend(str(REPO))  # the study imports from the checkout, as from its root
+    run_dir = repo / "results" / "exp" / "runs" / "c0"
+    run_dir.mkdir(parents=True)
+    meta = repo / "results" / "exp" / "experiment.json"
+    for f in ("results/exp_gao.md", "results/exp_points.csv"):
+        (repo / f).write_text("rewritten by the analysis\n")
+    meta.write_text(json.dumps({"studies": ["studies.overoptimization"]}))
+    env = results.cell_environment(run_dir, "exp")
+    assert (env["git_commit"], env["git_diff"]) == (head, "")
+    meta.write_text(json.dumps({"studies": []}))
+    env = results.cell_environment(run_dir, "exp")
+    assert env["git_commit"] == f"{head}-dirty"
+    patch = (run_dir / "diff.patch").read_text()
+    assert "results/exp_gao.md" in patch and "results/exp_points.csv" in patch
+
+
 def test_the_experiments_own_atomic_writes_in_flight_are_not_a_dirty_tree(tmp_path, monkeypatch):
     """With --parallel, a cell starts while another records its row: the CSV's (and md's, png's)
     atomic temp file sits untracked beside it for a moment. That is the experiment's own output in

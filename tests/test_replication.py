@@ -1,4 +1,4 @@
-"""An experiment and its replication side by side (polgrad/results/replication.py): the md of X and of
+"""An experiment and its replication side by side (studies/replication.py): the md of X and of
 X_replication each get a Replication section, per declared prediction the verdict in each and whether
 they agree; its summary opens the findings and the answer stays the md's last line."""
 
@@ -8,8 +8,8 @@ import csv
 import json
 from pathlib import Path
 
-from polgrad.results import replication
 from polgrad.results.report import markdown
+from studies import replication
 
 # Paired noise per seed (fixed, so the verdicts are known): sd ~0.012, mean 0
 NOISE = [0.010, -0.020, 0.015, -0.010, 0.000, 0.020, -0.015, 0.005, -0.005, 0.0]
@@ -183,7 +183,7 @@ def test_the_summary_opens_the_findings_and_the_answer_stays_last(tmp_path):
     assert section[-1].startswith(
         "Of 2 predictions, 1 replicate (a is lower); decided in neither: b is lower."
     )
-    md = _md(rows, PREDICTIONS, replication=section).splitlines()
+    md = _md(rows, PREDICTIONS, study_sections=[(replication.STUDY, section)]).splitlines()
     assert md.index("## Replication") < md.index("## Findings")
     assert md[md.index("## Findings") + 2] == f"- Replication: {section[-1]}"
     assert md[-1].startswith("- **Answer.**") and md.count("## Findings") == 1

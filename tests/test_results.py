@@ -347,8 +347,10 @@ def test_the_md_quotes_the_answer_of_the_experiments_own_analysis(tmp_path):
         "kl_pilot",
     ):  # other runs' analyses
         (tmp_path / f"{other}.md").write_text("**Answer.** not these runs.\n")
-    assert companions("kl_ablation", tmp_path) == [("kl_ablation_gao.md", "not these runs.")]
-    found = companions("kl", tmp_path)
+    gao = ("_gao",)  # the analyses a study declares (studies/overoptimization: Study.answers)
+    assert companions("kl_ablation", tmp_path, gao) == [("kl_ablation_gao.md", "not these runs.")]
+    assert companions("kl", tmp_path) == []  # no study names an analysis: nothing is quoted
+    found = companions("kl", tmp_path, gao)
     assert found == [("kl_gao.md", "The gold peaks at d = 1.")]
     md = results.markdown(
         "kl", _rows(), swept_columns=["Algorithm.kl"], primary_metric="eval_accuracy", companions=found

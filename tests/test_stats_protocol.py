@@ -364,7 +364,7 @@ def test_the_md_ends_with_one_answer():
 
 
 # ----------------------------------------------------------------- the committed CSVs
-# The over-optimisation analysis's own CSVs (python -m polgrad.sweep.overoptimization) are no sweep's
+# The over-optimisation analysis's own CSVs (python -m studies.overoptimization) are no sweep's
 ANALYSIS = ("_best_of_n", "_points")
 # The campaign's results, the pilots that planned them and the results it has not rerun yet
 COMMITTED = [p for d in ("", "pilots") for p in (REPO / "results" / d).glob("*.csv")]

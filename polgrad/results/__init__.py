@@ -33,11 +33,9 @@ from another checkout path rewrites it byte for byte.
 (and the run folders under X/runs/, for the curves). `python -m polgrad.results X --check-provenance`
 writes nothing: it checks that every row of X.csv comes from a clean commit in the history of the
 working directory's HEAD, printing one line per row that does not (cell id, commit, why) and exiting 1,
-else "all N rows from clean commits: <shas>" and 0. `python -m polgrad.results --check-campaign TAG`
-checks every CSV directly under results/ at once: all rows from the commit TAG names, clean, ≥ 10 seeds
-per configuration, one warm start per seed (polgrad/results/campaign.py; pilots live in results/pilots/).
-An experiment named X_replication (X's design on other seeds) and X each get a Replication section in
-their md: per prediction, the verdict in each and whether they agree (polgrad/results/replication.py).
+else "all N rows from clean commits: <shas>" and 0. Analyses of particular experiments (a replication
+beside its original, the over-optimisation fits, the check of a whole campaign) are studies outside
+the library that an experiment names and its report loads (studies.py; this repository's in studies/).
 
 The CSV is checked, never trusted: the sweep (before it runs) and `python -m polgrad.results` compare
 it with the run folders and rebuild it whole from them when they disagree (a missing column or row, a
@@ -51,8 +49,7 @@ stats (Student-t intervals, paired t and sign-flip tests, TOST, noncentral-t pow
 runs), compare, predictions and findings (paired comparisons, Holm, verdicts, the md's words),
 warm_starts (which warm starts the rows started from), figures and curves (forest plot and learning
 curves), report (leaderboard, markdown, write_report), tuning (the md's Tuning section: the values a
-sweep's tuning stage chose), replication (X beside X_replication), campaign (--check-campaign), __main__
-(the CLI).
+sweep's tuning stage chose), studies (the plug-ins' interface and loader), __main__ (the CLI).
 """
 
 from polgrad.io import atomic_write_text

@@ -7,11 +7,8 @@ can complete it.
 `--check-provenance` writes nothing: every row of the CSV must come from a clean commit in the history
 of the working directory's HEAD (polgrad.results.provenance.check); exit 1 with one line per row that
 does not (cell id, commit, why) and a summary, else 0 with "all N rows from clean commits: <shas>".
-
-`python -m polgrad.results --check-campaign TAG` (no experiment) writes nothing: every CSV directly
-under the results folder must come from the commit TAG names, clean, with ≥ 10 seeds per configuration
-and a warm start per seed (polgrad.results.campaign.check); exit 1 with one line per CSV that does
-not, else 0 with one line per CSV."""
+(The check of a whole campaign, every CSV of the results folder at once, is a study of this
+repository's: `python -m studies.campaign TAG`.)"""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ import argparse
 import sys
 
 from polgrad.errors import DataError, PolgradError
-from polgrad.results import campaign
 from polgrad.results.figures import curves_path
 from polgrad.results.provenance import DIRTY, check, git_commit, repo_root
 from polgrad.results.record import reconcile
@@ -39,21 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write nothing; check that every row comes from a clean commit in the history of HEAD",
     )
-    ap.add_argument(
-        "--check-campaign",
-        metavar="TAG",
-        help="write nothing; check that every results CSV comes from the commit TAG names (the campaign)",
-    )
     args = ap.parse_args(argv)
-    if args.check_campaign:
-        if args.experiment or args.check_provenance:
-            ap.error(
-                "--check-campaign checks every CSV of the results folder: "
-                "give no experiment and no --check-provenance"
-            )
-        return check_campaign(args.check_campaign, args.results)
     if not args.experiment:
-        ap.error("give an experiment (the CSV's stem), or --check-campaign TAG")
+        ap.error("give an experiment (the CSV's stem)")
     if args.check_provenance:
         return check_provenance(args.experiment, args.results)
     try:
@@ -103,27 +87,6 @@ def check_provenance(experiment: str, results_dir: str) -> int:
         )
         return 1
     print(f"all {len(rows)} rows from clean commits: {', '.join(clean)}")
-    return 0
-
-
-def check_campaign(tag: str, results_dir: str) -> int:
-    """0 when every CSV of results_dir keeps the campaign's rules (polgrad.results.campaign), else 1."""
-    try:
-        problems, passes = campaign.check(tag, results_dir)
-    except PolgradError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for line in passes:
-        print(f"ok {line}")
-    for line in problems:
-        print(f"error: {line}", file=sys.stderr)
-    if problems:
-        print(
-            f"{len(problems)} of {len(problems) + len(passes)} CSVs break the campaign's rules",
-            file=sys.stderr,
-        )
-        return 1
-    print(f"all {len(passes)} CSVs of {results_dir} from {tag}, with the protocol's seeds and warm starts")
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import shlex
@@ -32,15 +33,16 @@ from typing import Any
 
 from polgrad.io import atomic_path
 from polgrad.machine import cpu_label
+from polgrad.results.studies import load as load_studies
+from polgrad.results.studies import output_suffixes
 
 DIRTY = "-dirty"
 # The stages of an experiment whose outputs sit beside its own: results/<experiment><stage>.csv, ...
 TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X
 STAGES = ("", TUNING)
-# The files a sweep writes per stage, beside the folder results/<experiment><stage>/.
+# The files a sweep writes per stage, beside the folder results/<experiment><stage>/ (and those of the
+# experiment's studies: polgrad/results/studies.py, `Study.outputs`).
 OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
-# ... and the over-optimisation analysis's (python -m polgrad.sweep.overoptimization)
-OUTPUT_SUFFIXES += ("_best_of_n.csv", "_points.csv", "_gao.md", "_gao.png")
 # `git diff HEAD` in one format whatever the user's git configuration says
 DIFF = (
     *("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),
@@ -119,10 +121,11 @@ def portable_command(argv: Sequence[str], root: str | os.PathLike | None = None)
     return " ".join(map(show, argv))
 
 
-def outputs(experiment: str, results_dir: str | os.PathLike) -> list[Path]:
-    """What a sweep of `experiment` writes under `results_dir` (the provenance check ignores them)."""
+def outputs(experiment: str, results_dir: str | os.PathLike, studies: Sequence[str] = ()) -> list[Path]:
+    """What a sweep of `experiment` writes under `results_dir` (the provenance check ignores them), and
+    the files its studies write beside them (`studies`: their `Study.outputs` suffixes)."""
     results_dir = Path(results_dir)
-    paths = []
+    paths = [results_dir / f"{experiment}{s}" for s in studies]
     for stage in STAGES:
         paths += [results_dir / f"{experiment}{stage}{s}" for s in OUTPUT_SUFFIXES]
         paths.append(results_dir / f"{experiment}{stage}")
@@ -255,11 +258,20 @@ def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, A
     run_dir = Path(run_dir)
     exp_dir = run_dir.parent.parent
     ignore = (
-        outputs(experiment, exp_dir.parent)
+        outputs(experiment, exp_dir.parent, _study_outputs(exp_dir / "experiment.json"))
         if run_dir.parent.name == "runs" and exp_dir.name == experiment
         else []
     )
     return environment(ignore, diff_to=run_dir / "diff.patch")
+
+
+def _study_outputs(meta_path: Path) -> tuple[str, ...]:
+    """The output suffixes of the studies the sweep recorded in experiment.json (none without one)."""
+    try:
+        names = json.loads(meta_path.read_text()).get("studies", ())
+    except (OSError, ValueError, AttributeError):  # none yet, or not the sweep's: no study outputs
+        return ()
+    return output_suffixes(load_studies(names, str(meta_path)))
 
 
 def check(

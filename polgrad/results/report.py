@@ -16,12 +16,11 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
-from polgrad.results.overoptimization import SUFFIX as GAO_SUFFIX
 from polgrad.results.provenance import TUNING, portable_command, repo_root
-from polgrad.results.replication import SUFFIX as REPLICATION_SUFFIX
-from polgrad.results.replication import section as replication_section
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
+from polgrad.results.studies import Study
+from polgrad.results.studies import load as load_studies
 from polgrad.results.tuning import edge_count
 from polgrad.results.tuning import section as tuning_section
 from polgrad.results.warm_starts import warm_start_paragraph
@@ -147,7 +146,7 @@ def markdown(
     figures: Sequence[str] = (),
     tuning: dict[str, Any] | None = None,
     budget: str = "",
-    replication: Sequence[str] = (),
+    study_sections: Sequence[tuple[Study, Sequence[str]]] = (),
     companions: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
@@ -156,8 +155,11 @@ def markdown(
     group's Table-5 columns (read
     from the rows' table5_* columns, "n/a" where they have none), the paired comparisons with the
     leader and with the `baseline` (column -> value text) and the findings they support
-    (polgrad.results.findings), and the failed cells. `companions` ((md file name, its Answer)) are the
-    experiment's own analyses of the same runs; the Answer quotes theirs after its own."""
+    (polgrad.results.findings), and the failed cells. `study_sections` ((study, its section's lines))
+    from the experiment's studies (polgrad/results/studies.py): each goes before the findings, its last
+    line also opens them, and the study may restate the answer. `companions` ((md file name, its
+    Answer)) are the experiment's own analyses of the same runs; the Answer quotes theirs after its
+    own."""
     group_columns = ["spec", *swept_columns]
     board = leaderboard(rows, group_columns, primary_metric, higher_is_better)
     unread = unread_columns(rows, group_columns)
@@ -200,17 +202,17 @@ def markdown(
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
     lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
-    if replication:  # X and X_replication side by side (polgrad/results/replication.py)
+    for study, section in study_sections:  # e.g. X and X_replication side by side (studies/replication.py)
+        if not section:
+            continue
         # before the findings; its last line, the summary, also opens them (the answer stays last)
         at = stats_lines.index("## Findings") - 1
         head, tail = stats_lines[:at], stats_lines[at + 3 :]
-        stats_lines = [*head, *replication, "", "## Findings", "", f"- Replication: {replication[-1]}", *tail]
-        if experiment.endswith(REPLICATION_SUFFIX):  # its question is whether the original's verdicts hold
-            answer = stats_lines[-1].removeprefix("- **Answer.** ")
-            stats_lines[-1] = (
-                f"- **Answer.** As a replication of {experiment.removesuffix(REPLICATION_SUFFIX)}: "
-                f"{replication[-1]} This run alone: {answer}"
-            )
+        stats_lines = [*head, *section, "", "## Findings", "", f"- {study.title}: {section[-1]}", *tail]
+        own = stats_lines[-1].removeprefix("- **Answer.** ")
+        answer = study.answer(experiment, own, section) if study.answer else None
+        if answer:
+            stats_lines[-1] = f"- **Answer.** {answer}"
     for name, answer in companions:  # the answer stays the last line of the findings
         stats_lines[-1] += f" By its own declared method, [{name}]({name}) answers: {answer}"
     lines += stats_lines
@@ -390,10 +392,6 @@ def _group_label(group: dict[str, str], swept_columns: Sequence[str], unread: se
     return " · ".join(parts)
 
 
-# The analyses of an experiment's own runs whose answers its md quotes (see companions)
-ANALYSES = (GAO_SUFFIX,)
-
-
 def _portable(command: str, results_dir: str | os.PathLike) -> str:
     """A recorded command without a machine's folders (a record written before the sweep did this),
     paths inside the checkout that holds `results_dir` relative to it."""
@@ -410,14 +408,16 @@ def experiment_meta(experiment: str, results_dir: str | os.PathLike = "results")
     return json.loads(path.read_text())
 
 
-def companions(experiment: str, results_dir: str | os.PathLike = "results") -> list[tuple[str, str]]:
+def companions(
+    experiment: str, results_dir: str | os.PathLike = "results", suffixes: Sequence[str] = ()
+) -> list[tuple[str, str]]:
     """(file name, its Answer sentence) of each analysis md of `experiment`'s own runs beside its md in
-    `results_dir`: <experiment><suffix>.md for each suffix of ANALYSES (overoptimization_gao.md, written by
-    polgrad.sweep.overoptimization from the same CSV) that has a line starting "**Answer.**". By exact
-    name, so a pilot's (X_pilot_gao.md), a replication's or another experiment's with a longer name is
-    never quoted."""
+    `results_dir`: <experiment><suffix>.md for each of `suffixes` (its studies' `answers`: e.g.
+    overoptimization_gao.md, written by studies/overoptimization from the same CSV) that has a line
+    starting "**Answer.**". By exact name, so a pilot's (X_pilot_gao.md), a replication's or another
+    experiment's with a longer name is never quoted."""
     found = []
-    for suffix in ANALYSES:
+    for suffix in suffixes:
         md = Path(results_dir) / f"{experiment}{suffix}.md"
         if not md.is_file():
             continue
@@ -435,6 +435,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
     """Write results_dir/<experiment>.md, .png (forest plot) and _curves.png (learning curves) from the
     CSV, the sweep's experiment.json and the run folders; return the md's and the forest plot's paths."""
     meta = experiment_meta(experiment, results_dir)
+    studies = load_studies(meta.get("studies", ()), f"{Path(results_dir) / experiment / 'experiment.json'}")
     path = csv_path(experiment, results_dir)
     if not path.exists():
         raise DataError(f"no results for experiment '{experiment}': {path} does not exist")
@@ -457,8 +458,8 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         figures=(png_path.name, curves_path(png_path).name),
         tuning=meta.get("tuning"),
         budget=(meta.get("budget") or {}).get("text") or NO_BUDGET,
-        replication=replication_section(experiment, results_dir),
-        companions=companions(experiment, results_dir),
+        study_sections=[(s, s.section(experiment, results_dir)) for s in studies if s.section],
+        companions=companions(experiment, results_dir, [x for s in studies for x in s.answers]),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

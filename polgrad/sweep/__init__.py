@@ -63,6 +63,9 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                      |                   | 'sampled_sequences', 'generated_tokens' (each sets the |
 |                      |                   | cells' prompts per step and stop) or 'optimizer_steps' |
 |                      |                   | (value = train.steps, checked); polgrad/sweep/budget.py|
+| `studies`            | `[]`              | study plug-ins, by module name (e.g.                   |
+|                      |                   | 'studies.replication'): analyses the report adds       |
+|                      |                   | (polgrad/results/studies.py)                           |
 
 Every cell runs in a fresh process as
 

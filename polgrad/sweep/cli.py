@@ -311,6 +311,8 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[
     }
     if isinstance(exp.tuning, tuning.Plan):
         meta["tuning"] = exp.tuning.record
+    if exp.studies:  # the study plug-ins its report loads (polgrad/results/studies.py)
+        meta["studies"] = list(exp.studies)
     _results.atomic_write_text(results_dir / exp.name / "experiment.json", json.dumps(meta, indent=2) + "\n")
     return meta
 

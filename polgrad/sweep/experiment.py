@@ -16,6 +16,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError, did_you_mean
+from polgrad.results.studies import load as load_studies
 from polgrad.sweep import budget as _budget
 from polgrad.sweep.budget import Budget
 from polgrad.sweep.inherit import inherit, resolve_path
@@ -45,6 +46,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "predictions": [],
     "tuning": None,  # checked and expanded by polgrad.sweep.tuning
     "budget": None,
+    "studies": [],  # study plug-ins (polgrad/results/studies.py), by module name
 }
 EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
@@ -82,6 +84,7 @@ class Experiment:
     # Sweep.tuning as written; polgrad.sweep.tuning.plan replaces it by a checked tuning.Plan
     tuning: Any = None
     budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
+    studies: list[str] = dataclasses.field(default_factory=list)  # Sweep.studies: modules, checked
 
     @property
     def swept_columns(self) -> list[str]:
@@ -434,6 +437,11 @@ def load_experiment(path: str) -> Experiment:
     question = param("question")
     if not isinstance(question, str):
         raise _fail(file, where("question"), "must be a string: the question the experiment answers")
+    studies = param("studies")
+    try:
+        load_studies(studies, "Sweep.studies")
+    except ConfigError as e:
+        raise _fail(file, where("studies"), str(e).removeprefix("Sweep.studies: ")) from None
 
     return Experiment(
         file=file,
@@ -461,4 +469,5 @@ def load_experiment(path: str) -> Experiment:
         lines=lines,
         tuning=param("tuning"),
         budget=budget,
+        studies=list(studies),
     )

@@ -191,6 +191,7 @@ def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_mo
         question=f"Tuning stage of {exp.name}: which value of {', '.join(decl.keys)} does each configuration "
         f"do best with on the tuning seeds? (the evaluation binds it: results/{exp.name}.md, 'Tuning')",
         tuning=None,
+        studies=[],  # a study reads the evaluation's runs, not the tuning grid's
     )
     t_cells = validate(t_exp, out, train_module)
     # Sweep.budget's bindings go into a validated cell's id (grid.with_budget): the groups must name the

@@ -10,7 +10,7 @@ d (alpha - beta d) for best-of-n (their eq. 1; RL fits d (alpha - beta log d)). 
                 the reference is the warm start, pi_init), reward_mean (the proxy the run trains on)
                 and gold_reward_mean (the task verifier's score of the same samples)
     deltas      proxy and gold minus the seed's starting values under the family's reward model
-                (best-of-1 of the warm start on held-out prompts, polgrad.best_of_n; without it, the
+                (best-of-1 of the warm start on held-out prompts, best_of_n.py here; without it, the
                 runs' step-0 point: their first metrics row, sampled from the warm start)
     fit_curve   least squares of delta = d (alpha - beta d) over a family's pooled points (no intercept:
                 delta = 0 at d = 0 by definition)
@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-SUFFIX = "_gao"  # results/<experiment>_gao.md and .png: this analysis of the experiment's runs
+from studies.overoptimization import SUFFIX  # results/<experiment>_gao.md and .png
+
+__all__ = ["SUFFIX"]  # re-exported: analysis.py names the files by it
 WINDOW = 5  # steps per point: 60-step runs give 12 points each
 BOOTSTRAP = 2000  # resamples of the seeds
 LEVEL = 0.95

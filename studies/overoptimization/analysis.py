@@ -1,9 +1,9 @@
-"""`python -m polgrad.sweep.overoptimization experiments/overoptimization.gin`: the over-optimisation
-analysis of a finished (or resumed) sweep of that experiment (polgrad.results.overoptimization).
+"""`python -m studies.overoptimization experiments/overoptimization.gin`: the over-optimisation
+analysis of a finished (or resumed) sweep of that experiment (studies/overoptimization/fits.py).
 
     1. best-of-n: for each seed, the warm start of its cells sampled `--samples` times on each of the
-       first `--prompts` held-out prompts and ranked by the seed's single reward model
-       (polgrad/best_of_n.py) -> results/<name>_best_of_n.csv (a seed already there is not redone)
+       first `--prompts` held-out prompts and ranked by the seed's single reward model (best_of_n.py)
+       -> results/<name>_best_of_n.csv (a seed already there is not redone)
     2. points: every ok cell's metrics.jsonl cut into windows of WINDOW steps
        -> results/<name>_points.csv (needs the run folders results/<name>/runs/)
     3. the report from those two CSVs and the sweep's CSV alone: Gao-style fits of the gold (and proxy)
@@ -26,13 +26,14 @@ from typing import Any
 
 from polgrad.errors import PolgradError
 from polgrad.io import atomic_path
-from polgrad.results import overoptimization as oo
 from polgrad.results.provenance import environment, outputs
 from polgrad.results.report import write_report
 from polgrad.results.store import read_metrics, read_rows
 from polgrad.run_folder import RunFolder
 from polgrad.sweep.experiment import Experiment, load_experiment
 from polgrad.sweep.grid import expand
+from studies.overoptimization import STUDY
+from studies.overoptimization import fits as oo
 
 KL_COLUMNS = ("Algorithm.kl_coef", "Algorithm.kl_controller")  # the KL control: varies within a family
 ENSEMBLE = "train.rm_ensemble"
@@ -72,8 +73,8 @@ def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) 
     in `path` are kept and not redone."""
     import gin
 
-    from polgrad.best_of_n import best_of_n
     from polgrad.config import build, parse_config
+    from studies.overoptimization.best_of_n import best_of_n
 
     columns = _rm_columns(exp)
     rows = [dict(r) for r in read_rows(path)] if path.exists() else []
@@ -82,7 +83,7 @@ def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) 
         for key, cell in _rm_cells(exp, seed).items():
             if (seed, *key) in done:
                 continue
-            env = environment(ignore=outputs(exp.name, path.parent))
+            env = environment(ignore=outputs(exp.name, path.parent, STUDY.outputs))
             what = ", ".join(f"{c} = {v}" for c, v in zip(columns, key, strict=True))
             print(f"best-of-n: seed {seed}, {what} ({prompts} prompts x {samples} samples)", file=sys.stderr)
             gin.clear_config()
@@ -183,7 +184,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
             if not first:
                 raise PolgradError(
                     f"{results_dir / f'{name}_best_of_n.csv'}: no best-of-1 row and no step-0 point for "
-                    f"seed {s}, {rm_label(key)}: run python -m polgrad.sweep.overoptimization without "
+                    f"seed {s}, {rm_label(key)}: run python -m studies.overoptimization without "
                     "--report-only"
                 )
             init[(s, key)] = {k: sum(p[k] for p in first) / len(first) for k in ("proxy", "gold")}
@@ -446,7 +447,7 @@ def _markdown(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m polgrad.sweep.overoptimization",
+        prog="python -m studies.overoptimization",
         description="After a sweep of an experiment trained on a learned reward model: best-of-n per seed, "
         "the runs' gold and proxy against sqrt(KL), Gao-style fits with seed-bootstrap CIs, "
         "results/<name>_gao.md and .png (see the module docstring).",

@@ -1,5 +1,6 @@
-"""An experiment and its replication side by side: X and X_replication, the same design on disjoint
-seeds (hence other warm starts), e.g. experiments/kl_ablation_replication.gin.
+"""Study: an experiment and its replication side by side: X and X_replication, the same design on
+disjoint seeds (hence other warm starts), e.g. experiments/kl_ablation_replication.gin. Both experiment
+files name it (`Sweep.studies = ['studies.replication']`; polgrad/results/studies.py).
 
 Each md of the pair gets a section "Replication" with, per declared prediction, the verdict and the
 paired difference to the baseline [CI] in each experiment (each judged within its own experiment's
@@ -26,6 +27,7 @@ from polgrad.results.findings import kl_metric
 from polgrad.results.predictions import NO_DIFFERENCE, judge, prediction_delta
 from polgrad.results.predictions import delta_text as _delta
 from polgrad.results.store import csv_path, read_rows
+from polgrad.results.studies import Study
 
 SUFFIX = "_replication"
 
@@ -235,3 +237,14 @@ def _comparisons(
         sentence += f", {outcome['not compared']} not compared"
     sentence += f", and {len(differ)} differ: " + "; ".join(differ) + "." if differ else "."
     return lines, sentence
+
+
+def answer(experiment: str, own: str, section_lines: Sequence[str]) -> str | None:
+    """A replication's answer: whether the original's verdicts hold (the section's summary), then its
+    own; the original's answer stays as it is."""
+    if not experiment.endswith(SUFFIX):
+        return None
+    return f"As a replication of {experiment.removesuffix(SUFFIX)}: {section_lines[-1]} This run alone: {own}"
+
+
+STUDY = Study(title="Replication", section=section, answer=answer)

@@ -1,5 +1,5 @@
-"""The results campaign's check: every committed results/*.csv comes from one tagged clean commit,
-with the protocol's seeds and warm starts (`python -m polgrad.results --check-campaign TAG`).
+"""Study: the results campaign's check: every committed results/*.csv comes from one tagged clean
+commit, with the protocol's seeds and warm starts (`python -m studies.campaign TAG [--results DIR]`).
 
 What it checks, per CSV directly under the results folder (pilots and other exploratory runs live in
 a sub-folder, results/pilots/, and are not the campaign's):
@@ -19,20 +19,23 @@ how to fix it) and one per CSV that passes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from polgrad.errors import DataError
+from polgrad.errors import DataError, PolgradError
 from polgrad.results.provenance import DIRTY, TUNING, _git
 from polgrad.results.record import FINISHED
 from polgrad.results.store import WARM_START, read_rows
+from studies.overoptimization import STUDY as OVEROPTIMIZATION
 
 MIN_SEEDS = 10
-# CSVs an analysis writes beside a sweep's CSV (python -m polgrad.sweep.overoptimization), some without
-# a git_commit column: <sweep><suffix>.csv
-ANALYSIS = ("_best_of_n", "_points")
+# CSVs an analysis writes beside a sweep's CSV (python -m studies.overoptimization), some without a
+# git_commit column: <sweep><suffix>.csv
+ANALYSIS = tuple(s.removesuffix(".csv") for s in OVEROPTIMIZATION.outputs if s.endswith(".csv"))
 
 
 def _rows(n: int) -> str:
@@ -111,9 +114,7 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
     CSV that keeps them. Run in the repository whose history holds `tag`."""
     sha = tag_commit(tag)
     if sha is None:
-        raise DataError(
-            f"--check-campaign: {tag}: no such tag or commit in this repository (git fetch --tags)"
-        )
+        raise DataError(f"campaign: {tag}: no such tag or commit in this repository (git fetch --tags)")
     results = Path(results_dir)
     problems, passes = [], []
     failed: set[str] = set()
@@ -147,7 +148,7 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
             failed.add(path.stem)
             name = path.stem.removesuffix(TUNING)
             name = next((name.removesuffix(s) for s in ANALYSIS if name.endswith(s)), name)
-            module = "polgrad.sweep.overoptimization" if path.stem.endswith(ANALYSIS) else "polgrad.sweep"
+            module = "studies.overoptimization" if path.stem.endswith(ANALYSIS) else "polgrad.sweep"
             command = f"python -m {module} experiments/{name}.gin"
             fix = f"rerun it from a clean clone of {tag} ({command})"
             if design:
@@ -161,3 +162,39 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
     if not paths:
         problems.append(f"{results}: no CSV to check")
     return problems, passes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m studies.campaign TAG [--results DIR]`: writes nothing; 0 when every CSV of the results
+    folder keeps the campaign's rules, 1 with one line per CSV that does not, 2 when TAG names nothing."""
+    ap = argparse.ArgumentParser(
+        prog="python -m studies.campaign",
+        description="Check that every results CSV comes from the commit TAG names, clean, with the "
+        "protocol's seeds and warm starts.",
+    )
+    ap.add_argument("tag", help="the campaign's tag or commit")
+    ap.add_argument("--results", default="results", help="results folder (default: results)")
+    args = ap.parse_args(argv)
+    try:
+        problems, passes = check(args.tag, args.results)
+    except PolgradError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in passes:
+        print(f"ok {line}")
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems:
+        print(
+            f"{len(problems)} of {len(problems) + len(passes)} CSVs break the campaign's rules",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"all {len(passes)} CSVs of {args.results} from {args.tag}, with the protocol's seeds and warm starts"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Study plug-ins: the analyses of particular experiments, which live outside the library and plug into
+its sweep and report.
+
+polgrad's sweep and report are generic: a leaderboard, paired statistics, predictions, figures. An
+analysis that only some experiments need (a replication set beside its original, the over-optimisation
+fits of Gao et al.) is a study: a module outside the `polgrad` package (this repository's are in
+studies/) with a module-level `STUDY = Study(...)`. An experiment names the studies it uses,
+
+    Sweep.studies = ['studies.replication']
+
+the dry run imports each (a name that does not import, or a module without a Study, is one line
+naming the file and the binding), the sweep records the names in results/<name>/experiment.json,
+and every report of the experiment imports them again from there. The library never imports a study
+by name in its code (tests/test_layers.py checks it); a study may use anything of the library.
+
+A study contributes, each optional:
+
+    outputs   suffixes of files it writes beside the experiment's (results/<name><suffix>): the
+              provenance check ignores them, as it ignores the experiment's own outputs
+    answers   suffixes of its own mds (results/<name><suffix>.md) whose "**Answer.**" line the
+              experiment's md quotes after its own answer
+    section   section(experiment, results_dir) -> lines: a section the experiment's md gets before
+              its findings ([] for none); its last line, a one-sentence summary, also opens the
+              findings as "- <title>: <summary>"
+    answer    answer(experiment, answer, section) -> the experiment's answer given the section
+              (None leaves it as it is)
+
+A study module must import from the working directory (run from the repository root) or from
+PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from polgrad.errors import ConfigError
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """What one study adds to its experiments' reports (see the module docstring)."""
+
+    title: str
+    outputs: tuple[str, ...] = ()
+    answers: tuple[str, ...] = ()
+    section: Callable[[str, Any], list[str]] | None = None
+    answer: Callable[[str, str, list[str]], str | None] | None = None
+
+
+def load(names: Sequence[str], where: str) -> list[Study]:
+    """The Study of each module in `names`, imported; a ConfigError naming `where` otherwise."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise ConfigError(f"{where}: a list of study modules, e.g. ['studies.replication'], got {names!r}")
+    studies = []
+    for name in names:
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ConfigError(f"{where}: {name!r} is not a module name (e.g. 'studies.replication')")
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(
+                f"{where}: study '{name}' does not import ({e}); run from the repository root, or put the "
+                "folder that holds it on PYTHONPATH"
+            ) from None
+        study = getattr(module, "STUDY", None)
+        if not isinstance(study, Study):
+            raise ConfigError(
+                f"{where}: module '{name}' is not a study: it needs a module-level STUDY = "
+                "polgrad.results.studies.Study(...)"
+            )
+        studies.append(study)
+    return studies
+
+
+def output_suffixes(studies: Sequence[Study]) -> tuple[str, ...]:
+    return tuple(s for study in studies for s in study.outputs)

@@ -1,0 +1,5 @@
+import sys
+
+from studies.overoptimization.analysis import main
+
+sys.exit(main())
