@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from polgrad.errors import DataError, PolgradError
-from polgrad.results.provenance import DIRTY, TUNING, _git
+from polgrad.results.provenance import DIRTY, TUNING
 from polgrad.results.record import FINISHED
 from polgrad.results.store import WARM_START, read_rows
 from studies.overoptimization import STUDY as OVEROPTIMIZATION
@@ -44,10 +45,13 @@ def _rows(n: int) -> str:
 
 def tag_commit(tag: str, cwd: str | os.PathLike | None = None) -> str | None:
     """The full sha of the commit `tag` names in the repository at cwd, or None."""
-    out = _git(["rev-parse", "--verify", "--quiet", f"{tag}^{{commit}}"], cwd)
-    if out is None or out.returncode != 0:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{tag}^{{commit}}"], cwd=cwd, capture_output=True
+        )
+    except OSError:  # no git
         return None
-    return out.stdout.decode().strip()
+    return out.stdout.decode().strip() if out.returncode == 0 else None
 
 
 def _commit_problems(rows: Sequence[dict[str, str]], sha: str) -> list[str]:

@@ -238,7 +238,10 @@ def test_an_undecided_answer_names_the_tuning_grid_edge_its_configurations_chose
     assert "more paired seeds would decide the rest" in inside and "edge" not in inside
 
 
-def test_a_replications_answer_is_about_the_replication(tmp_path):
+@pytest.mark.parametrize("named", [True, False], ids=["named", "not_named"])
+def test_a_replications_answer_is_about_the_replication(tmp_path, named):
+    """With the study named in experiment.json (Sweep.studies), each md has a Replication section and the
+    replication's answer says whether the original's verdicts hold; without it, neither md has one."""
     base = {"base": UP, "a": [x - 0.05 + n for x, n in zip(UP, NOISE, strict=True)]}
     preds = [
         {
@@ -260,11 +263,16 @@ def test_a_replications_answer_is_about_the_replication(tmp_path):
             "predictions": preds,
             "cells": [{"id": r["cell_id"]} for r in rows],
             "command": f"python -m polgrad.sweep experiments/{name}.gin --results {tmp_path}",
-            "studies": ["studies.replication"],  # as experiments/kl_ablation.gin names it
+            "studies": ["studies.replication"] if named else [],  # as experiments/kl_ablation.gin names it
         }
         (tmp_path / name / "experiment.json").write_text(json.dumps(meta))
     for name in ("x", "x_replication"):
         write_report(name, tmp_path)
+    if not named:
+        for name in ("x", "x_replication"):
+            md = (tmp_path / f"{name}.md").read_text()
+            assert "## Replication" not in md and "As a replication of" not in md
+        return
     rep = (tmp_path / "x_replication.md").read_text().splitlines()
     assert rep[-1].startswith("- **Answer.** As a replication of x: Of 1 predictions, 1 replicate.")
     assert "This run alone: Of 1 predictions, confirmed: 'a is lower'" in rep[-1]

@@ -408,7 +408,8 @@ def test_the_analysis_rewrites_the_sweeps_md_when_the_sweep_has_one(tmp_path, mo
     import studies.overoptimization.analysis as cli
 
     calls = []
-    monkeypatch.setattr(cli, "load_experiment", lambda path: SimpleNamespace(name="oo"))
+    exp = SimpleNamespace(name="oo", studies=["studies.overoptimization"], lines={})
+    monkeypatch.setattr(cli, "load_experiment", lambda path: exp)
     monkeypatch.setattr(cli, "report", lambda exp, results_dir, bootstrap: results_dir / "oo_gao.md")
     monkeypatch.setattr(cli, "write_report", lambda name, results_dir: calls.append((name, results_dir)))
     assert cli.main(["x.gin", "--results", str(tmp_path), "--report-only"]) == 0
@@ -417,6 +418,22 @@ def test_the_analysis_rewrites_the_sweeps_md_when_the_sweep_has_one(tmp_path, mo
     (tmp_path / "oo" / "experiment.json").write_text("{}")
     assert cli.main(["x.gin", "--results", str(tmp_path), "--report-only"]) == 0
     assert calls == [("oo", tmp_path)]
+
+
+def test_the_analysis_of_an_experiment_that_does_not_name_it_is_refused_in_one_line(tmp_path, capsys):
+    """Its md would not quote the analysis, and its next sweep would count the analysis's files as another
+    experiment's (a dirty tree): refused before any work, naming the file and the binding."""
+    from studies.overoptimization.analysis import main
+
+    path = tmp_path / "plain.gin"
+    path.write_text(
+        "include 'experiments/base_tiny.gin'\nSweep.name = 'plain'\nSweep.specs = ['registry/grpo.gin']\n"
+        "Sweep.seeds = [0]\n"
+    )
+    assert main([str(path), "--results", str(tmp_path), "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {path}: Sweep.studies does not name"), err
+    assert not (tmp_path / "plain_gao.md").exists()
 
 
 def test_the_sensitivity_fit_places_a_maximum_before_the_first_trained_point_outside_the_points(tmp_path):

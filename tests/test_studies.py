@@ -53,8 +53,15 @@ def test_a_wrong_study_is_one_line_in_the_dry_run(tmp_path, capsys, studies, say
 
 
 def test_the_experiment_reads_its_studies_and_a_tuning_stage_has_none(tmp_path):
+    from polgrad.sweep import prepare
+
     exp = load_experiment(_experiment(tmp_path, "['studies.replication']"))
     assert exp.studies == ["studies.replication"]
+    path = _experiment(tmp_path, "['studies.replication']")
+    with open(path, "a") as f:
+        f.write("Sweep.tuning = {'seeds': [100], 'grid': {'train.lr': [1e-4, 3e-4]}}\n")
+    planned, _cells = prepare(path)
+    assert planned.studies == ["studies.replication"] and planned.tuning.experiment.studies == []
     assert load_experiment(str(REPO / "experiments" / "kl_ablation_replication.gin")).studies == [
         "studies.replication"
     ]  # inherited from kl_ablation.gin
@@ -66,7 +73,9 @@ def test_the_report_of_an_experiment_json_naming_a_missing_study_is_one_line(tmp
 
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "experiment.json").write_text(json.dumps({"studies": ["studies.gone"], "cells": []}))
-    with pytest.raises(ConfigError, match=r"x/experiment.json: study 'studies.gone' does not import"):
+    with pytest.raises(
+        ConfigError, match=r"x/experiment.json: studies: study .studies.gone. does not import"
+    ):
         write_report("x", tmp_path)
 
 
@@ -79,3 +88,25 @@ def test_the_sweep_records_the_studies_in_experiment_json_and_only_when_named(tm
         meta = _write_experiment_json(exp, expand(exp), tmp_path / "results", "python -m polgrad.sweep x")
         on_disk = json.loads((tmp_path / "results" / "exp" / "experiment.json").read_text())
         assert meta.get("studies") == on_disk.get("studies") == recorded  # none: the file as before studies
+
+
+def test_a_sweep_started_from_another_directory_finds_the_repositorys_studies(tmp_path):
+    """`python -m polgrad.sweep /repo/experiments/kl_ablation.gin` from elsewhere finds the specs it names
+    relative to the file; it finds the studies it names in the same repository too."""
+    import os
+    import subprocess
+    import sys
+
+    lib = tmp_path / "lib"  # this checkout's polgrad on the path, its studies/ not
+    lib.mkdir()
+    (lib / "polgrad").symlink_to(REPO / "polgrad")
+    env = {**os.environ, "PYTHONPATH": str(lib)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import studies"], cwd=tmp_path, env=env, capture_output=True
+    )
+    assert probe.returncode != 0  # from here the repository's studies/ is not on the path by itself
+    proc = subprocess.run(
+        [sys.executable, "-m", "polgrad.sweep", str(REPO / "experiments" / "kl_ablation.gin"), "--dry-run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]

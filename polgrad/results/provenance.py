@@ -121,11 +121,13 @@ def portable_command(argv: Sequence[str], root: str | os.PathLike | None = None)
     return " ".join(map(show, argv))
 
 
-def outputs(experiment: str, results_dir: str | os.PathLike, studies: Sequence[str] = ()) -> list[Path]:
+def outputs(
+    experiment: str, results_dir: str | os.PathLike, study_suffixes: Sequence[str] = ()
+) -> list[Path]:
     """What a sweep of `experiment` writes under `results_dir` (the provenance check ignores them), and
-    the files its studies write beside them (`studies`: their `Study.outputs` suffixes)."""
+    the files its studies write beside them (`study_suffixes`: their `Study.outputs`)."""
     results_dir = Path(results_dir)
-    paths = [results_dir / f"{experiment}{s}" for s in studies]
+    paths = [results_dir / f"{experiment}{s}" for s in study_suffixes]
     for stage in STAGES:
         paths += [results_dir / f"{experiment}{stage}{s}" for s in OUTPUT_SUFFIXES]
         paths.append(results_dir / f"{experiment}{stage}")
@@ -271,7 +273,7 @@ def _study_outputs(meta_path: Path) -> tuple[str, ...]:
         names = json.loads(meta_path.read_text()).get("studies", ())
     except (OSError, ValueError, AttributeError):  # none yet, or not the sweep's: no study outputs
         return ()
-    return output_suffixes(load_studies(names, str(meta_path)))
+    return output_suffixes(load_studies(names, f"{meta_path}: studies", lambda: repo_root(meta_path.parent)))
 
 
 def check(

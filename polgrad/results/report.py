@@ -156,8 +156,9 @@ def markdown(
     from the rows' table5_* columns, "n/a" where they have none), the paired comparisons with the
     leader and with the `baseline` (column -> value text) and the findings they support
     (polgrad.results.findings), and the failed cells. `study_sections` ((study, its section's lines))
-    from the experiment's studies (polgrad/results/studies.py): each goes before the findings, its last
-    line also opens them, and the study may restate the answer. `companions` ((md file name, its
+    come from the experiment's studies (polgrad/results/studies.py): each non-empty section goes before
+    the findings, in order, its last line also opens them, and a study may restate the md's own answer
+    (several restatements are joined in order). `companions` ((md file name, its
     Answer)) are the experiment's own analyses of the same runs; the Answer quotes theirs after its
     own."""
     group_columns = ["spec", *swept_columns]
@@ -202,17 +203,20 @@ def markdown(
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
     lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
-    for study, section in study_sections:  # e.g. X and X_replication side by side (studies/replication.py)
-        if not section:
-            continue
-        # before the findings; its last line, the summary, also opens them (the answer stays last)
+    shown = [(study, list(section)) for study, section in study_sections if section]
+    if shown:  # e.g. X and X_replication side by side (studies/replication.py)
+        # before the findings; each last line, a summary, also opens them (the answer stays last)
         at = stats_lines.index("## Findings") - 1
         head, tail = stats_lines[:at], stats_lines[at + 3 :]
-        stats_lines = [*head, *section, "", "## Findings", "", f"- {study.title}: {section[-1]}", *tail]
-        own = stats_lines[-1].removeprefix("- **Answer.** ")
-        answer = study.answer(experiment, own, section) if study.answer else None
-        if answer:
-            stats_lines[-1] = f"- **Answer.** {answer}"
+        body = [line for k, (_, section) in enumerate(shown) for line in ([""] if k else []) + section]
+        opens = [f"- {study.title}: {section[-1]}" for study, section in shown]
+        stats_lines = [*head, *body, "", "## Findings", "", *opens, *tail]
+        own = stats_lines[-1].removeprefix("- **Answer.** ")  # each study restates the md's own answer
+        restated = [
+            a for study, section in shown if study.answer and (a := study.answer(experiment, own, section))
+        ]
+        if restated:
+            stats_lines[-1] = f"- **Answer.** {' '.join(restated)}"
     for name, answer in companions:  # the answer stays the last line of the findings
         stats_lines[-1] += f" By its own declared method, [{name}]({name}) answers: {answer}"
     lines += stats_lines
@@ -435,7 +439,11 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
     """Write results_dir/<experiment>.md, .png (forest plot) and _curves.png (learning curves) from the
     CSV, the sweep's experiment.json and the run folders; return the md's and the forest plot's paths."""
     meta = experiment_meta(experiment, results_dir)
-    studies = load_studies(meta.get("studies", ()), f"{Path(results_dir) / experiment / 'experiment.json'}")
+    studies = load_studies(
+        meta.get("studies", ()),
+        f"{Path(results_dir) / experiment / 'experiment.json'}: studies",
+        lambda: repo_root(Path(results_dir).resolve()),
+    )
     path = csv_path(experiment, results_dir)
     if not path.exists():
         raise DataError(f"no results for experiment '{experiment}': {path} does not exist")

@@ -25,16 +25,19 @@ A study contributes, each optional:
     answer    answer(experiment, answer, section) -> the experiment's answer given the section
               (None leaves it as it is)
 
-A study module must import from the working directory (run from the repository root) or from
-PYTHONPATH.
+A study module imports from the working directory or PYTHONPATH, else from the repository that holds
+the experiment file (or the results folder).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from polgrad.errors import ConfigError
@@ -53,21 +56,23 @@ class Study:
     answer: Callable[[str, str, list[str]], str | None] | None = None
 
 
-def load(names: Sequence[str], where: str) -> list[Study]:
-    """The Study of each module in `names`, imported; a ConfigError naming `where` otherwise."""
+Root = str | os.PathLike | Callable[[], str | os.PathLike | None] | None
+
+
+def load(names: Sequence[str], where: str, root: Root = None) -> list[Study]:
+    """The Study of each module in `names`, imported; a one-line ConfigError naming `where` otherwise.
+
+    A name that does not import from the working directory or PYTHONPATH is looked for again under
+    `root` (the repository of the experiment file or results folder, or a function giving it, called
+    only then: a sweep started from another directory finds the repository's studies/ as it finds its
+    specs)."""
     if isinstance(names, str) or not isinstance(names, Sequence):
         raise ConfigError(f"{where}: a list of study modules, e.g. ['studies.replication'], got {names!r}")
     studies = []
     for name in names:
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ConfigError(f"{where}: {name!r} is not a module name (e.g. 'studies.replication')")
-        try:
-            module = importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(
-                f"{where}: study '{name}' does not import ({e}); run from the repository root, or put the "
-                "folder that holds it on PYTHONPATH"
-            ) from None
+        module = _import(name, where, root)
         study = getattr(module, "STUDY", None)
         if not isinstance(study, Study):
             raise ConfigError(
@@ -76,6 +81,27 @@ def load(names: Sequence[str], where: str) -> list[Study]:
             )
         studies.append(study)
     return studies
+
+
+def _import(name: str, where: str, root: Root):
+    top = name.split(".")[0]
+    for attempt in range(2):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            missing = e.name or ""
+            if missing != name and not name.startswith(missing + "."):  # the study imports, its import fails
+                raise ConfigError(f"{where}: study '{name}' failed to import: {e}") from None
+            root = root() if callable(root) else root
+            if attempt or root is None or not (Path(root) / top).exists() or str(root) in sys.path:
+                raise ConfigError(
+                    f"{where}: study '{name}' does not import ({e}); run from the repository that holds "
+                    "it, or put that folder on PYTHONPATH"
+                ) from None
+            sys.path.append(str(root))
+        except Exception as e:  # a study that raises on import: its error, in one line
+            raise ConfigError(f"{where}: study '{name}' failed to import: {type(e).__name__}: {e}") from None
+    raise AssertionError("unreachable")
 
 
 def output_suffixes(studies: Sequence[Study]) -> tuple[str, ...]:

@@ -439,7 +439,7 @@ def load_experiment(path: str) -> Experiment:
         raise _fail(file, where("question"), "must be a string: the question the experiment answers")
     studies = param("studies")
     try:
-        load_studies(studies, "Sweep.studies")
+        load_studies(studies, "Sweep.studies", lambda: _results.repo_root(Path(file).resolve().parent))
     except ConfigError as e:
         raise _fail(file, where("studies"), str(e).removeprefix("Sweep.studies: ")) from None
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from polgrad.errors import PolgradError
+from polgrad.errors import ConfigError, PolgradError
 from polgrad.io import atomic_path
 from polgrad.results.provenance import environment, outputs
 from polgrad.results.report import write_report
@@ -465,6 +465,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
+        if "studies.overoptimization" not in exp.studies:  # else its md would not quote this analysis
+            line = exp.lines.get("studies")
+            where = f"line {line}: Sweep.studies" if line else "Sweep.studies"
+            raise ConfigError(
+                f"{args.experiment}: {where} does not name 'studies.overoptimization': add it, so that "
+                "the experiment's report quotes this analysis and its sweeps count its files as their own"
+            )
         results_dir = Path(args.results)
         if not args.report_only:
             best_of_n_stage(

@@ -32,9 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from studies.overoptimization import SUFFIX  # results/<experiment>_gao.md and .png
+from studies.overoptimization import SUFFIX as SUFFIX  # results/<experiment>_gao.md and .png
 
-__all__ = ["SUFFIX"]  # re-exported: analysis.py names the files by it
 WINDOW = 5  # steps per point: 60-step runs give 12 points each
 BOOTSTRAP = 2000  # resamples of the seeds
 LEVEL = 0.95
