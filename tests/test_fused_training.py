@@ -142,6 +142,31 @@ def test_models_the_fused_path_cannot_serve_take_the_plain_one(tiny):
     assert fused_logprobs.output_projection(lora.add_policy_adapter(copy.deepcopy(model), config)) is not None
 
 
+def test_the_plain_path_beyond_one_chunk_says_why_once(tiny, monkeypatch, capsys):
+    """A model the fused path cannot serve, with logits above one chunk, prints one `warning:` line per
+    reason and process naming what holds the logits and how to change it; within one chunk, or on the
+    fused path, nothing."""
+    from polgrad.models import lora
+
+    model, rollout = tiny
+    monkeypatch.setattr(fused_logprobs, "_WARNED", set())
+    config = lora.lora_config(r=4, alpha=8.0, target_modules=["q_proj", "lm_head"], dropout=0.0)
+    on_head = lora.add_policy_adapter(copy.deepcopy(model), config)
+    partitioned = copy.deepcopy(model)
+    partitioned.get_output_embeddings().weight.ds_id = 7  # as DeepSpeed marks a ZeRO-3 partition
+    rows = rollout.response_ids.numel()
+    hf.response_logprobs(on_head, rollout)  # 16 tokens: within one chunk
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(logit_rows, "CHUNK_ELEMENTS", rows * model.config.vocab_size - 1)
+    for m in (model, on_head, on_head, partitioned, partitioned):
+        hf.response_logprobs(m, rollout, with_entropy=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines  # the fused model says nothing; each reason once
+    assert all(line.startswith("warning: log-probs at V = ") for line in lines)
+    assert "LoRA on lm_head: drop 'lm_head' from train.lora_target_modules" in lines[0]
+    assert "ZeRO-3 partitions its output layer" in lines[1]
+
+
 @pytest.mark.cpu_matrix  # fused vs plain kernels: the same numbers under every ISA
 def test_the_offline_path_scores_sequences_fused_as_it_did_plain(tiny, monkeypatch):
     """DPO's summed response log-prob (polgrad/offline.py `sequence_logp`) on right-padded sequences

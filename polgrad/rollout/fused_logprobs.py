@@ -40,6 +40,7 @@ plain one otherwise.
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import torch
@@ -235,7 +236,7 @@ def fuses(head: torch.nn.Linear | None, rows: int) -> bool:
 
 def output_projection(model) -> torch.nn.Linear | None:
     """The Linear layer that makes `model`'s logits, when `hf.response_logprobs` can fuse it with the
-    log-softmax; None when the plain path must hold the logits:
+    log-softmax; None when the plain path must hold the logits (`plain_reason` says why):
 
     - the family is not in FUSED_MODEL_TYPES (its logits may be more than the projection);
     - a compiled forward (`train.compile`: the graph includes the projection);
@@ -244,18 +245,59 @@ def output_projection(model) -> torch.nn.Linear | None:
     - its weight is a ZeRO-3 partition (gathered only inside the model's own forward).
 
     Tied embeddings (the tiny model's) are fine: the weight's gradient adds to the embedding's."""
+    head, _reason = _projection(model)
+    return head
+
+
+def plain_reason(model) -> str | None:
+    """Why `output_projection(model)` is None, in words a user can act on; None when it is not."""
+    return _projection(model)[1]
+
+
+def _projection(model) -> tuple[torch.nn.Linear | None, str | None]:
     chain = _wrapped(model)
     hf_model = chain[-1]
-    config = getattr(hf_model, "config", None)
-    if getattr(config, "model_type", None) not in FUSED_MODEL_TYPES:
-        return None
+    model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
+    if model_type not in FUSED_MODEL_TYPES:
+        return None, (
+            f"its model type {model_type!r} is not one whose logits are the output layer's product alone "
+            f"(polgrad.rollout.fused_logprobs.FUSED_MODEL_TYPES: {', '.join(sorted(FUSED_MODEL_TYPES))})"
+        )
     if any(is_compiled(m) for m in chain if isinstance(m, torch.nn.Module)):
-        return None
+        return None, "train.compile = True compiles the output layer into the model's forward"
     get = getattr(hf_model, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    if type(head) is not torch.nn.Linear or hasattr(head.weight, "ds_id"):
-        return None
-    return head
+    if type(head) is not torch.nn.Linear:
+        return None, (
+            f"its output layer is a {type(head).__name__}, not a plain Linear (LoRA on lm_head: drop "
+            "'lm_head' from train.lora_target_modules)"
+        )
+    if hasattr(head.weight, "ds_id"):
+        return None, "ZeRO-3 partitions its output layer (train.zero_stage = 3; ZeRO-2 does not)"
+    return head, None
+
+
+_WARNED: set[str] = set()  # the reasons already printed in this process
+
+
+def _warn_plain(model, rows: int) -> None:
+    """One `warning:` line per reason and process when the plain path holds logits of more than one
+    chunk: the memory the fused path would have saved, and why it was not taken."""
+    config = getattr(_wrapped(model)[-1], "config", None)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if rows * vocab <= logit_rows.CHUNK_ELEMENTS:
+        return
+    reason = plain_reason(model)
+    if reason is None or reason in _WARNED:
+        return
+    _WARNED.add(reason)
+    print(
+        f"warning: log-probs at V = {vocab} hold the [B,T,V] logits ({rows * vocab * 4 / 2**20:.0f} MiB per "
+        f"fp32 copy for {rows} positions, several copies with their graph) because {reason}; the fused "
+        "path computes them a chunk at a time instead",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def head_inputs(
@@ -313,6 +355,8 @@ def scored_logprobs(
     path scores every token after the first with it (targets = input_ids[:, 1:])."""
     b, t = targets.shape
     head = None if return_logits else output_projection(model)
+    if head is None and not return_logits:
+        _warn_plain(model, b * t)
     if fuses(head, b * t):
         hidden = head_inputs(model, head, input_ids, attn, pos, t + 1)[:, :-1]
         logp, entropy = token_logprobs(
