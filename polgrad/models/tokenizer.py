@@ -28,11 +28,22 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
     32,000 and 151,936): text encodes exactly as without them (the pre-tokenizer splits text into
     single characters, and no filler is one character), and a sampled filler decodes as its name.
 
-    Built with the `tokenizers` library: a WordLevel vocabulary (specials first, then one entry per
-    character), a pre-tokenizer that isolates every character (whitespace included), a post-processor
-    that prepends BOS, and a Fuse decoder that joins characters back without spaces. Characters
-    outside the alphabet encode as UNK. `padding_side` is 'left' (prompts are left-padded).
-    Save with `save_pretrained(dir)`, reload with `AutoTokenizer.from_pretrained(dir)`.
+    Built with the `tokenizers` library in the byte-level BPE form that Hugging Face's own Qwen2,
+    Llama-3 and GPT-2 tokenizers use, so that `AutoTokenizer.from_pretrained` of a saved policy
+    (which picks the model type's class, Qwen2Tokenizer for the tiny model, and rebuilds its
+    pipeline from the vocabulary and merges) encodes and decodes exactly as this one:
+
+        vocabulary   specials first (ids 0-3), then one entry per character in alphabet order,
+                     spelled as its UTF-8 bytes in the byte-level alphabet (' ' is 'Ġ'); a
+                     character of several bytes also needs its byte pieces, which come after the
+                     characters (an ASCII alphabet has none), then the fillers
+        merges       only those that join the bytes of one multi-byte character, so no merge
+                     crosses two characters
+        pipeline     every character isolated, then byte-level; BOS prepended; a byte-level decoder
+
+    Characters outside the alphabet encode as UNK here (Qwen2Tokenizer, which has no UNK, drops
+    them). `padding_side` is 'left' (prompts are left-padded). Save with `save_pretrained(dir)`,
+    reload with `load_tokenizer(dir)` or `AutoTokenizer.from_pretrained(dir)`.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -43,7 +54,16 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
     clash = [c for c in chars if c in SPECIAL_TOKENS]
     if clash:
         raise ConfigError(f"the task alphabet contains special-token strings {clash}")
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+    spelled = [_byte_level(c) for c in chars]
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *spelled])}
+    merges = []
+    for word in spelled:  # a multi-byte character: its bytes, joined left to right
+        for k in range(1, len(word)):
+            left, right = word[:k], word[k]
+            for piece in (left, right):
+                vocab.setdefault(piece, len(vocab))
+            if (left, right) not in merges:
+                merges.append((left, right))
     if vocab_size is not None:
         if vocab_size < len(vocab):
             raise ConfigError(
@@ -51,9 +71,14 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
                 "of this alphabet; pass None or at least that many"
             )
         vocab.update({f"<|t{i}|>": i for i in range(len(vocab), vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=UNK, fuse_unk=True, ignore_merges=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
@@ -68,6 +93,51 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
     )
 
 
+def _byte_level_form(tok):
+    """`tok` rebuilt by `build_tokenizer` when it is a character tokenizer in the earlier word-level
+    form and the rebuilt one gives every token the same id with the same vocabulary size; else `tok`."""
+    model = json.loads(tok.backend_tokenizer.to_str()).get("model", {})
+    if model.get("type") != "WordLevel":
+        return tok
+    vocab: dict[str, int] = model.get("vocab", {})
+    if [vocab.get(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
+        return tok
+    chars = [
+        t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if len(t) == 1 and i >= len(SPECIAL_TOKENS)
+    ]
+    if not chars:
+        return tok
+    padded = len(vocab) > len(SPECIAL_TOKENS) + len(chars)  # fillers <|t{i}|>
+    rebuilt = build_tokenizer("".join(chars), vocab_size=len(vocab) if padded else None)
+    new = rebuilt.get_vocab()
+    same = len(new) == len(vocab) and all(
+        new.get(_byte_level(t) if len(t) == 1 else t) == i for t, i in vocab.items()
+    )
+    return rebuilt if same else tok
+
+
+def _byte_level(text: str) -> str:
+    """`text`'s UTF-8 bytes in the byte-level alphabet (GPT-2's: printable bytes as themselves, the
+    others shifted to printable symbols; ' ' -> 'Ġ', newline -> 'Ċ')."""
+    return "".join(_BYTE_SYMBOLS[b] for b in text.encode("utf-8"))
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's bytes-to-unicode table: byte b -> its symbol."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+_BYTE_SYMBOLS = _byte_symbols()
+
+
 # tokenizer_config.json's class of a tokenizer saved from a `PreTrainedTokenizerFast` (build_tokenizer):
 # its tokenizer.json is the whole tokenizer, loaded as saved.
 _GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -80,9 +150,15 @@ def load_tokenizer(path: str | os.PathLike, *, chat_template: bool | None = None
     config that says True).
 
     A generic fast tokenizer (polgrad's character tokenizer) is loaded exactly as saved: transformers
-    5's `AutoTokenizer` would pick the class of the model type instead (Qwen2Tokenizer for the tiny
-    model), whose own pre-tokenizer drops the space of 'sort 31524=' that SFT trained with. Any
-    other (a hub model's GPT2Tokenizer, ...) through `AutoTokenizer.from_pretrained`.
+    5's `AutoTokenizer` picks the class of the model type instead (Qwen2Tokenizer for the tiny
+    model). `build_tokenizer`'s byte-level form encodes the same under both, but a character
+    tokenizer saved in the earlier word-level form (a warm start cached before it) does not: there
+    Qwen2Tokenizer drops the space of 'sort 31524=' that SFT trained with. Any other tokenizer (a hub
+    model's GPT2Tokenizer, ...) through `AutoTokenizer.from_pretrained`.
+
+    A character tokenizer in the word-level form whose every token keeps its id in the byte-level form
+    (an ASCII alphabet: every built-in task's) comes back in the byte-level form, so that what a run
+    saves from it (final/, checkpoints) loads the standard way too; it encodes every text as before.
 
     A tokenizer without a pad token (GPT-2 style) pads with its EOS token, with a one-line warning
     on stderr: padding is always masked out (prompts by their attention mask, responses after
@@ -94,6 +170,8 @@ def load_tokenizer(path: str | os.PathLike, *, chat_template: bool | None = None
     saved_class = json.load(open(config)).get("tokenizer_class") if os.path.isfile(config) else None
     loader = PreTrainedTokenizerFast if saved_class in _GENERIC_CLASSES else AutoTokenizer
     tok = loader.from_pretrained(str(path))
+    if saved_class in _GENERIC_CLASSES:
+        tok = _byte_level_form(tok)
     tok.padding_side = "left"
     if chat_template is False:
         tok.chat_template = None
