@@ -420,6 +420,25 @@ def test_file_round_trip_jsonl_and_parquet(tmp_path):
     assert dict(a.demonstrations(3, seed=0)).keys() <= {r.prompt for r in a.train}
 
 
+def test_a_json_file_of_json_lines_or_of_one_array_reads_as_the_jsonl(tmp_path):
+    """`Dataset.to_json`'s default output (JSON lines in a file named .json) and pandas'
+    `orient='records'` array both read as the same rows in a .jsonl would (refused before: "unsupported
+    extension '.json'")."""
+    from datasets import Dataset
+
+    reference = get("task", "file")(path=str(_write_jsonl(tmp_path / "d.jsonl", ROWS)))
+    Dataset.from_list(ROWS).to_json(tmp_path / "lines.json")
+    pd.DataFrame(ROWS).to_json(tmp_path / "array.json", orient="records", indent=2)
+    assert (tmp_path / "lines.json").read_text().startswith("{")  # JSON lines, as datasets writes it
+    for name in ("lines.json", "array.json"):
+        t = get("task", "file")(path=str(tmp_path / name))
+        assert (t.train, t.eval, t.alphabet) == (reference.train, reference.eval, reference.alphabet), name
+    (tmp_path / "bad.json").write_text('[{"prompt": "1+1=", "answer": "2"}, 3]')
+    _raises(tmp_path / "bad.json", "bad.json", "item 1 (0-based) of its array is a JSON int", "an object")
+    (tmp_path / "torn.json").write_text('[{"prompt": "1+1=",\n "answer": ')
+    _raises(tmp_path / "torn.json", "torn.json", "not valid JSON", "line 2")
+
+
 def test_file_numeric_answers_exact_format_and_response_column(tmp_path):
     rows = [{"q": f"{i}*2=", "a": i * 2, "sol": f"{i}*2={i * 2}"} for i in range(1, 9)]
     jl = _write_jsonl(tmp_path / "n.jsonl", rows)
@@ -480,7 +499,7 @@ def test_error_folder_that_is_no_dataset(tmp_path):
 def test_error_unsupported_extension(tmp_path):
     p = tmp_path / "d.txt"
     p.write_text("prompt,answer\n1,2\n")
-    _raises(p, "d.txt", "unsupported extension '.txt'", "supported: .jsonl, .parquet, .csv")
+    _raises(p, "d.txt", "unsupported extension '.txt'", "supported: .jsonl, .json, .parquet, .csv")
 
 
 def test_error_malformed_json_names_the_line(tmp_path):

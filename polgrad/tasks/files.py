@@ -1,4 +1,4 @@
-"""task.file: prompts and reference answers from a user's .jsonl/.parquet/.csv file or dataset folder.
+"""task.file: prompts and reference answers from a user's .jsonl/.json/.parquet/.csv file or dataset folder.
 
     task.file.path = 'data/gsm8k_train.jsonl'
     task.file.prompt_column = 'question'      # default 'prompt'
@@ -6,11 +6,12 @@
     task.file.response_column = 'answer'      # optional: full worked solutions for SFT demos
     task.file.answer_format = 'gsm8k'         # or 'exact', 'math_verify': a registered reward
 
-A .jsonl file holds one JSON object per line (blank lines are skipped); a .parquet file is read
-with pandas. A .csv file, a folder written by `save_to_disk` or a folder of data files is read with
-Hugging Face `datasets` (the extra `tasks`; task.file.split picks the split of a DatasetDict or a
-folder, default 'train'; polgrad/tasks/datasets_io.py). Prompts (and responses) must be strings; an
-answer may be a string or a number.
+A .jsonl file holds one JSON object per line (blank lines are skipped); a .json file the same (what
+`Dataset.to_json` writes) or one JSON array of objects; a .parquet file is read with pandas. A .csv
+file, a folder written by `save_to_disk` or a folder of data files is read with Hugging Face
+`datasets` (the extra `tasks`; task.file.split picks the split of a DatasetDict or a folder, default
+'train'; polgrad/tasks/datasets_io.py). Prompts (and responses) must be strings; an answer may be a
+string or a number.
 
 Scoring, answer_format='gsm8k' (exact match, GSM8K style):
   reference  what follows the last '####' in the answer, or the whole answer if it has none;
@@ -70,7 +71,7 @@ from polgrad.tasks.synthetic import (
     prompt_hash,
 )
 
-SUPPORTED = (".jsonl", ".parquet")
+SUPPORTED = (".jsonl", ".json", ".parquet")
 # How a reference's final answer is read and a demonstration written (no response column) come from
 # the reward part's metadata `reference` / `demo`; a part without them reads what follows the last
 # '####' (GSM8K's format), or the whole reference, stripped, and writes '\boxed{<answer>}' (how math
@@ -102,9 +103,43 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
 
 
 # --- reading the file -----------------------------------------------------------------------------
+def _json_array(path: Path) -> bool:
+    """Whether a .json file's first non-blank character opens an array (else: JSON lines)."""
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 byte-order mark too
+    return head.startswith(b"[")
+
+
+def _array_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The objects of a .json file holding one JSON array."""
+    text = "".join(line for _, line in utf8_lines(path))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file holds "
+            "one array of objects or one object per line (JSON lines)"
+        ) from None
+    bad = next((i for i, obj in enumerate(data) if not isinstance(obj, dict)), None)
+    if bad is not None:
+        raise DataError(
+            f"{path}: item {bad} (0-based) of its array is a JSON {type(data[bad]).__name__}, not an object; "
+            'each item must be an object such as {"prompt": ..., "answer": ...}'
+        )
+    columns: dict[str, None] = {}
+    for obj in data:
+        columns.update(dict.fromkeys(obj))
+    return [(f"item {i} (0-based)", obj) for i, obj in enumerate(data)], list(columns)
+
+
 def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """[(location label, record)] and the columns present, in order of first appearance."""
-    if path.suffix == ".jsonl":
+    """[(location label, record)] and the columns present, in order of first appearance.
+
+    A .json file is JSON lines (what `Dataset.to_json` and `df.to_json(..., lines=True)` write) or one
+    JSON array of objects (`df.to_json(..., orient='records')`), whichever it holds."""
+    if path.suffix == ".json" and _json_array(path):
+        return _array_records(path)
+    if path.suffix in (".jsonl", ".json"):
         records: list[tuple[str, dict[str, Any]]] = []
         columns: dict[str, None] = {}
         for lineno, line in utf8_lines(path):
@@ -139,7 +174,7 @@ def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[st
 def read_table(
     p: Path, split: str, path_binding: str, split_binding: str
 ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """The rows of a .jsonl/.parquet file (read here), or of a .csv file or a dataset folder (read by
+    """The rows of a .jsonl/.json/.parquet file (read here), or of a .csv file or a dataset folder (read by
     `datasets`, polgrad/tasks/datasets_io.py; `split` chooses a split there); a one-line DataError
     naming the file and the binding (e.g. 'task.file.path') for a missing file or an unsupported kind."""
     from polgrad.tasks.datasets_io import DATASET_SUFFIXES, read_dataset
@@ -368,7 +403,7 @@ def file_task(
     preferences: str | None = None,
     preference_split: str = "train",
 ) -> FileTask:
-    """Prompts and answers from a .jsonl/.parquet/.csv file or a Hugging Face dataset folder, scored by
+    """Prompts and answers from a .jsonl/.json/.parquet/.csv file or a Hugging Face dataset folder, scored by
     the reward part `answer_format` names (default: GSM8K's '####' exact match)."""
     check_fraction("file", eval_fraction)
     if answer_format not in names("reward"):
