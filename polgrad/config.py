@@ -296,7 +296,7 @@ def _parameters(fn: Any) -> tuple[list[str], bool]:
     passes the others), for any other configurable every named parameter."""
     entry = registry.entry_of(fn)
     if entry is not None:
-        params = registry.kinds.hyperparameters(entry.kind, entry.fn)
+        params = registry.contract.hyperparameters(entry.kind, entry.fn)
     else:
         params = list(inspect.signature(fn).parameters.values())
     names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]

@@ -28,7 +28,7 @@ import gin
 
 from polgrad import registry
 from polgrad.algorithm import Algorithm
-from polgrad.registry.kinds import hyperparameters
+from polgrad.registry.contract import hyperparameters
 
 __all__ = ["algorithm", "bind", "part", "part_blocks", "refuse_unbound"]
 

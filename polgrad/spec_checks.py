@@ -53,7 +53,7 @@ def unbound_hyperparameters(part: Any) -> list[str]:
     entry = registry.entry_of(part)
     return [
         p.name
-        for p in registry.kinds.hyperparameters(entry.kind, entry.fn)
+        for p in registry.contract.hyperparameters(entry.kind, entry.fn)
         if p.default is inspect.Parameter.empty
     ]
 
@@ -180,6 +180,13 @@ def probe(algo: Any) -> None:
     """Call each tensor part once on a tiny batch, as the loop will, so that a bad part or
     hyperparameter fails now, naming its binding: `Algorithm.clip = @clip.x: TypeError: ...`.
 
+    Each result is checked against its kind's contract (polgrad/registry/kinds.py): the structure
+    ((adv, returns) for an advantage, (loss, metrics) for a clip rule), the shapes ([B,T] where
+    the contract says so), zeros where the mask is 0 (an advantage, a KL estimate), and that changing
+    the inputs at masked-out positions leaves every valid output unchanged. The probe batch has a
+    masked-out position (row 1, token 1), two sequences of one group, and a critic's values and a
+    greedy baseline's rewards for the parts that declare them.
+
     One case is deferred to the real call (`unbound_hyperparameters`): a hyperparameter the
     spec leaves to a config file parsed later (an unbound %MACRO, or a required keyword-only
     hyperparameter no binding sets yet), since a spec is also built on its own (Table 5).
@@ -189,36 +196,125 @@ def probe(algo: Any) -> None:
     logp = torch.tensor([[-1.0, -0.5], [-0.7, 0.0]], dtype=dt)
     group_ids = torch.tensor([0, 0])
     rewards = torch.tensor([1.0, 0.0], dtype=dt)
-    probes: list[tuple[str, Callable[[], Any]]] = [
-        ("Algorithm.value_loss", lambda: algo.value_loss(logp, logp, logp, mask)),
-        ("Algorithm.kl_controller", lambda: algo.kl_controller(0.1, 0.1, 1)),
+    hole = mask == 0
+
+    def at_holes(x: torch.Tensor, value: float) -> torch.Tensor:
+        return torch.where(hole, torch.full_like(x, value), x)
+
+    def clip(lp):
+        return algo.clip(lp, lp - 0.1, mask.clone(), mask, rollout_logp=lp - 0.1)
+
+    def kl(lp):
+        logits = torch.zeros(2, 2, 3, dtype=dt)
+        return algo.kl(lp, lp - 0.1, mask, logits=logits, ref_logits=logits)
+
+    def advantage(tok, values):
+        return algo.advantage(
+            rewards,
+            mask,
+            group_ids=group_ids,
+            values=values if algo.needs_critic else None,
+            token_rewards=tok,
+            baseline_rewards=torch.tensor([0.5, 0.5], dtype=dt) if algo.needs_baseline_rollout else None,
+        )
+
+    tok, values = last_token(rewards, mask), torch.tensor([[0.2, 0.1], [0.3, 0.0]], dtype=dt)
+    # (binding, call, contract check of its result, the call again with other masked-out inputs)
+    probes: list[tuple[str, Callable[[], Any], Callable[[Any], str | None], Callable[[], Any] | None]] = [
+        (
+            "Algorithm.value_loss",
+            lambda: algo.value_loss(logp, logp, logp, mask),
+            lambda out: _tensor("loss", out, mask.shape),
+            None,
+        ),
+        ("Algorithm.kl_controller", lambda: algo.kl_controller(0.1, 0.1, 1), lambda out: None, None),
     ]
     if algo.offline:
         pair = torch.tensor([0.5, -0.25], dtype=dt)
-        probes.append(("Algorithm.preference", lambda: algo.preference(pair, -pair)))
+        probes.append(("Algorithm.preference", lambda: algo.preference(pair, -pair), lambda out: None, None))
     else:
+        probes.append(("Algorithm.clip", lambda: clip(logp), lambda out: _clip_result(out, mask), None))
+    if algo.kl is not None:
         probes.append(
             (
-                "Algorithm.clip",
-                lambda: algo.clip(logp, logp - 0.1, mask.clone(), mask, rollout_logp=logp - 0.1),
+                "Algorithm.kl",
+                lambda: kl(logp),
+                lambda out: _tensor("kl", out, mask.shape) or _zero_at("kl", out, hole),
+                lambda: kl(at_holes(logp, -3.0)),
             )
         )
-    if algo.kl is not None:
-        logits = torch.zeros(2, 2, 3, dtype=dt)
+    if not algo.offline:
         probes.append(
-            ("Algorithm.kl", lambda: algo.kl(logp, logp - 0.1, mask, logits=logits, ref_logits=logits))
+            (
+                "Algorithm.advantage",
+                lambda: advantage(tok, values),
+                lambda out: _advantage_result(out, mask, hole),
+                lambda: advantage(at_holes(tok, 7.0), at_holes(values, 7.0)),
+            )
         )
-    if not algo.offline and not algo.needs_critic and not algo.needs_baseline_rollout:
-        tok = last_token(rewards, mask)
-        adv_kwargs = dict(group_ids=group_ids, values=None, token_rewards=tok, baseline_rewards=None)
-        probes.append(("Algorithm.advantage", lambda: algo.advantage(rewards, mask, **adv_kwargs)))
-    for binding, call in probes:
+    for binding, call, contract, again in probes:
         if unbound_hyperparameters(algo.part(binding)):
             continue
+        head = f"{binding} = @{algo.parts[binding].full_name}"
         try:
-            call()
+            out = call()
+            wrong = contract(out)
+            if wrong is None and again is not None:
+                wrong = _same_where_valid(out, again(), ~hole)
         except Exception as e:  # noqa: BLE001 - every failure is reported, naming the binding
             first = (str(e).strip().splitlines() or [""])[0]  # gin appends "In call to ..." lines
             # polgrad's own errors already say what is wrong; any other gets its type named
             what = first if isinstance(e, PolgradError) else f"{type(e).__name__}: {first}"
-            raise ConfigError(f"{binding} = @{algo.parts[binding].full_name}: {what}") from None
+            raise ConfigError(f"{head}: {what}") from None
+        if wrong:
+            kind = binding.removeprefix("Algorithm.")
+            raise ConfigError(
+                f"{head}: {wrong}; a part of kind {kind} returns {registry.kinds.returns(kind)} "
+                "(polgrad/registry/kinds.py)"
+            )
+
+
+def _described(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {list(x.shape)}"
+    if isinstance(x, tuple | list):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"a {type(x).__name__}"
+
+
+def _tensor(name: str, x: Any, shape: torch.Size) -> str | None:
+    if not isinstance(x, torch.Tensor) or x.shape != shape:
+        return f"on a [B,T] = {list(shape)} batch it returned {_described(x)} as {name}, not [B,T]"
+    return None
+
+
+def _zero_at(name: str, x: torch.Tensor, hole: torch.Tensor) -> str | None:
+    if bool((x.detach()[hole] != 0).any()):
+        return f"{name} is not zero where the mask is 0 (multiply it by the mask)"
+    return None
+
+
+def _clip_result(out: Any, mask: torch.Tensor) -> str | None:
+    if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], dict):
+        return f"it returned {_described(out)}, not the pair (loss, metrics dict)"
+    return _tensor("loss", out[0], mask.shape)
+
+
+def _advantage_result(out: Any, mask: torch.Tensor, hole: torch.Tensor) -> str | None:
+    if not isinstance(out, tuple) or len(out) != 2:
+        return f"it returned {_described(out)}, not the pair (adv, returns)"
+    adv, returns = out
+    wrong = _tensor("adv", adv, mask.shape) or _zero_at("adv", adv, hole)
+    if wrong is None and returns is not None:
+        wrong = _tensor("returns", returns, mask.shape)
+    return wrong
+
+
+def _same_where_valid(out: Any, other: Any, valid: torch.Tensor) -> str | None:
+    """None when every valid [B,T] output of `out` equals `other`'s (inputs differing only where the
+    mask is 0), else what moved."""
+    first = out[0] if isinstance(out, tuple) else out
+    second = other[0] if isinstance(other, tuple) else other
+    if not torch.equal(first.detach()[valid], second.detach()[valid]):
+        return "its valid outputs changed when only inputs at masked-out positions changed (it reads them)"
+    return None

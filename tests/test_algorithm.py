@@ -209,6 +209,95 @@ def test_probe_calls_the_advantage_with_every_keyword_the_loop_passes():
     assert a.parts["Algorithm.advantage"].full_name == "advantage.t_probe_strict_keywords"
 
 
+# Wrong user parts that register and build without these checks, and fail later or train silently:
+# each is refused in one line, at registration or in the spec's build (the dry run builds every cell).
+@register("advantage", "t_wrong_tensor_only", needs_groups=True)
+def _adv_tensor_only(
+    rewards, mask, *, group_ids=None, values=None, token_rewards=None, baseline_rewards=None
+):
+    """Test part: returns adv alone, not the pair (adv, returns)."""
+    return (rewards - rewards.mean())[:, None] * mask
+
+
+@register("advantage", "t_wrong_per_sequence", needs_groups=True)
+def _adv_per_sequence(
+    rewards, mask, *, group_ids=None, values=None, token_rewards=None, baseline_rewards=None
+):
+    """Test part: a [B] advantage, not [B,T]."""
+    return rewards - rewards.mean(), None
+
+
+@register("advantage", "t_wrong_unmasked", needs_groups=True)
+def _adv_unmasked(rewards, mask, *, group_ids=None, values=None, token_rewards=None, baseline_rewards=None):
+    """Test part: the advantage broadcast over every position, padding included (trains silently)."""
+    return (rewards - rewards.mean())[:, None].expand_as(mask).clone(), None
+
+
+@register("advantage", "t_wrong_reads_padding", needs_groups=True)
+def _adv_reads_padding(
+    rewards, mask, *, group_ids=None, values=None, token_rewards=None, baseline_rewards=None
+):
+    """Test part: sums token_rewards over padding too, then masks (its valid values depend on padding)."""
+    return token_rewards.sum(-1, keepdim=True).expand_as(mask) * mask, None
+
+
+@register("kl", "t_wrong_unmasked_kl")
+def _kl_unmasked(logp, ref_logp, mask, *, logits=None, ref_logits=None):
+    """Test part: k1 without the mask."""
+    return logp - ref_logp
+
+
+@register("clip", "t_wrong_loss_only")
+def _clip_loss_only(logp, old_logp, adv, mask, *, rollout_logp=None):
+    """Test part: returns the loss alone, not (loss, metrics)."""
+    return -torch.exp(logp - old_logp) * adv
+
+
+@pytest.mark.parametrize(
+    ("binding", "says"),
+    [
+        (
+            "Algorithm.advantage = @advantage.t_wrong_tensor_only",
+            "it returned a tensor of shape [2, 2], not the pair",
+        ),
+        (
+            "Algorithm.advantage = @advantage.t_wrong_per_sequence",
+            "returned a tensor of shape [2] as adv, not [B,T]",
+        ),
+        ("Algorithm.advantage = @advantage.t_wrong_unmasked", "adv is not zero where the mask is 0"),
+        ("Algorithm.advantage = @advantage.t_wrong_reads_padding", "changed when only inputs at masked-out"),
+        ("Algorithm.kl = @kl.t_wrong_unmasked_kl", "kl is not zero where the mask is 0"),
+        ("Algorithm.clip = @clip.t_wrong_loss_only", "not the pair (loss, metrics dict)"),
+    ],
+)
+def test_a_part_that_breaks_its_kinds_contract_is_refused_when_the_spec_is_built(binding, says):
+    with pytest.raises(ConfigError) as e:
+        build(binding)
+    msg = str(e.value)
+    assert msg.startswith(binding.split(" = ")[0] + " = @") and says in msg and "\n" not in msg, msg
+    assert "polgrad/registry/kinds.py" in msg  # where the contract is written
+
+
+def test_a_part_with_swapped_arguments_is_refused_at_registration():
+    """(mask, rewards) where the loop passes (rewards, mask): both [.,.] float tensors, so nothing fails
+    until the numbers are wrong."""
+    from polgrad.errors import RegistryError
+
+    def swapped(mask, rewards, *, group_ids=None, values=None, token_rewards=None, baseline_rewards=None):
+        return rewards[:, None] * mask, None
+
+    with pytest.raises(RegistryError) as e:
+        register("advantage", "t_swapped_arguments")(swapped)
+    msg = str(e.value)
+    assert "its parameter 1 is named 'mask' but the loop passes 'rewards' there" in msg, msg
+    assert "\n" not in msg and "t_swapped_arguments" not in registry.names("advantage")
+
+    def renamed(r, m, *, group_ids=None, values=None, token_rewards=None, baseline_rewards=None):
+        return r[:, None] * m, None  # other names, the loop's order: fine
+
+    register("advantage", "t_renamed_arguments")(renamed)
+
+
 def test_a_remax_batch_without_its_greedy_baseline_is_the_parts_one_line():
     """ReMax's baseline term hands the batch's baseline scores to the advantage part, cast to the
     computation's dtype; a batch without them gets the part's one-line error, not a traceback."""

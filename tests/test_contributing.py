@@ -22,13 +22,15 @@ entry = registry.lookup('advantage', 'median_baseline')
 assert entry.meta['needs_groups'] and entry.meta['level'] == 'sequence', entry.meta
 config.parse_config(['registry/grpo.gin'], ['Algorithm.advantage = @advantage.median_baseline'])
 _, algo, _ = config.build()
-mask = torch.ones(4, 3, dtype=torch.float64)
-batch = dict(mask=mask, group_ids=torch.tensor([0, 0, 0, 1]), old_logp=torch.zeros(4, 3, dtype=torch.float64),
-             scores=torch.tensor([1.0, 0.0, 0.5, 1.0], dtype=torch.float64),
-             truncated=torch.zeros(4, dtype=torch.bool))
+mask = torch.ones(6, 3, dtype=torch.float64)
+batch = dict(mask=mask, group_ids=torch.tensor([0, 0, 0, 1, 2, 2]),
+             old_logp=torch.zeros(6, 3, dtype=torch.float64),
+             scores=torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 1.0], dtype=torch.float64),
+             truncated=torch.zeros(6, dtype=torch.bool))
 out, _ = algo.prepare(batch, kl_coef=algo.kl_coef)
-# group 0 rewards (1, 0, 0.5): median 0.5; group 1 alone: its own reward
-assert out['adv'][:, 0].tolist() == [0.5, -0.5, 0.0, 0.0], out['adv']
+# group 0 rewards (1, 0, 0.5): median 0.5; group 1 alone: its own reward; group 2 (0, 1), an even
+# group: median 0.5, the mean of its two middle values (Tensor.median() gives 0.0: advantages 0, 1)
+assert out['adv'][:, 0].tolist() == [0.5, -0.5, 0.0, 0.0, -0.5, 0.5], out['adv']
 print('ok')
 """
 

@@ -14,7 +14,7 @@ import pytest
 import polgrad
 from polgrad import registry
 from polgrad.errors import RegistryError
-from polgrad.registry import kinds
+from polgrad.registry import contract, kinds
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -235,7 +235,7 @@ def test_extra_parameter_without_default_that_is_not_keyword_only_is_refused():
     def critic(policy_path, reward_model_path):  # keyword-passed: fine by name
         return None
 
-    kinds.check_signature("value_init", "value_init.t_critic_by_name", "here", critic)
+    contract.check_signature("value_init", "value_init.t_critic_by_name", "here", critic)
 
     def critic_missing(*, policy_path):
         return None
@@ -258,9 +258,9 @@ def test_accepted_signatures():
     def ok_task(*, path, n=3):  # checked, not registered: tests/test_tasks.py covers every task
         return None
 
-    kinds.check_signature("task", "task.t_ok_task", "here", ok_task)
+    contract.check_signature("task", "task.t_ok_task", "here", ok_task)
 
-    assert [p.name for p in kinds.hyperparameters("clip", ok)] == ["scale", "eps", "power"]
+    assert [p.name for p in contract.hyperparameters("clip", ok)] == ["scale", "eps", "power"]
 
 
 def test_every_registered_part_passes_the_checks():
@@ -271,8 +271,8 @@ def test_every_registered_part_passes_the_checks():
     finally:
         sys.path.remove(TESTS)
     for e in registry.entries():
-        kinds.check_meta(e.kind, e.full_name, e.where, e.meta)
-        kinds.check_signature(e.kind, e.full_name, e.where, inspect.unwrap(e.fn))
+        contract.check_meta(e.kind, e.full_name, e.where, e.meta)
+        contract.check_signature(e.kind, e.full_name, e.where, inspect.unwrap(e.fn))
     assert registry.lookup("kl", "sweeptest_k1")
     from test_user_module import USER_MODULE
 

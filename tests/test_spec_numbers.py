@@ -303,7 +303,7 @@ def _actual(algo, key: str):
         return gin.query_parameter(key)
     except ValueError:  # not bound: the part's default runs
         entry = registry.lookup(kind, name)
-        (p,) = [p for p in registry.kinds.hyperparameters(kind, entry.fn) if p.name == param]
+        (p,) = [p for p in registry.contract.hyperparameters(kind, entry.fn) if p.name == param]
         return UNBOUND if p.default is p.empty or p.default is gin.REQUIRED else p.default
 
 

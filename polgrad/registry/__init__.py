@@ -26,16 +26,8 @@ from types import MappingProxyType
 from typing import Any
 
 from polgrad.errors import ConfigError, RegistryError, did_you_mean
-from polgrad.registry.kinds import (
-    META_KEYS,
-    PROTOCOLS,
-    StepCounts,
-    check_meta,
-    check_signature,
-    hyperparameters,
-    signature_text,
-    where,
-)
+from polgrad.registry.contract import check_meta, check_signature, hyperparameters
+from polgrad.registry.kinds import META_KEYS, PROTOCOLS, StepCounts, signature_text, where
 
 __all__ = [
     "KINDS",
