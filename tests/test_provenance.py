@@ -337,3 +337,62 @@ def test_the_check_command_outside_git_or_without_a_csv_is_one_line(tmp_path, mo
     err = capsys.readouterr().err
     missing = "results/exp.csv does not exist (run the sweep, or give --results DIR)"
     assert err == f"error: --check-provenance: {missing}\n"
+
+
+def test_a_user_module_the_experiment_imports_is_recorded_by_its_content(tmp_path, monkeypatch):
+    """A module on PYTHONPATH (outside the repository: the commit does not name it) that the experiment's
+    gin imports: every row records its digest, which changes with its source, so two sweeps whose only
+    difference is that module differ in their rows (before, both were recorded clean and identical)."""
+    from polgrad.results.provenance import module_digests
+
+    lib = tmp_path / "lib"
+    (lib / "my_pkg").mkdir(parents=True)
+    (lib / "my_mod.py").write_text("X = 1\n")
+    (lib / "my_pkg" / "__init__.py").write_text("")
+    (lib / "my_pkg" / "part.py").write_text("Y = 1\n")
+    monkeypatch.syspath_prepend(str(lib))
+    first = module_digests(["my_mod", "my_pkg", "no_such_module_here"])
+    mod, pkg, missing = first.split(", ")
+    assert mod.startswith("my_mod@") and len(mod) == len("my_mod@") + 12
+    assert missing == "no_such_module_here@missing"
+    (lib / "my_mod.py").write_text("X = 2\n")
+    (lib / "my_pkg" / "part.py").write_text("Y = 2\n")  # a file inside the package, not its __init__
+    second = module_digests(["my_mod", "my_pkg"]).split(", ")
+    assert second[0] != mod and second[1] != pkg
+
+    repo = make_repo(tmp_path / "a")
+    monkeypatch.chdir(repo)
+    run_dir = repo / "results" / "exp" / "runs" / "c0"
+    run_dir.mkdir(parents=True)
+    meta = repo / "results" / "exp" / "experiment.json"
+    meta.write_text(json.dumps({"imports": ["my_mod"]}))
+    env = results.cell_environment(run_dir, "exp")
+    assert env["user_modules"] == module_digests(["my_mod"]) and env["user_modules"].startswith("my_mod@")
+    meta.write_text(json.dumps({}))
+    assert "user_modules" not in results.cell_environment(run_dir, "exp")  # none imported: no column
+
+
+def test_the_sweep_records_the_modules_its_file_imports_and_the_md_names_them(tmp_path):
+    from polgrad.results import markdown
+    from polgrad.sweep import load_experiment
+    from polgrad.sweep.cli import _write_experiment_json
+    from polgrad.sweep.grid import expand
+
+    path = tmp_path / "exp.gin"
+    path.write_text(
+        f"include '{REPO / 'experiments' / 'base_tiny.gin'}'\nimport polgrad.components.kl\n"
+        "Sweep.name = 'exp'\nSweep.specs = ['registry/grpo.gin']\nSweep.seeds = [0]\n"
+    )
+    exp = load_experiment(str(path))
+    meta = _write_experiment_json(exp, expand(exp), tmp_path / "results", "python -m polgrad.sweep x")
+    assert meta["imports"] == ["polgrad.components.kl"]
+    rows = [
+        {"cell_id": "a", "spec": "grpo", "seed": "0", "status": "ok", "eval_accuracy": "0.5",
+         "user_modules": "my_mod@0123456789ab"},
+    ]  # fmt: skip
+    md = markdown("exp", rows, swept_columns=[], primary_metric="eval_accuracy")
+    machine = next(line for line in md.splitlines() if line.startswith("Machine: "))
+    assert " · user modules my_mod@0123456789ab · " in machine
+    plain = markdown("exp", [{k: v for k, v in rows[0].items() if k != "user_modules"}], swept_columns=[],
+                     primary_metric="eval_accuracy")  # fmt: skip
+    assert "user modules" not in plain

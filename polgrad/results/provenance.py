@@ -37,6 +37,8 @@ from polgrad.results.studies import load as load_studies
 from polgrad.results.studies import output_suffixes
 
 DIRTY = "-dirty"
+# The row column of the modules an experiment's gin imports, by content (module_digests)
+USER_MODULES = "user_modules"
 # The stages of an experiment whose outputs sit beside its own: results/<experiment><stage>.csv, ...
 TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X
 STAGES = ("", TUNING)
@@ -256,24 +258,70 @@ def environment(
 def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, Any]:
     """`environment` at the start of a sweep cell whose run folder is
     <results>/<experiment>/runs/<cell>: the experiment's outputs ignored, the diff saved as
-    run_dir/diff.patch. A folder laid out otherwise ignores nothing."""
+    run_dir/diff.patch, and the modules its experiment.json says the experiment imports recorded by
+    content (`user_modules`, module_digests). A folder laid out otherwise ignores nothing."""
     run_dir = Path(run_dir)
     exp_dir = run_dir.parent.parent
-    ignore = (
-        outputs(experiment, exp_dir.parent, _study_outputs(exp_dir / "experiment.json"))
-        if run_dir.parent.name == "runs" and exp_dir.name == experiment
-        else []
-    )
-    return environment(ignore, diff_to=run_dir / "diff.patch")
+    ours = run_dir.parent.name == "runs" and exp_dir.name == experiment
+    ignore = outputs(experiment, exp_dir.parent, _study_outputs(exp_dir / "experiment.json")) if ours else []
+    env = environment(ignore, diff_to=run_dir / "diff.patch")
+    imports = _recorded(exp_dir / "experiment.json").get("imports", ()) if ours else ()
+    if imports:  # the user modules the experiment imports, by content (USER_MODULES)
+        env[USER_MODULES] = module_digests(imports)
+    return env
+
+
+def _recorded(meta_path: Path) -> dict[str, Any]:
+    """The sweep's experiment.json ({} when there is none yet, or it is not the sweep's)."""
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _study_outputs(meta_path: Path) -> tuple[str, ...]:
     """The output suffixes of the studies the sweep recorded in experiment.json (none without one)."""
-    try:
-        names = json.loads(meta_path.read_text()).get("studies", ())
-    except (OSError, ValueError, AttributeError):  # none yet, or not the sweep's: no study outputs
-        return ()
+    names = _recorded(meta_path).get("studies", ())
     return output_suffixes(load_studies(names, f"{meta_path}: studies", lambda: repo_root(meta_path.parent)))
+
+
+def module_names(imports: Iterable[str]) -> list[str]:
+    """The modules of gin import statements ('import a.b', 'from a import b' -> 'a.b'), gin's own
+    `from __gin__ import ...` left out."""
+    names = []
+    for statement in imports:
+        words = statement.split()
+        if len(words) == 2 and words[0] == "import":
+            names.append(words[1])
+        elif len(words) == 4 and words[0] == "from" and words[2] == "import" and words[1] != "__gin__":
+            names.append(f"{words[1]}.{words[3]}")
+    return names
+
+
+def module_digests(names: Iterable[str]) -> str:
+    """'name@<sha256 of its source, 12 hex digits>' for each module an experiment imports, found as
+    the trainer will find it (the working directory, then sys.path); a package's digest covers every
+    .py file under it; 'name@missing' when it does not resolve. ', '-joined. A module outside the
+    repository (on PYTHONPATH) is code the commit does not name: this is its record in every row."""
+    import importlib.util
+
+    out = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        origin = Path(spec.origin) if spec is not None and spec.origin else None
+        if origin is None or not origin.is_file():
+            out.append(f"{name}@missing")
+            continue
+        files = sorted(origin.parent.rglob("*.py")) if spec.submodule_search_locations else [origin]
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.relative_to(origin.parent).as_posix().encode() + b"\0" + f.read_bytes())
+        out.append(f"{name}@{digest.hexdigest()[:12]}")
+    return ", ".join(out)
 
 
 def check(

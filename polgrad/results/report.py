@@ -239,6 +239,7 @@ def _header(
             "transformers",
             "deepspeed",
             "git_commit",
+            "user_modules",
         )
     }
 
@@ -254,7 +255,9 @@ def _header(
         + (f": {'; '.join(envs['cpu'])}" if envs["cpu"] else "")  # rows that record the CPU (model · ISA)
         + f") · python {one('python')} · torch "
         f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
-        f"commit {one('git_commit')} · {date} · command: `{command}`",
+        f"commit {one('git_commit')}"
+        + (f" · user modules {'; '.join(envs['user_modules'])}" if envs["user_modules"] else "")
+        + f" · {date} · command: `{command}`",
         "",
     ]
     lines += warm_start_paragraph(rows)  # one warm start, one per seed, or not recorded; broken pairing

@@ -84,6 +84,7 @@ BACK_COLUMNS = (
     "run_dir",
     "git_commit",
     "git_diff",
+    "user_modules",
     "python",
     "torch",
     "transformers",

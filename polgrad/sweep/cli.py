@@ -313,6 +313,8 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[
         meta["tuning"] = exp.tuning.record
     if exp.studies:  # the study plug-ins its report loads (polgrad/results/studies.py)
         meta["studies"] = list(exp.studies)
+    if _results.module_names(exp.imports):  # each row records their digests (user_modules)
+        meta["imports"] = _results.module_names(exp.imports)
     _results.atomic_write_text(results_dir / exp.name / "experiment.json", json.dumps(meta, indent=2) + "\n")
     return meta
 
