@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from polgrad import results, sweep
+from polgrad.results import provenance
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -118,7 +119,10 @@ def test_an_edited_source_file_is_dirty_with_the_diffs_hash_and_the_diff_saved(t
     assert (
         patch
         == subprocess.run(
-            ["git", "diff", "HEAD", "--", "src/code.py"], cwd=repo, capture_output=True, check=True
+            ["git", "diff", "HEAD", "--full-index", "--", "src/code.py"],
+            cwd=repo,
+            capture_output=True,
+            check=True,
         ).stdout
     )
     assert b"+x = 2" in patch
@@ -396,3 +400,24 @@ def test_the_sweep_records_the_modules_its_file_imports_and_the_md_names_them(tm
     plain = markdown("exp", [{k: v for k, v in rows[0].items() if k != "user_modules"}], swept_columns=[],
                      primary_metric="eval_accuracy")  # fmt: skip
     assert "user modules" not in plain
+
+
+def test_a_binary_file_is_in_the_diff_by_its_hash_not_its_bytes(tmp_path, monkeypatch):
+    """A tracked binary file changed (weights left by a one-off run, say): the patch names it with its
+    new blob hash (what `git hash-object` gives) and holds none of its 1 MB, and another change to it
+    gives another git_diff (before, the patch carried the whole file, base85-encoded)."""
+    repo = make_repo(tmp_path / "a")
+    blob = repo / "src" / "weights.bin"
+    blob.write_bytes(bytes(range(256)) * 4096)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "weights")
+    head = git(repo, "rev-parse", "--short", "HEAD")
+    hashes = []
+    for fill in (1, 2):
+        blob.write_bytes(bytes([fill]) * (1 << 20))
+        commit, diff = provenance.git_state(repo)
+        assert commit == f"{head}-dirty"
+        assert len(diff) < 1000 and b"Binary files a/src/weights.bin and b/src/weights.bin differ" in diff
+        assert git(repo, "hash-object", str(blob)).encode() in diff  # its content, by hash
+        hashes.append(provenance.diff_hash(diff))
+    assert hashes[0] != hashes[1]

@@ -45,10 +45,12 @@ STAGES = ("", TUNING)
 # The files a sweep writes per stage, beside the folder results/<experiment><stage>/ (and those of the
 # experiment's studies: polgrad/results/studies.py, `Study.outputs`).
 OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
-# `git diff HEAD` in one format whatever the user's git configuration says
+# `git diff HEAD` in one format whatever the user's git configuration says. A binary file's content is
+# never in it ("Binary files ... differ"), only its blob hashes (--full-index: 40 hex digits), which
+# the git_diff column's hash covers: a changed binary changes the hash, not the patch's size.
 DIFF = (
     *("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false"),
-    *("diff", "HEAD", "--no-ext-diff", "--no-textconv", "--no-color", "--binary", "--no-renames"),
+    *("diff", "HEAD", "--no-ext-diff", "--no-textconv", "--no-color", "--full-index", "--no-renames"),
     *("--no-relative", "--src-prefix=a/", "--dst-prefix=b/"),
 )
 
@@ -141,10 +143,10 @@ def git_state(
 ) -> tuple[str, bytes]:
     """(short sha of HEAD, with `-dirty` if a file outside `ignore` differs from it; that diff).
 
-    ('unknown', b'') outside git. The diff is `git diff HEAD` (staged and unstaged changes, binary
-    files too) in a fixed format, whatever the user's git configuration says, and every untracked
-    file .gitignore does not ignore as a new file (marked intent-to-add in a temporary copy of the
-    index: the user's index is not touched)."""
+    ('unknown', b'') outside git. The diff is `git diff HEAD` (staged and unstaged changes; a binary
+    file by its blob hashes, not its bytes) in a fixed format, whatever the user's git configuration
+    says, and every untracked file .gitignore does not ignore as a new file (marked intent-to-add in
+    a temporary copy of the index: the user's index is not touched)."""
     sha = _git(["rev-parse", "--short", "HEAD"], cwd)
     root = repo_root(cwd)
     if sha is None or sha.returncode != 0 or not sha.stdout.strip() or root is None:
