@@ -25,10 +25,11 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.sweep import budget, launch, memory, tuning
-from polgrad.sweep.executors import EXECUTORS, PREFLIGHT, _Progress
+from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
 from polgrad.sweep.launch import FINISHED, is_finished
+from polgrad.sweep.progress import Progress
 from polgrad.sweep.validation import validate
 
 
@@ -262,7 +263,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
         f"({executor}{f', {parallel} at a time' if parallel and todo else ''}); results in {results_dir}/",
         file=sys.stderr,
     )
-    progress = _Progress(len(cells), skipped, exp.name)
+    progress = Progress(len(cells), skipped, exp.name)
 
     def run_cells() -> None:
         if todo:

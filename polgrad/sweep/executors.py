@@ -16,86 +16,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import queue
-import sys
-import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.sweep import ray_cells, ray_checks
 from polgrad.sweep.grid import Cell
-from polgrad.sweep.launch import _failed, last_step, run_cell
+from polgrad.sweep.launch import _failed, run_cell
 from polgrad.sweep.slots import GpuSlot, assign_gpu_slots, visible_gpus
-
-
-class _Progress:
-    """tqdm bar over cells: done / running / failed, and the newest running cell's step.
-
-    Workers only mark cells running or stopped; the main thread draws, at most every 0.5 s on a
-    terminal and every 30 s into a log file (one `ok`/`FAILED` line per cell goes there anyway).
-    """
-
-    def __init__(self, total: int, done: int, name: str):
-        from tqdm import tqdm
-
-        tty = sys.stderr.isatty()
-        self.interval = 0.5 if tty else 30.0
-        self.bar = tqdm(
-            total=total,
-            initial=done,
-            desc=name,
-            unit="cell",
-            dynamic_ncols=True,
-            mininterval=self.interval,
-            file=sys.stderr,
-        )
-        self.ok, self.failed = done, 0
-        self.running: dict[str, Path] = {}
-        self.lock = threading.Lock()
-        self.last_draw = 0.0
-
-    def start(self, cell: Cell, run_dir: Path) -> None:
-        with self.lock:
-            self.running[cell.id] = run_dir
-
-    def stop(self, cell: Cell) -> None:
-        with self.lock:
-            self.running.pop(cell.id, None)
-
-    def finish(self, cell: Cell, outcome: dict[str, Any]) -> None:
-        self.stop(cell)
-        if outcome["status"] == "ok":
-            self.ok += 1
-            self.bar.write(f"ok      {cell.id}", file=sys.stderr)
-        elif outcome["status"] == "unstable":  # finished, but listed apart and not ranked
-            self.ok += 1
-            self.bar.write(f"UNSTABLE {cell.id}: {outcome['error']}", file=sys.stderr)
-        else:
-            self.failed += 1
-            self.bar.write(f"FAILED  {cell.id}: {outcome['error']}", file=sys.stderr)
-        self.bar.update(1)
-        self.refresh(force=True)
-
-    def refresh(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_draw < self.interval:
-            return
-        self.last_draw = now
-        with self.lock:
-            running = list(self.running.items())
-        text = f"ok {self.ok} · failed {self.failed} · running {len(running)}"
-        if running:
-            cid, run_dir = running[-1]
-            step = last_step(run_dir)
-            text += f" · {cid} step {step if step is not None else '-'}"
-        self.bar.set_postfix_str(text, refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def _run_local(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_address=None) -> None:

@@ -175,24 +175,6 @@ def has_checkpoints(run_dir: Path) -> bool:
     return ckpt.is_dir() and any(ckpt.iterdir())
 
 
-def last_step(run_dir: Path) -> int | None:
-    """The step of the last complete line of metrics.jsonl (reads only the file's tail)."""
-    try:
-        with open(RunFolder(run_dir).metrics, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4096))
-            tail = fh.read().decode(errors="replace")
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
-
-
 def _cell_params(cell: Cell) -> str:
     """$POLGRAD_CELL_PARAMS: the spec, the swept bindings as the experiment file writes them, the seed."""
     return json.dumps({"spec": cell.spec_name, **dict(cell.swept), "seed": cell.seed})

@@ -48,7 +48,6 @@ Every problem with the file raises a one-line `DataError` naming the file and wh
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import random
@@ -61,7 +60,6 @@ from polgrad.components.reward import final_answer, normalize, reference_answer,
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import get, lookup, names, register
 from polgrad.tasks.base import Example, check_eval_size
-from polgrad.tasks.datasets_io import utf8_lines
 from polgrad.tasks.synthetic import (
     DIGITS,
     change_one,
@@ -70,8 +68,8 @@ from polgrad.tasks.synthetic import (
     in_eval_split,
     prompt_hash,
 )
+from polgrad.tasks.tables import read_table
 
-SUPPORTED = (".jsonl", ".json", ".parquet")
 # How a reference's final answer is read and a demonstration written (no response column) come from
 # the reward part's metadata `reference` / `demo`; a part without them reads what follows the last
 # '####' (GSM8K's format), or the whole reference, stripped, and writes '\boxed{<answer>}' (how math
@@ -100,96 +98,6 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
         i = rng.choice(spots)
         return answer[:i] + rng.choice([d for d in DIGITS if d != answer[i]]) + answer[i + 1 :]
     return "0"  # a non-numeric answer (no digits, so '0' differs from it)
-
-
-# --- reading the file -----------------------------------------------------------------------------
-def _json_array(path: Path) -> bool:
-    """Whether a .json file's first non-blank character opens an array (else: JSON lines)."""
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 byte-order mark too
-    return head.startswith(b"[")
-
-
-def _array_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """The objects of a .json file holding one JSON array."""
-    text = "".join(line for _, line in utf8_lines(path))
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file holds "
-            "one array of objects or one object per line (JSON lines)"
-        ) from None
-    bad = next((i for i, obj in enumerate(data) if not isinstance(obj, dict)), None)
-    if bad is not None:
-        raise DataError(
-            f"{path}: item {bad} (0-based) of its array is a JSON {type(data[bad]).__name__}, not an object; "
-            'each item must be an object such as {"prompt": ..., "answer": ...}'
-        )
-    columns: dict[str, None] = {}
-    for obj in data:
-        columns.update(dict.fromkeys(obj))
-    return [(f"item {i} (0-based)", obj) for i, obj in enumerate(data)], list(columns)
-
-
-def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """[(location label, record)] and the columns present, in order of first appearance.
-
-    A .json file is JSON lines (what `Dataset.to_json` and `df.to_json(..., lines=True)` write) or one
-    JSON array of objects (`df.to_json(..., orient='records')`), whichever it holds."""
-    if path.suffix == ".json" and _json_array(path):
-        return _array_records(path)
-    if path.suffix in (".jsonl", ".json"):
-        records: list[tuple[str, dict[str, Any]]] = []
-        columns: dict[str, None] = {}
-        for lineno, line in utf8_lines(path):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
-                    "each line must be one JSON object"
-                ) from None
-            if not isinstance(obj, dict):
-                raise DataError(
-                    f"{path}: line {lineno} is a JSON {type(obj).__name__}, not an object; "
-                    'each line must be one JSON object such as {"prompt": ..., "answer": ...}'
-                )
-            columns.update(dict.fromkeys(obj))
-            records.append((f"line {lineno}", obj))
-        return records, list(columns)
-    import pandas as pd
-
-    try:
-        df = pd.read_parquet(path)
-    except Exception as e:  # pyarrow raises several unrelated types for a bad file
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"{path}: could not read parquet ({msg}); check it is a valid parquet file") from None
-    records = [(f"row {i} (0-based)", rec) for i, rec in enumerate(df.to_dict("records"))]
-    return records, [str(c) for c in df.columns]
-
-
-def read_table(
-    p: Path, split: str, path_binding: str, split_binding: str
-) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """The rows of a .jsonl/.json/.parquet file (read here), or of a .csv file or a dataset folder (read by
-    `datasets`, polgrad/tasks/datasets_io.py; `split` chooses a split there); a one-line DataError
-    naming the file and the binding (e.g. 'task.file.path') for a missing file or an unsupported kind."""
-    from polgrad.tasks.datasets_io import DATASET_SUFFIXES, read_dataset
-
-    kinds = ", ".join((*SUPPORTED, *DATASET_SUFFIXES)) + " or a Hugging Face dataset folder"
-    if not p.exists():
-        raise DataError(f"{p}: no such file or folder; set {path_binding} to an existing {kinds}")
-    if p.is_dir() or p.suffix in DATASET_SUFFIXES:
-        return read_dataset(p, split, split_binding)
-    if p.suffix not in SUPPORTED:
-        raise DataError(
-            f"{p}: unsupported extension '{p.suffix}'; supported: {kinds} "
-            "(pandas converts others: df.to_json(path, orient='records', lines=True))"
-        )
-    return _read_records(p)
 
 
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")  # TRL's preference format
