@@ -48,6 +48,7 @@ def test_the_bar_moves_with_each_running_cells_steps_and_shows_its_warm_start(tm
     progress.start(warming, _cell_dir(tmp_path, "c2", steps=10, stdout=at_150))
     progress.refresh(force=True)
     assert "c2 warm start 150/1000" in progress.bar.postfix and progress.bar.n == pytest.approx(1.5)
+    assert " 1.5/4 [" in str(progress.bar)  # one decimal, not 1.4999999999999998
     progress.finish(halfway, {"status": "ok"})
     assert progress.bar.n == pytest.approx(2.0)  # c1 counts whole once, its half not twice
     progress.close()

@@ -91,6 +91,8 @@ class Progress:
             dynamic_ncols=True,
             mininterval=self.interval,
             file=sys.stderr,
+            # a running cell's share makes n fractional: one decimal (tqdm would print 2.9899999999999998)
+            bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
         )
         self.ok, self.failed = done, 0
         self.running: dict[str, Path] = {}
