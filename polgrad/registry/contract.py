@@ -58,14 +58,14 @@ def check_signature(kind: str, full_name: str, at: str, fn: Callable[..., Any]) 
             f"{head}: accepts {len(positional)} positional parameters ({got}) but the loop passes "
             f"{len(want_pos)}: ({', '.join(want_pos)}); the signature of {kind} is {signature_text(kind)}"
         )
-    # a positional parameter named as another position's tensor (or a keyword's): swapped arguments
-    keywords = {p.name for p in passed if p.kind is p.KEYWORD_ONLY}
+    # a positional parameter named as another position's tensor: swapped arguments (one named as a
+    # keyword the loop passes is the check below's: "takes it positionally")
     for i, p in enumerate(positional[: len(want_pos)]):
-        if p.name != want_pos[i] and (p.name in want_pos or p.name in keywords):
-            said = f"position {want_pos.index(p.name) + 1}" if p.name in want_pos else "a keyword"
+        if p.name != want_pos[i] and p.name in want_pos:
             raise RegistryError(
                 f"{head}: its parameter {i + 1} is named '{p.name}' but the loop passes '{want_pos[i]}' "
-                f"there ('{p.name}' comes as {said}); order the parameters as {signature_text(kind)}"
+                f"there ('{p.name}' comes as parameter {want_pos.index(p.name) + 1}); order the parameters "
+                f"as {signature_text(kind)}"
             )
     consumed = {p.name for p in positional[: len(want_pos)]}
     by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
