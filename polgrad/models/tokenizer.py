@@ -96,10 +96,10 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
 def _byte_level_form(tok):
     """`tok` rebuilt by `build_tokenizer` when it is a character tokenizer in the earlier word-level
     form and the rebuilt one gives every token the same id with the same vocabulary size; else `tok`."""
-    model = json.loads(tok.backend_tokenizer.to_str()).get("model", {})
-    if model.get("type") != "WordLevel":
+    backend = tok.backend_tokenizer
+    if type(backend.model).__name__ != "WordLevel":
         return tok
-    vocab: dict[str, int] = model.get("vocab", {})
+    vocab: dict[str, int] = backend.get_vocab(with_added_tokens=False)
     if [vocab.get(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
         return tok
     chars = [

@@ -265,11 +265,12 @@ def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, A
     run_dir = Path(run_dir)
     exp_dir = run_dir.parent.parent
     ours = run_dir.parent.name == "runs" and exp_dir.name == experiment
-    ignore = outputs(experiment, exp_dir.parent, _study_outputs(exp_dir / "experiment.json")) if ours else []
+    meta_path = exp_dir / "experiment.json"
+    meta = _recorded(meta_path) if ours else {}
+    ignore = outputs(experiment, exp_dir.parent, _study_outputs(meta, meta_path)) if ours else []
     env = environment(ignore, diff_to=run_dir / "diff.patch")
-    imports = _recorded(exp_dir / "experiment.json").get("imports", ()) if ours else ()
-    if imports:  # the user modules the experiment imports, by content (USER_MODULES)
-        env[USER_MODULES] = module_digests(imports)
+    if meta.get("imports"):  # the user modules the experiment imports, by content (USER_MODULES)
+        env[USER_MODULES] = module_digests(meta["imports"])
     return env
 
 
@@ -282,9 +283,10 @@ def _recorded(meta_path: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _study_outputs(meta_path: Path) -> tuple[str, ...]:
-    """The output suffixes of the studies the sweep recorded in experiment.json (none without one)."""
-    names = _recorded(meta_path).get("studies", ())
+def _study_outputs(meta: dict[str, Any], meta_path: Path) -> tuple[str, ...]:
+    """The output suffixes of the studies the sweep recorded in experiment.json (`meta`, read from
+    `meta_path`; none without any)."""
+    names = meta.get("studies", ())
     return output_suffixes(load_studies(names, f"{meta_path}: studies", lambda: repo_root(meta_path.parent)))
 
 

@@ -280,15 +280,14 @@ def _projection(model) -> tuple[torch.nn.Linear | None, str | None]:
 _WARNED: set[str] = set()  # the reasons already printed in this process
 
 
-def _warn_plain(model, rows: int) -> None:
+def _warn_plain(model, reason: str, rows: int) -> None:
     """One `warning:` line per reason and process when the plain path holds logits of more than one
     chunk: the memory the fused path would have saved, and why it was not taken."""
+    if reason in _WARNED:
+        return
     config = getattr(_wrapped(model)[-1], "config", None)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if rows * vocab <= logit_rows.CHUNK_ELEMENTS:
-        return
-    reason = plain_reason(model)
-    if reason is None or reason in _WARNED:
         return
     _WARNED.add(reason)
     print(
@@ -354,9 +353,9 @@ def scored_logprobs(
     `targets` [B,T] (T < S), token t predicted at sequence position S - T - 1 + t. The offline (DPO)
     path scores every token after the first with it (targets = input_ids[:, 1:])."""
     b, t = targets.shape
-    head = None if return_logits else output_projection(model)
-    if head is None and not return_logits:
-        _warn_plain(model, b * t)
+    head, reason = (None, None) if return_logits else _projection(model)
+    if reason is not None:
+        _warn_plain(model, reason, b * t)
     if fuses(head, b * t):
         hidden = head_inputs(model, head, input_ids, attn, pos, t + 1)[:, :-1]
         logp, entropy = token_logprobs(

@@ -53,15 +53,7 @@ def planned_steps(run_dir: Path) -> int | None:
 
 def last_step(run_dir: Path) -> int | None:
     """The step of the last complete line of metrics.jsonl (reads only the file's tail)."""
-    try:
-        with open(RunFolder(run_dir).metrics, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4096))
-            tail = fh.read().decode(errors="replace")
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
+    for line in reversed(_tail(RunFolder(run_dir).metrics).splitlines()):
         try:
             return int(json.loads(line)["step"])
         except (ValueError, KeyError, TypeError):

@@ -11,6 +11,7 @@ Every problem is a one-line DataError naming the file, the line or item, and the
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,26 @@ def _json_array(path: Path) -> bool:
     return head.startswith(b"[")
 
 
-def _array_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """The objects of a .json file holding one JSON array."""
+def _objects(
+    path: Path, labelled: Iterable[tuple[str, Any]], each: str
+) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The (location, JSON value) pairs checked to be objects, and their columns in order of first
+    appearance; `each` words the rule in the one-line error ('each line must be one JSON object')."""
+    records: list[tuple[str, dict[str, Any]]] = []
+    columns: dict[str, None] = {}
+    for where, obj in labelled:
+        if not isinstance(obj, dict):
+            raise DataError(
+                f"{path}: {where} is a JSON {type(obj).__name__}, not an object; "
+                f'{each} such as {{"prompt": ..., "answer": ...}}'
+            )
+        columns.update(dict.fromkeys(obj))
+        records.append((where, obj))
+    return records, list(columns)
+
+
+def _array_items(path: Path) -> list[tuple[str, Any]]:
+    """The items of a .json file holding one JSON array, each with its location."""
     text = "".join(line for _, line in utf8_lines(path))
     try:
         data = json.loads(text)
@@ -37,16 +56,21 @@ def _array_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[s
             f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file holds "
             "one array of objects or one object per line (JSON lines)"
         ) from None
-    bad = next((i for i, obj in enumerate(data) if not isinstance(obj, dict)), None)
-    if bad is not None:
-        raise DataError(
-            f"{path}: item {bad} (0-based) of its array is a JSON {type(data[bad]).__name__}, not an object; "
-            'each item must be an object such as {"prompt": ..., "answer": ...}'
-        )
-    columns: dict[str, None] = {}
-    for obj in data:
-        columns.update(dict.fromkeys(obj))
-    return [(f"item {i} (0-based)", obj) for i, obj in enumerate(data)], list(columns)
+    return [(f"item {i} (0-based) of its array", obj) for i, obj in enumerate(data)]
+
+
+def _lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """The JSON value of each non-blank line of a JSON-lines file, with its location."""
+    for lineno, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {lineno}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
+                "each line must be one JSON object"
+            ) from None
 
 
 def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
@@ -55,28 +79,9 @@ def _read_records(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[st
     A .json file is JSON lines (what `Dataset.to_json` and `df.to_json(..., lines=True)` write) or one
     JSON array of objects (`df.to_json(..., orient='records')`), whichever it holds."""
     if path.suffix == ".json" and _json_array(path):
-        return _array_records(path)
+        return _objects(path, _array_items(path), "each item must be an object")
     if path.suffix in (".jsonl", ".json"):
-        records: list[tuple[str, dict[str, Any]]] = []
-        columns: dict[str, None] = {}
-        for lineno, line in utf8_lines(path):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
-                    "each line must be one JSON object"
-                ) from None
-            if not isinstance(obj, dict):
-                raise DataError(
-                    f"{path}: line {lineno} is a JSON {type(obj).__name__}, not an object; "
-                    'each line must be one JSON object such as {"prompt": ..., "answer": ...}'
-                )
-            columns.update(dict.fromkeys(obj))
-            records.append((f"line {lineno}", obj))
-        return records, list(columns)
+        return _objects(path, _lines(path), "each line must be one JSON object")
     import pandas as pd
 
     try:
