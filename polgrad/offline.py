@@ -29,14 +29,14 @@ from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.build import Models
 from polgrad.loop_state import LoopState
-from polgrad.models import encode_sequences, position_ids_from_mask
+from polgrad.models import encode_pairs, position_ids_from_mask
 from polgrad.rollout.fused_logprobs import scored_logprobs
 
 
 def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Tensor:
     """[B] float64: log-prob of each row's response tokens (EOS included), summed, under `model`.
 
-    ids, attn, response_mask [B,S] as `polgrad.models.encode_sequences` makes them (right-padded;
+    ids, attn, response_mask [B,S] as `polgrad.models.encode_pairs` makes them (right-padded;
     response_mask 1 on the response characters and the EOS). Token t is predicted at position t-1.
     """
     pos = position_ids_from_mask(attn)  # 0, 1, ... on each row's tokens (right-padded)
@@ -51,10 +51,8 @@ def pair_step(
     # 3. This step's pairs, chosen responses first and rejected ones after, in one batch.
     pairs = task.preference_pairs(cfg.prompts_per_step, seed=seed)
     n = len(pairs)
-    prompts = [p for p, _, _ in pairs]
-    ids, attn, resp = encode_sequences(
-        m.tokenizer, prompts + prompts, [c for _, c, _ in pairs] + [r for _, _, r in pairs]
-    )
+    # Tokenised as TRL's DPOTrainer does (conversations through the chat template, strings raw + EOS).
+    ids, attn, resp = encode_pairs(m.tokenizer, pairs, as_chat=cfg.chat_template is True)
     # 4. The frozen reference's log-probs.
     with torch.no_grad(), hooks.phase("ref"):
         ref = sequence_logp(m.reference.module, ids, attn, resp)

@@ -48,9 +48,11 @@ class TrainConfig:
     counts answers without EOS as right would otherwise stop before the model learns to stop).
     chat_template: None (default) renders each prompt as one user message through the policy's chat
     template when its tokenizer has one (add_generation_prompt; polgrad.models.prompt_ids), in sampling,
-    SFT, DPO and the reward model alike, and feeds it raw when it has none (the tiny default); True
+    SFT and the reward model alike, and feeds it raw when it has none (the tiny default); True
     requires the template (a tokenizer without one is refused in one line, rather than run raw while
-    the config says True); False feeds prompts raw.
+    the config says True); False feeds prompts raw. DPO tokenises its pairs as TRL's DPOTrainer does
+    (polgrad.models.encode_pairs): conversational pairs through the template, string pairs raw with
+    EOS under None; True renders string pairs as one user and one assistant turn too.
     reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     rm_ensemble: K reward models (1, default: one) trained on the same pairs from K initialisation

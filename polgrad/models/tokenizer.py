@@ -200,9 +200,10 @@ def load_tokenizer(path: str | os.PathLike, *, chat_template: bool | None = None
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
     """The token ids a prompt is fed as: with a chat template (`tokenizer.chat_template`), the prompt as
     one user message rendered by `apply_chat_template(..., add_generation_prompt=True)` (the template
-    writes its own special tokens), as TRL renders a string prompt for a chat model; without one (the
-    tiny default's character tokenizer, or a run with train.chat_template = False, whose tokenizer
-    `load_tokenizer` loads without it), the tokenizer's own encoding: BOS + the prompt's tokens.
+    writes its own special tokens), as TRL renders a message-list prompt (TRL leaves a string raw);
+    without one (the tiny default's character tokenizer, or a run with train.chat_template = False,
+    whose tokenizer `load_tokenizer` loads without it), the tokenizer's own encoding: BOS + the
+    prompt's tokens.
 
     Without transformers' warning for a prompt longer than the tokenizer's `model_max_length` (the
     tiny default's says 4096, whatever its positions): polgrad checks prompts against the model's own
@@ -252,6 +253,85 @@ def encode_sequences(
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         attn[i, : len(r)] = 1
         resp[i, s : len(r)] = 1
+    return ids, attn, resp
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _pair_ids(
+    tokenizer, prompt: str, responses: Sequence[str], as_chat: bool
+) -> tuple[list[int], list[list[int]]]:
+    """One preference row's prompt ids and its responses' ids, tokenised as TRL's DPOTrainer
+    (`_prepare_dataset`, TRL 1.16) does: see `encode_pairs`."""
+    messages = getattr(prompt, "messages", None)
+    if getattr(tokenizer, "chat_template", None) and (messages is not None or as_chat):
+        head_turns = messages if messages is not None else [{"role": "user", "content": str(prompt)}]
+
+        def ids(turns, **kw):
+            out = tokenizer.apply_chat_template(turns, tokenize=True, return_dict=True, **kw)["input_ids"]
+            return list(out)
+
+        head = ids(head_turns, add_generation_prompt=True)
+        turns = [
+            getattr(r, "messages", None) or [{"role": "assistant", "content": str(r)}] for r in responses
+        ]
+        fulls = [ids(head_turns + t) for t in turns]
+    else:
+        eos = tokenizer.eos_token
+        head = list(tokenizer(str(prompt), verbose=False)["input_ids"])
+        texts = [str(r) if str(r).endswith(eos) else str(r) + eos for r in responses]
+        fulls = [list(tokenizer(str(prompt) + t, verbose=False)["input_ids"]) for t in texts]
+    # The responses start where the prompt alone and prompt + response first differ (a template may
+    # render the prompt alone otherwise, a merge may cross the boundary): TRL's common prefix.
+    n = min(_common_prefix(head, f) for f in fulls)
+    return head[:n], [f[n:] for f in fulls]
+
+
+def encode_pairs(
+    tokenizer, pairs: Sequence[tuple[str, str, str]], as_chat: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Preference pairs (prompt, chosen, rejected) tokenised as TRL's DPOTrainer does (TRL 1.16): the
+    pairs' chosen sequences in rows 0..n-1, their rejected ones in rows n..2n-1.
+
+        conversational row (a `polgrad.tasks.base.Chat` prompt) and a tokenizer with a chat template:
+            prompt = apply_chat_template(prompt, add_generation_prompt=True); each response is what
+            apply_chat_template(prompt + response turns) adds after it, so it ends with the
+            template's end-of-turn text (no EOS added);
+        string row (or no template): prompt = tokenizer(prompt) (its BOS if the tokenizer adds one; a
+            chat template is not applied to a string prompt, as in TRL), response = what
+            tokenizer(prompt + response + EOS) adds after it.
+
+    `as_chat` (train.chat_template = True) reads a string row as one user and one assistant message,
+    so it too goes through the template. Where prompt + response tokenise across the boundary, the
+    response starts at their common prefix with the prompt alone (TRL's `common_prefix_length`). For
+    a character tokenizer this is BOS + prompt, then the response's characters and EOS, exactly
+    `encode_sequences`'s rows.
+
+    Returns (input_ids [2n,S], attention_mask [2n,S], response_mask [2n,S]) right-padded, the
+    response mask 1 on each response's tokens (its EOS or end-of-turn text included).
+    """
+    prompts, rows = [], []
+    for prompt, chosen, rejected in pairs:
+        head, (c, r) = _pair_ids(tokenizer, prompt, (chosen, rejected), as_chat)
+        prompts.append(head)
+        rows.append((c, r))
+    seqs = [(h, c) for h, (c, _) in zip(prompts, rows, strict=True)]
+    seqs += [(h, r) for h, (_, r) in zip(prompts, rows, strict=True)]
+    width = max(len(h) + len(t) for h, t in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    resp = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (h, t) in enumerate(seqs):
+        ids[i, : len(h) + len(t)] = torch.tensor(h + t, dtype=torch.long)
+        attn[i, : len(h) + len(t)] = 1
+        resp[i, len(h) : len(h) + len(t)] = 1
     return ids, attn, resp
 
 

@@ -26,6 +26,23 @@ def is_correct(score: Any) -> Any:
     return score >= CORRECT_SCORE
 
 
+class Chat(str):
+    """A conversational value of a preference file (TRL's list of {'role', 'content'} messages) that
+    reads as its flattened text everywhere a string is expected (the reward model's pairs, logs), and
+    keeps its `messages` for DPO's tokenisation (`polgrad.models.encode_pairs`), which renders them
+    through the policy's chat template as TRL's DPOTrainer does."""
+
+    messages: list[dict[str, str]]
+
+    def __new__(cls, text: str, messages: list[dict[str, str]]) -> Chat:
+        obj = super().__new__(cls, text)
+        obj.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return obj
+
+    def __getnewargs__(self) -> tuple[str, list[dict[str, str]]]:  # pickles (Ray, subprocesses) whole
+        return str(self), self.messages
+
+
 @dataclass(frozen=True)
 class Example:
     """One prompt and the reference answer its reward is checked against."""

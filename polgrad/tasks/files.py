@@ -59,7 +59,7 @@ from typing import Any
 from polgrad.components.reward import final_answer, normalize, reference_answer, response_answer  # noqa: F401
 from polgrad.errors import ConfigError, DataError
 from polgrad.registry import get, lookup, names, register
-from polgrad.tasks.base import Example, check_eval_size
+from polgrad.tasks.base import Chat, Example, check_eval_size
 from polgrad.tasks.synthetic import (
     DIGITS,
     change_one,
@@ -103,10 +103,11 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")  # TRL's preference format
 
 
-def _messages_text(p: Path, where: str, column: str, value: list, prompt: bool) -> str:
-    """A conversational column as text: a prompt's single user message is its content, several
-    messages are 'role: content' lines; a response (assistant messages only) is their contents, one
-    per line."""
+def _messages_text(p: Path, where: str, column: str, value: list, prompt: bool) -> Chat:
+    """A conversational column as a `Chat`: the messages themselves (DPO renders them through the
+    policy's chat template, as TRL does), read as text where a string is needed (the reward model,
+    a policy without a template): a prompt's single user message is its content, several messages
+    are 'role: content' lines; a response (assistant messages only) is their contents, one per line."""
     for m in value:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise DataError(
@@ -116,25 +117,27 @@ def _messages_text(p: Path, where: str, column: str, value: list, prompt: bool) 
     if not value:
         raise DataError(f"{p}: {where} has an empty message list in column '{column}'")
     if prompt and len(value) == 1 and value[0]["role"] == "user":
-        return value[0]["content"]
+        return Chat(value[0]["content"], value)
     if prompt:
-        return "\n".join(f"{m['role']}: {m['content']}" for m in value)
+        return Chat("\n".join(f"{m['role']}: {m['content']}" for m in value), value)
     others = sorted({m["role"] for m in value} - {"assistant"})
     if others:
         raise DataError(
             f"{p}: {where} has a '{others[0]}' message in column '{column}'; a response holds only the "
             "assistant's messages (the conversation before it belongs in 'prompt')"
         )
-    return "\n".join(m["content"] for m in value)
+    return Chat("\n".join(m["content"] for m in value), value)
 
 
 def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
     """(prompt, chosen, rejected) rows of a preference file or dataset in TRL's format: columns
-    'prompt', 'chosen', 'rejected', each a string (standard) or a list of messages (conversational:
-    a prompt's lone user message is its text, several become 'role: content' lines, which a chat
-    template then renders as one user message (TRL renders each turn: multi-turn prompts differ); a
-    response is its assistant messages' contents, one per line). A one-line DataError names the file,
-    the row and the column."""
+    'prompt', 'chosen', 'rejected', each a string (standard) or a list of messages (conversational,
+    kept as a `Chat`: DPO renders its turns through the chat template as TRL's DPOTrainer does; where
+    text is needed a prompt's lone user message is its text, several become 'role: content' lines,
+    and a response is its assistant messages' contents, one per line). A row whose prompt is
+    conversational and a response a string reads the response as one assistant message, and the
+    other way round the prompt as one user message. A one-line DataError names the file, the row and
+    the column."""
     records, present = read_table(p, split, "task.file.preferences", "task.file.preference_split")
     missing = [c for c in PREFERENCE_COLUMNS if c not in present]
     if missing:
@@ -161,6 +164,12 @@ def read_preferences(p: Path, split: str) -> list[tuple[str, str, str]]:
                     f"{p}: {where} has an empty '{column}' response (task.file.preferences); every pair "
                     "needs a non-empty chosen and rejected response: fill it in or drop the row"
                 )
+        if any(isinstance(t, Chat) for t in texts):  # one form for the row: TRL's is per row too
+            roles = ("user", "assistant", "assistant")
+            texts = [
+                t if isinstance(t, Chat) else Chat(t, [{"role": r, "content": t}])
+                for t, r in zip(texts, roles, strict=True)
+            ]
         if texts[1] == texts[2]:
             raise DataError(f"{p}: {where} has the same chosen and rejected response; drop the row")
         out.append((texts[0], texts[1], texts[2]))
