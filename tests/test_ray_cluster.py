@@ -208,6 +208,11 @@ def _deterministic(run_dir: Path) -> list[dict]:
             for r in rows]  # fmt: skip
 
 
+def _node_copies(cluster) -> list[str]:
+    """Copies of cells (and their locks) left on either node's POLGRAD_NODE_DIR: none once a sweep ended."""
+    return [str(p) for n in (cluster.head, cluster.worker) for p in n.runs.glob("*/*/runs/*")]
+
+
 def _attempts(run_dir: Path) -> list[dict]:
     path = run_dir / ATTEMPTS
     return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
@@ -293,6 +298,7 @@ def test_sweep_on_two_nodes_without_shared_disk_survives_losing_a_node(tmp_path,
     assert lost[0]["node"] == worker_node and lost[1]["node"] != worker_node
     assert json.loads((runs / victim / "cell.json").read_text())["resume"] is True  # from its checkpoint
     assert worker_node in nodes and len(nodes) == 2  # cells finished on both nodes
+    assert _node_copies(cluster) == []
 
 
 def _close(a: list[dict], b: list[dict], rel: float) -> list[str]:
@@ -426,3 +432,4 @@ def test_a_cell_spanning_two_nodes_starts_again_whole_when_one_node_dies(tmp_pat
     got, expected = _deterministic(run_dir), _deterministic(local / "span_loss" / "runs" / row["cell_id"])
     assert [r["step"] for r in got] == list(range(1, 13))
     assert _close(got, expected, rel=1e-6) == []
+    assert _node_copies(cluster) == []  # the failed rank's on the head too

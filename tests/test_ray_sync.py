@@ -245,18 +245,23 @@ class _NodeDied(Exception):
     """The stand-in Ray's `exceptions.NodeDiedError`."""
 
 
-def _fake_ray(plan: list[str]):
+def _fake_ray(plan: list[str], logs: tuple[str, ...] = (), cleaned: list | None = None):
     """A stand-in for the `ray` module `ray_cells.run` drives, enough for a cell of one rank: each
-    `.remote()` is one attempt, whose task yields its node and then, by `plan` (one word per attempt),
-    Ray's error of a lost node ('lost') or the cell's outcome ('ok'). Returns (modules, attempts made)."""
+    `.remote()` is one attempt, whose task yields its node (and `logs`, as a task's output on its
+    node), then, by `plan` (one word per attempt), Ray's error of a lost node ('lost') or the cell's
+    outcome ('ok'). The end-of-sweep clean-up's tasks are recorded in `cleaned` as (node, key).
+    Returns (modules, attempts made)."""
     import types
 
     started: list[int] = []
+    cleaned = [] if cleaned is None else cleaned
 
     def stream(cell):
         number = len(started)
         started.append(number)
-        yield {"node": f"node{number}"}
+        yield {"node": f"node{number}", "host": f"host{number}"}
+        if logs:
+            yield {"log": list(logs)}
         if plan[number] == "lost":
             raise _NodeDied(f"node{number} died")
         yield {"outcome": {"cell_id": cell.id, "status": "ok", "summary": {"steps": 1}, "error": ""}}
@@ -264,7 +269,15 @@ def _fake_ray(plan: list[str]):
     remote = types.SimpleNamespace(remote=lambda cell, *args, **kw: stream(cell))
     ray = types.ModuleType("ray")
     ray.is_initialized = lambda: True  # run() then neither starts nor stops Ray
-    ray.remote = lambda fn: types.SimpleNamespace(options=lambda **kw: remote)
+
+    def clean_on(**kw):
+        return types.SimpleNamespace(
+            remote=lambda key: cleaned.append((kw["scheduling_strategy"], key)) or []
+        )
+
+    ray.remote = lambda fn: types.SimpleNamespace(
+        options=clean_on if fn.__name__ == "sweep_copies" else lambda **kw: remote
+    )
     ray.put = ray.get = lambda x: x
     ray.wait = lambda refs, num_returns, timeout: (refs[:num_returns], refs[num_returns:])
     ray.cancel = lambda ref, force=False: None
@@ -276,6 +289,7 @@ def _fake_ray(plan: list[str]):
     pg.placement_group = pg.remove_placement_group = None
     strategies = types.ModuleType("ray.util.scheduling_strategies")
     strategies.PlacementGroupSchedulingStrategy = None
+    strategies.NodeAffinitySchedulingStrategy = lambda node, soft: ("on", node, soft)
     modules = {
         "ray": ray,
         "ray.exceptions": ray.exceptions,
@@ -286,19 +300,15 @@ def _fake_ray(plan: list[str]):
     return modules, started
 
 
-@pytest.mark.parametrize("ends", ["ok", "lost"])
-def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(tmp_path, monkeypatch, ends):
-    """NODE_LOSS_RETRIES = 3 lost nodes: the cell is started 3 times more, 4 attempts in all, each a line
-    of ray_attempts.jsonl; the 4th ends the cell, with its outcome or, lost too, as failed. The driver
-    loop is the real one (ray_cells.run); Ray is a stand-in whose tasks lose their node on cue."""
-    import json
+def _drive(tmp_path, monkeypatch, plan, ray_settings=None, logs=(), cleaned=None):
+    """ray_cells.run, the real driver loop, on one cell with the stand-in Ray of `_fake_ray`; returns
+    (attempts started, the cell's run folder, the recorded outcomes, the lines written to the bar)."""
     import sys
     from types import SimpleNamespace
 
     from polgrad.sweep import ray_cells
 
-    retries = ray_cells.NODE_LOSS_RETRIES
-    modules, started = _fake_ray(["lost"] * retries + [ends])
+    modules, started = _fake_ray(plan, logs, cleaned)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(ray_cells._results, "cell_environment", lambda run_dir, name: {})
@@ -312,14 +322,15 @@ def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(tmp_pat
         num_cpus=1,
         launcher="torchrun",
         timeout_s=None,
+        **({"ray": ray_settings} if ray_settings else {}),
     )
-    recorded = []
+    recorded, written = [], []
     progress = SimpleNamespace(
         start=lambda *a: None,
         stop=lambda *a: None,
         finish=lambda *a: None,
         refresh=lambda: None,
-        bar=SimpleNamespace(write=lambda *a, **kw: None),
+        bar=SimpleNamespace(write=lambda text, **kw: written.append(text)),
     )
     ray_cells.run(
         exp,
@@ -330,6 +341,26 @@ def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(tmp_pat
         parallel=1,
         train_module="polgrad.train",
     )
+    return started, run_dir, recorded, written
+
+
+@pytest.mark.parametrize("ends", ["ok", "lost"])
+@pytest.mark.parametrize("written", [None, {"retries": 1}])
+def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(
+    tmp_path, monkeypatch, ends, written
+):
+    """Sweep.ray's retries (3 by default) lost nodes: the cell is started that many times more, each
+    attempt a line of ray_attempts.jsonl; the last ends the cell, with its outcome or, lost too, as
+    failed. The driver loop is the real one (ray_cells.run); Ray is a stand-in whose tasks lose their
+    node on cue."""
+    import json
+
+    from polgrad.sweep import ray_cells
+    from polgrad.sweep.ray_checks import read_settings
+
+    settings = read_settings(written) if written else None
+    retries = 3 if written is None else written["retries"]
+    started, run_dir, recorded, _ = _drive(tmp_path, monkeypatch, ["lost"] * retries + [ends], settings)
     assert len(started) == retries + 1
     lines = [json.loads(line) for line in (run_dir / ray_cells.ATTEMPTS).read_text().splitlines()]
     statuses = ["node lost"] * retries + ["ok" if ends == "ok" else "failed"]
@@ -340,3 +371,26 @@ def test_a_cell_whose_node_dies_is_started_again_node_loss_retries_times(tmp_pat
         assert outcome["error"].startswith(
             f"ray (node lost {retries + 1} times): _NodeDied: node{retries} died"
         )
+
+
+def test_what_a_task_writes_on_its_node_reaches_the_driver_and_the_run_folder(tmp_path, monkeypatch):
+    """A task's output on its node (and Ray's warnings there), which Ray with log_to_driver off keeps in
+    the node's log files: one line on the driver's terminal per line, named by cell and host, and the
+    same lines in the run folder's ray_node.log."""
+    from polgrad.sweep.ray_sync import NODE_LOG
+
+    logs = ("warning: something on the node", "ray warning: a worker is slow")
+    _, run_dir, (outcome,), written = _drive(tmp_path, monkeypatch, ["ok"], logs=logs)
+    assert outcome["status"] == "ok"
+    want = [f"c on host0: {line}" for line in logs]
+    assert [w for w in written if w.startswith("c on ")] == want
+    assert (run_dir / NODE_LOG).read_text().splitlines() == want
+
+
+def test_the_sweeps_end_cleans_node_copies_on_every_live_node(tmp_path, monkeypatch):
+    """At the end the driver runs sweep_copies on each live node (pinned there, not soft), under its
+    own key: the copies of tasks it stopped, or of a node that came back, are removed."""
+    cleaned: list = []
+    _drive(tmp_path, monkeypatch, ["ok"], cleaned=cleaned)
+    ((strategy, key),) = cleaned
+    assert strategy == ("on", "n", False) and len(key) == 12  # the stand-in's one live node

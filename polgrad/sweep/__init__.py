@@ -44,6 +44,8 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 | `placement`          | `'PACK'`          | `--executor ray`: how a cell's ranks go onto nodes,    |
 |                      |                   | a placement group of one bundle per rank: 'PACK',      |
 |                      |                   | 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'             |
+| `ray`                | `{}`              | `--executor ray`: {'sync_s': 1.0, 'retries': 3,        |
+|                      |                   | 'grace_s': 60.0}, any of them (ray_checks.RaySettings) |
 | `timeout_s`          | `None`            | wall-clock limit per cell; over it: killed, failed,    |
 |                      |                   | "timed out after N s" in the CSV and its stdout.log    |
 | `question`           | `''`              | the question the experiment answers (heads its md)     |
@@ -212,7 +214,9 @@ them; experiment.json records both and the budget, whose statement heads the md 
     executors.py    EXECUTORS: 'local' (thread pool) and 'ray' (Ray tasks); the progress bar
     ray_cells.py    the 'ray' executor: cells and their ranks as Ray tasks, restarted after a lost node
     ray_sync.py     a cell's run folder between its node and the driver (no shared disk)
-    ray_checks.py   before Ray waits: a cluster address that answers, cells a node can hold
+    ray_checks.py   before Ray waits: a cluster address that answers, cells a node can hold;
+                    Sweep.ray's settings
+    ray_nodes.py    a node's copies of its cells: held while running, cleaned up after; its output
     memory.py       how many cells at a time fit in this machine's available memory
     cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
     tuning.py       Sweep.tuning: the tuning stage's cells, the choice, its binding in the evaluation

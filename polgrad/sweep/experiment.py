@@ -20,6 +20,7 @@ from polgrad.results.studies import load as load_studies
 from polgrad.sweep import budget as _budget
 from polgrad.sweep.budget import Budget
 from polgrad.sweep.inherit import inherit, resolve_path
+from polgrad.sweep.ray_checks import RaySettings, read_settings
 from polgrad.sweep.values import Binding, _delegate, _value_type, gin_text
 
 # The trainer every cell runs (POLGRAD_TRAIN_MODULE replaces it by a module with the same command line).
@@ -40,6 +41,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "launcher": "deepspeed",
     "processes_per_cell": 1,
     "placement": "PACK",
+    "ray": {},  # --executor ray's settings (polgrad/sweep/ray_checks.RaySettings)
     "timeout_s": None,
     "baseline": None,
     "question": "",
@@ -81,6 +83,7 @@ class Experiment:
     predictions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     processes_per_cell: int = 1  # data-parallel trainer processes (ranks) per CPU cell
     placement: str = "PACK"  # how Ray places a cell's ranks on nodes (--executor ray)
+    ray: RaySettings = dataclasses.field(default_factory=RaySettings)  # Sweep.ray (--executor ray)
     # Sweep.tuning as written; polgrad.sweep.tuning.plan replaces it by a checked tuning.Plan
     tuning: Any = None
     budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
@@ -426,6 +429,10 @@ def load_experiment(path: str) -> Experiment:
             f"unknown placement {gin_text(placement)}; valid: {', '.join(PLACEMENTS)}"
             f"{did_you_mean(str(placement), PLACEMENTS)}",
         )
+    try:
+        ray = read_settings(param("ray"))
+    except ValueError as e:
+        raise _fail(file, where("ray"), str(e)) from None
     timeout_s = param("timeout_s")
     if timeout_s is not None and (not is_real(timeout_s) or timeout_s <= 0):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
@@ -465,6 +472,7 @@ def load_experiment(path: str) -> Experiment:
         launcher=launcher,
         processes_per_cell=processes,
         placement=placement,
+        ray=ray,
         timeout_s=timeout_s,
         lines=lines,
         tuning=param("tuning"),

@@ -2,16 +2,23 @@
 
 A cell runs as one Ray task (a streaming generator) on whichever node Ray picks. The task never
 touches the driver's run folder: it trains into a folder of its own node (`node_dir()`: the
-node's `$POLGRAD_NODE_DIR`, else `<tmp>/polgrad-ray/<node id>`) and every `SYNC_S` seconds yields
-what changed there (files written, files deleted), which the driver writes into its run folder. So
-the driver holds, while the cell runs, its metrics, log and checkpoints, and at the end the whole
-folder; the task then deletes its node's copy.
+node's `$POLGRAD_NODE_DIR`, else `<tmp>/polgrad-ray/<node id>`) and every `Sweep.ray['sync_s']`
+seconds yields what changed there (files written, files deleted: a checkpoint tag the trainer prunes
+under train.keep_checkpoints is deleted on the driver too), which the driver writes into its run
+folder. So the driver holds, while the cell runs, its metrics, log and checkpoints, and at the end
+the whole folder; the task then deletes its node's copy.
+
+A node's copy is held (a lock file beside it, `<copy>.held`, locked while its task runs) and any copy
+of this driver's whose lock nobody holds is deleted: by every task that starts on the node, and on
+every live node when the sweep ends. So a copy left behind by a task that was cancelled (its cell's
+other rank failed, ^C) or died with its node is removed, on a node that comes back too (under the
+default node folder also the copies under the node's previous id).
 
 A cell starts from the driver's copy of its folder (sent with the task through Ray's object store):
 a cell whose node died is started again on a surviving node with the checkpoints that had reached
 the driver, and resumes from the newest intact one (tags cut short by the loss are set aside
 first: `ray_sync.usable_checkpoints`). A lost node is an error of Ray's own (the task's worker or
-node died), not of the cell: the cell is started again up to `NODE_LOSS_RETRIES` times, each
+node died), not of the cell: the cell is started again up to `Sweep.ray['retries']` times, each
 attempt a line of the run folder's `ray_attempts.jsonl` (node, start, end, how it ended); an error
 of the trainer is the cell's outcome, as with the local executor, and is not retried.
 
@@ -22,12 +29,10 @@ at the same paths, e.g. one image or one checkout per node (docs/scaling.md).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -38,9 +43,11 @@ from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.launch import _failed, _now, run_cell
-from polgrad.sweep.ray_checks import check_address, check_resources
+from polgrad.sweep.ray_checks import RaySettings, check_address, check_resources
+from polgrad.sweep.ray_nodes import NodeLog, hold, node_dir, sweep_copies, sweep_nodes
 from polgrad.sweep.ray_sync import (  # noqa: F401 - ATTEMPTS and read_tree are this module's too
     ATTEMPTS,
+    NODE_LOG,
     Mirror,
     rank_name,
     rank_snapshot,
@@ -51,21 +58,7 @@ from polgrad.sweep.ray_sync import (  # noqa: F401 - ATTEMPTS and read_tree are 
 from polgrad.sweep.slots import GpuSlot
 from polgrad.sweep.validation import ranks_per_cell
 
-# How often a running cell sends what changed in its folder to the driver (seconds).
-SYNC_S = 1.0
-# How many times a cell whose node (or worker process) died is started again elsewhere.
-NODE_LOSS_RETRIES = 3
-
-
-def node_dir() -> Path:
-    """This node's folder for the run folders of the cells it runs: `$POLGRAD_NODE_DIR`, else
-    `<tmp>/polgrad-ray/<Ray node id>` (a folder no other node writes, shared disk or not)."""
-    env = os.environ.get("POLGRAD_NODE_DIR")
-    if env:
-        return Path(env)
-    import ray
-
-    return Path(tempfile.gettempdir()) / "polgrad-ray" / ray.get_runtime_context().get_node_id()[:16]
+SYNC_S = RaySettings.sync_s  # the default, for a task started without the driver's settings
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,57 +106,70 @@ def cell_task(
             f"POLGRAD_NODE_DIR puts the node's copy of a cell at the driver's run folder {driver_dir}: "
             "point it elsewhere (a folder of the node's own)"
         )
-    # the commit is the driver's (its code runs here), the machine this node's
-    run = {**run, "environment": {**run["environment"], **machine()}}
-    if local.exists():  # an earlier attempt on this node: the driver's copy is the truth
-        shutil.rmtree(local)
-    mine = rank_snapshot(snapshot, rank)
-    write_tree(local, mine)
-    mirror = Mirror(local, mine, rank_name(rank) if rank else str)
-    slot = None
-    gpu_ids = ray.get_gpu_ids()
-    if gpu_ids:
-        slot = GpuSlot(0, tuple(int(g) for g in gpu_ids))
-    extra: dict[str, Any] = {}
-    if world > 1:
-        assert master is not None
-        where["rank"] = rank
-        extra = {
-            "processes": 1,
-            "extra_env": {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": "0",
-                "LOCAL_WORLD_SIZE": "1",
-                "MASTER_ADDR": master[0],
-                "MASTER_PORT": str(master[1]),
-            },
-        }
-    done: dict[str, Any] = {}
+    held = hold(local)  # before the sweep: this copy is not left for another task to delete
+    log = NodeLog().__enter__()  # what the task writes here goes to the driver as {"log": lines}
+    try:
+        for path in sweep_copies(rel.split("/", 1)[0]):  # copies an earlier task of this driver left here
+            print(f"removed the node copy {path}, left by a stopped or lost task")
+        # the commit is the driver's (its code runs here), the machine this node's
+        run = {**run, "environment": {**run["environment"], **machine()}}
+        if local.exists():  # an earlier attempt on this node: the driver's copy is the truth
+            shutil.rmtree(local)
+        mine = rank_snapshot(snapshot, rank)
+        write_tree(local, mine)
+        mirror = Mirror(local, mine, rank_name(rank) if rank else str)
+        slot = None
+        gpu_ids = ray.get_gpu_ids()
+        if gpu_ids:
+            slot = GpuSlot(0, tuple(int(g) for g in gpu_ids))
+        extra: dict[str, Any] = {}
+        if world > 1:
+            assert master is not None
+            where["rank"] = rank
+            extra = {
+                "processes": 1,
+                "extra_env": {
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_RANK": "0",
+                    "LOCAL_WORLD_SIZE": "1",
+                    "MASTER_ADDR": master[0],
+                    "MASTER_PORT": str(master[1]),
+                },
+            }
+        done: dict[str, Any] = {}
 
-    def body() -> None:
-        try:
-            # a launcher (a GPU cell of several GPUs) passes SIGTERM on to its ranks, not SIGKILL
-            launcher = slot is not None and len(slot.devices) > 1
-            kwargs = {"die_with_parent": signal.SIGTERM if launcher else signal.SIGKILL, **run, **extra}
-            outcome = run_cell(cell, local, slot=slot, where=where, **kwargs)
-            if rank and outcome.get("returncode") == 0:  # rank 0 alone writes summary.json
-                outcome = {**outcome, "status": "ok", "error": ""}
-            if world > 1:  # each rank is one process; the cell had `world`
-                outcome = {**outcome, "world_size": world}
-            done["outcome"] = outcome
-        except BaseException as e:  # noqa: BLE001 - reported as the cell's outcome below
-            done["outcome"] = _failed(cell, "ray task", e)
+        def body() -> None:
+            try:
+                # a launcher (a GPU cell of several GPUs) passes SIGTERM on to its ranks, not SIGKILL
+                launcher = slot is not None and len(slot.devices) > 1
+                kwargs = {"die_with_parent": signal.SIGTERM if launcher else signal.SIGKILL, **run, **extra}
+                outcome = run_cell(cell, local, slot=slot, where=where, **kwargs)
+                if rank and outcome.get("returncode") == 0:  # rank 0 alone writes summary.json
+                    outcome = {**outcome, "status": "ok", "error": ""}
+                if world > 1:  # each rank is one process; the cell had `world`
+                    outcome = {**outcome, "world_size": world}
+                done["outcome"] = outcome
+            except BaseException as e:  # noqa: BLE001 - reported as the cell's outcome below
+                done["outcome"] = _failed(cell, "ray task", e)
 
-    worker = threading.Thread(target=body, daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(timeout=sync_s)
-        files, deleted = mirror.delta()
-        if files or deleted:
-            yield {"files": files, "deleted": deleted}
-    yield {"outcome": done["outcome"]}
-    shutil.rmtree(local, ignore_errors=True)  # the driver has it all now
+        worker = threading.Thread(target=body, daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(timeout=sync_s)
+            files, deleted = mirror.delta()
+            if files or deleted:
+                yield {"files": files, "deleted": deleted}
+            if lines := log.take():
+                yield {"log": lines}
+        if lines := log.take():
+            yield {"log": lines}
+        yield {"outcome": done["outcome"]}
+        shutil.rmtree(local, ignore_errors=True)  # the driver has it all now
+        Path(held.name).unlink(missing_ok=True)
+    finally:  # an error of this task's own: the lock goes now, the copy with the next sweep
+        log.__exit__()
+        held.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,18 +210,13 @@ def _driver_key(results_root: Path) -> str:
     return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
-# After one rank of a cell spanning nodes failed: how long the other ranks get to report, and Ray to
-# report a lost node (its health checks take seconds to tens of seconds), before the attempt is
-# judged: a rank that failed because its peer's node died is a lost node, not the cell's failure.
-LOSS_GRACE_S = 60.0
-
-
 class _Attempt:
     """One start of a cell: its rank tasks (one unless it spans nodes), their nodes and outcomes."""
 
     def __init__(self, cell: Cell, number: int, world: int, pg: Any = None):
         self.cell, self.number, self.world, self.pg = cell, number, world, pg
         self.nodes: list[str | None] = [None] * world
+        self.hosts: list[str | None] = [None] * world
         self.outcomes: dict[int, dict[str, Any]] = {}
         self.lost: BaseException | None = None
         self.deadline: float | None = None  # set when a rank failed: judge the attempt then
@@ -294,6 +295,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
     started_here = not ray.is_initialized()
     if started_here:
         _init_ray(ray_address)
+    settings: RaySettings = getattr(exp, "ray", None) or RaySettings()
     world = exp.processes_per_cell if exp.num_gpus == 0 else 1
     per_rank = {"num_cpus": exp.num_cpus / world, "num_gpus": exp.num_gpus}
     remote = ray.remote(cell_task)
@@ -307,6 +309,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
     queue_: list[tuple[Cell, int]] = [(c, 1) for c in todo]
     inflight: dict[Any, tuple[_Attempt, int]] = {}  # rank task -> (its attempt, its rank)
     attempts: list[_Attempt] = []  # the attempts not ended yet
+    cancelled: list[Any] = []  # rank tasks stopped by the driver: their node copies stay behind
 
     def submit(cell: Cell, number: int) -> None:
         run_dir = Path(run_dirs[cell.id])
@@ -332,7 +335,9 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         try:
             if world == 1:
                 refs.append(
-                    task(**per_rank).remote(cell, rel, snapshot, run_kwargs, SYNC_S, driver_dir=str(run_dir))
+                    task(**per_rank).remote(
+                        cell, rel, snapshot, run_kwargs, settings.sync_s, driver_dir=str(run_dir)
+                    )
                 )
             else:
                 bundles = [{"CPU": per_rank["num_cpus"]} for _ in range(world)]
@@ -347,7 +352,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
                 for r in range(world):
                     refs.append(
                         task(**per_rank, scheduling_strategy=at[r]).remote(
-                            cell, rel, snapshot, run_kwargs, SYNC_S, r, world, master, str(run_dir)
+                            cell, rel, snapshot, run_kwargs, settings.sync_s, r, world, master, str(run_dir)
                         )
                     )
         except BaseException:  # nothing of this attempt may stay behind
@@ -369,13 +374,14 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         for ref, (other, _r) in list(inflight.items()):
             if other is att:  # a rank still running when another failed or was lost
                 ray.cancel(ref, force=True)
+                cancelled.append(ref)
                 del inflight[ref]
         attempts.remove(att)
         if att.pg is not None:
             remove_placement_group(att.pg)
         nodes = att.nodes[0] if att.world == 1 else att.nodes
         entry = {"attempt": att.number, "node": nodes, "started": att.started, "ended": _now()}
-        if att.lost is not None and att.number <= NODE_LOSS_RETRIES:
+        if att.lost is not None and att.number <= settings.retries:
             why = " ".join(f"{type(att.lost).__name__}: {att.lost}".split())[:300]
             _attempt_line(run_dir, {**entry, "status": "node lost", "error": why})
             progress.stop(cell)
@@ -403,6 +409,14 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             item = {"lost": e} if _node_lost(e) else {"outcome": _failed(att.cell, "ray", e, limit=300)}
         if "node" in item:
             att.nodes[rank] = item["node"]
+            att.hosts[rank] = item.get("host", item["node"])
+            return
+        if "log" in item:  # the task's own output on its node, and Ray's warnings there
+            who = f"{att.cell.id}{f' rank {rank}' if att.world > 1 else ''} on {att.hosts[rank]}"
+            with open(Path(run_dirs[att.cell.id]) / NODE_LOG, "a") as fh:
+                fh.writelines(f"{who}: {line}\n" for line in item["log"])
+            for line in item["log"]:
+                progress.bar.write(f"{who}: {line}", file=sys.stderr)
             return
         if "files" in item:
             write_tree(Path(run_dirs[att.cell.id]), item["files"], item["deleted"])
@@ -415,7 +429,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         if len(att.outcomes) == att.world:
             return end(att)
         if item["outcome"]["status"] == "failed" and att.deadline is None:
-            att.deadline = time.monotonic() + LOSS_GRACE_S  # the others may be about to say why
+            att.deadline = time.monotonic() + settings.grace_s  # the others may be about to say why
 
     try:
         if todo:  # every cell asks alike: one that no node can hold would wait for ever
@@ -440,6 +454,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
     finally:
         for ref in inflight:
             ray.cancel(ref, force=True)
+        sweep_nodes(key, [*cancelled, *inflight], progress)
         for att in attempts:
             if att.pg is not None:
                 try:

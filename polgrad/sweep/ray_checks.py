@@ -1,4 +1,5 @@
-"""What `--executor ray` checks before it waits on Ray: a cluster that answers, cells that fit a node.
+"""What `--executor ray` checks before it waits on Ray: a cluster that answers, cells that fit a node;
+and its settings (`Sweep.ray`, read by `read_settings`).
 
 Ray waits rather than fails in both cases: `ray.init` at an address where nothing listens retries its
 connection for minutes (deaf to SIGTERM meanwhile), and a task asking for more CPUs or GPUs than any
@@ -7,6 +8,7 @@ node has stays pending for ever. Each is one line here instead, before any cell 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Sequence
@@ -19,6 +21,40 @@ from polgrad.errors import PolgradError
 CONNECT_TIMEOUT_S = 3.0
 # Ray's own words for "this machine": nothing to reach (`auto` reads RAY_ADDRESS, checked as such).
 _NO_ADDRESS = ("", "local")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySettings:
+    """`Sweep.ray = {...}`: how the ray executor (polgrad/sweep/ray_cells.py) syncs and restarts cells.
+
+    sync_s    how often a running cell sends what changed in its folder to the driver (seconds): the
+              most a lost node can take with it is this much of its cell's files
+    retries   how many times a cell whose node (or worker process) died is started again elsewhere
+    grace_s   after one rank of a cell spanning nodes failed, how long the other ranks get to report
+              and Ray to report a lost node (its health checks take seconds to tens of seconds)
+              before the attempt is judged the cell's failure rather than a lost node
+    """
+
+    sync_s: float = 1.0
+    retries: int = 3
+    grace_s: float = 60.0
+
+
+def read_settings(value: Any) -> RaySettings:
+    """`Sweep.ray` as written ({} or a dict of some of RaySettings' fields) -> RaySettings; a ValueError
+    whose text names the key, the value and the valid choices (the caller adds the file and line)."""
+    fields = [f.name for f in dataclasses.fields(RaySettings)]
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a dict of some of {', '.join(fields)}, got {value!r}")
+    for key, v in value.items():
+        if key not in fields:
+            raise ValueError(f"unknown key {key!r}; valid: {', '.join(fields)}")
+        if key == "retries":
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"'retries' must be an int >= 0 (restarts after a lost node), got {v!r}")
+        elif not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
+            raise ValueError(f"{key!r} must be a positive number of seconds, got {v!r}")
+    return RaySettings(**value)
 
 
 def check_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

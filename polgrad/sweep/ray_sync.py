@@ -16,8 +16,11 @@ from polgrad.run_folder import RunFolder
 
 # The driver's record of a cell's attempts (node, start, end, how each ended); the driver's own.
 ATTEMPTS = "ray_attempts.jsonl"
-# Never copied between nodes: the trainer's lock and pid are facts of one machine's processes.
-NOT_SYNCED = frozenset({run_folder.LOCK, "trainer.pid", ATTEMPTS})
+# The driver's record of what the cell's tasks wrote on their nodes (their output, Ray's warnings).
+NODE_LOG = "ray_node.log"
+# Never copied between nodes: the trainer's lock and pid are facts of one machine's processes; the
+# driver's two records are the driver's.
+NOT_SYNCED = frozenset({run_folder.LOCK, "trainer.pid", ATTEMPTS, NODE_LOG})
 
 
 # --------------------------------------------------------------------------------------------

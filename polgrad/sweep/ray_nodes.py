@@ -1,0 +1,161 @@
+"""What a Ray node holds of a sweep: its folder for the copies of the cells it runs (`node_dir`), a
+lock on each copy while its task runs (`hold`), and the clean-up of copies no task holds any more
+(`sweep_copies` on one node, `sweep_nodes` from the driver on every live node). Used by
+polgrad/sweep/ray_cells.py; a copy's files are synced by polgrad/sweep/ray_sync.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+HELD = ".held"  # `<copy>.held`: the lock file of a node's copy of a cell's folder
+# What Ray's worker prints to tie its log files to a task (ray_constants.LOG_PREFIX_*): not output.
+_RAY_MARKS = (":task_name:", ":actor_name:", ":job_id:")
+
+
+def node_dir() -> Path:
+    """This node's folder for the run folders of the cells it runs: `$POLGRAD_NODE_DIR`, else
+    `<tmp>/polgrad-ray/<Ray node id>` (a folder no other node writes, shared disk or not)."""
+    env = os.environ.get("POLGRAD_NODE_DIR")
+    if env:
+        return Path(env)
+    import ray
+
+    return Path(tempfile.gettempdir()) / "polgrad-ray" / ray.get_runtime_context().get_node_id()[:16]
+
+
+def _node_roots(key: str) -> list[Path]:
+    """Where this node may hold copies of driver `key`'s cells: `node_dir()/<key>`, and without
+    $POLGRAD_NODE_DIR the `<key>` folder under every node id this machine has had (a node that comes
+    back after a loss has a new id)."""
+    if os.environ.get("POLGRAD_NODE_DIR"):
+        return [node_dir() / key]
+    return sorted((Path(tempfile.gettempdir()) / "polgrad-ray").glob(f"*/{key}"))
+
+
+def hold(local: Path):
+    """Lock `<local>.held` for as long as the returned file stays open (this process's life at most:
+    the lock goes with the process, however it ends)."""
+    import fcntl
+
+    path = local.with_name(local.name + HELD)
+    while True:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a")
+        fcntl.flock(fh, fcntl.LOCK_EX)  # waits while an earlier task of this copy still runs
+        try:
+            if os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino:
+                return fh
+        except FileNotFoundError:
+            pass
+        fh.close()  # a sweep removed the file while this waited: lock the file that is there now
+
+
+def sweep_copies(key: str) -> list[str]:
+    """Delete every copy of driver `key`'s cells on this node that no running task holds; returns
+    their paths. Run by each task as it starts and on every node at the sweep's end."""
+    import fcntl
+
+    gone = []
+    for root in _node_roots(key):
+        for lock in sorted(root.rglob(f"*{HELD}")):
+            with open(lock, "a") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # held: its task runs
+                    continue
+                copy = lock.with_name(lock.name.removesuffix(HELD))
+                shutil.rmtree(copy, ignore_errors=True)
+                lock.unlink(missing_ok=True)
+                gone.append(str(copy))
+    return gone
+
+
+def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 30.0) -> None:
+    """At the sweep's end: `sweep_copies(key)` on every live node (copies of cancelled tasks, of a
+    node that came back), once the `stopped` tasks have ended (their locks go with their processes).
+    Best effort within `wait_s`: a node that does not answer keeps its copies for the next sweep."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    try:
+        if stopped:
+            ray.wait(stopped, num_returns=len(stopped), timeout=wait_s)
+        sweep = ray.remote(sweep_copies)
+        refs = [
+            sweep.options(
+                num_cpus=0,
+                max_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+            ).remote(key)
+            for n in ray.nodes()
+            if n.get("Alive")
+        ]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        gone = [path for ref in ready for path in ray.get(ref)]
+    except Exception as e:  # noqa: BLE001 - the sweep's results stand; say what was not cleaned
+        progress.bar.write(f"node copies not cleaned up: {type(e).__name__}: {e}"[:300], file=sys.stderr)
+        return
+    if gone:
+        progress.bar.write(
+            f"removed {len(gone)} node cop{'y' if len(gone) == 1 else 'ies'} left by stopped or lost tasks",
+            file=sys.stderr,
+        )
+
+
+class NodeLog:
+    """What a cell's task writes on its node, for the driver: its stdout and stderr (Python warnings
+    included) and Ray's own warnings there (the `ray` logger, WARNING and above), which a cluster's
+    workers otherwise keep in their node's log files (the driver runs Ray with log_to_driver off, so
+    that Ray's chatter stays out of the progress bar). `take()` returns the lines since the last call.
+    Ray runs one task at a time in a worker process, so the task may swap the process's streams."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._partial = ""
+        self._lock = threading.Lock()
+        log = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                log.write(f"ray {record.levelname.lower()}: {record.getMessage()}\n")
+
+        self._handler = _Handler(level=logging.WARNING)
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *whole, self._partial = (self._partial + text).split("\n")
+            self._lines.extend(line for line in whole if line.strip() and not line.startswith(_RAY_MARKS))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> list[str]:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        return lines
+
+    def __enter__(self) -> NodeLog:
+        self._streams = (sys.stdout, sys.stderr, warnings.showwarning)
+        sys.stdout = sys.stderr = self  # type: ignore[assignment]
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: self.write(
+            warnings.formatwarning(message, category, filename, lineno, line)
+        )
+        logging.getLogger("ray").addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        logging.getLogger("ray").removeHandler(self._handler)
+        sys.stdout, sys.stderr, warnings.showwarning = self._streams
+        if self._partial.strip():
+            self._lines.append(self._partial)
+        self._partial = ""
