@@ -10,7 +10,7 @@ the whole folder; the task then deletes its node's copy.
 
 A node's copy is held (a lock file beside it, `<copy>.held`, locked while its task runs) and any copy
 of this driver's whose lock nobody holds is deleted: by every task that starts on the node, and on
-every live node when the sweep ends. So a copy left behind by a task that was cancelled (its cell's
+every live node when the sweep has run all its cells (a stopped sweep's, by its resumed run). So a copy left behind by a task that was cancelled (its cell's
 other rank failed, ^C) or died with its node is removed, on a node that comes back too (under the
 default node folder also the copies under the node's previous id).
 
@@ -451,10 +451,11 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
                 if att.deadline is not None and att.judge(_dead_nodes(att.nodes), time.monotonic()):
                     end(att)
             progress.refresh()
+        if todo:  # ended, not stopped (^C, an error): a stopped sweep's copies go with its resumed run
+            sweep_nodes(key, cancelled, progress)
     finally:
         for ref in inflight:
             ray.cancel(ref, force=True)
-        sweep_nodes(key, [*cancelled, *inflight], progress)
         for att in attempts:
             if att.pg is not None:
                 try:

@@ -9,11 +9,13 @@ node has stays pending for ever. Each is one line here instead, before any cell 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from collections.abc import Sequence
 from typing import Any
 
+from polgrad.checks import is_int, is_real
 from polgrad.errors import PolgradError
 
 # How long the reachability check waits for the address to accept a TCP connection (seconds): a
@@ -50,9 +52,9 @@ def read_settings(value: Any) -> RaySettings:
         if key not in fields:
             raise ValueError(f"unknown key {key!r}; valid: {', '.join(fields)}")
         if key == "retries":
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            if not is_int(v) or v < 0:
                 raise ValueError(f"'retries' must be an int >= 0 (restarts after a lost node), got {v!r}")
-        elif not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
+        elif not is_real(v) or not 0 < v < math.inf:
             raise ValueError(f"{key!r} must be a positive number of seconds, got {v!r}")
     return RaySettings(**value)
 

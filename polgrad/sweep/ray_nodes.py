@@ -80,13 +80,14 @@ def sweep_copies(key: str) -> list[str]:
 
 
 def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 30.0) -> None:
-    """At the sweep's end: `sweep_copies(key)` on every live node (copies of cancelled tasks, of a
-    node that came back), once the `stopped` tasks have ended (their locks go with their processes).
-    Best effort within `wait_s`: a node that does not answer keeps its copies for the next sweep."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+    """At the end of a sweep that ran its cells to the end: `sweep_copies(key)` on every live node
+    (copies of cancelled tasks, of a node that came back), once the `stopped` tasks have ended (their
+    locks go with their processes). Best effort within `wait_s`: a node that does not answer keeps
+    its copies for the next run of the sweep (a stopped sweep's are cleaned by its resumed run)."""
     try:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         if stopped:
             ray.wait(stopped, num_returns=len(stopped), timeout=wait_s)
         sweep = ray.remote(sweep_copies)
