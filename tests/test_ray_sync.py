@@ -245,16 +245,24 @@ class _NodeDied(Exception):
     """The stand-in Ray's `exceptions.NodeDiedError`."""
 
 
-def _fake_ray(plan: list[str], logs: tuple[str, ...] = (), cleaned: list | None = None):
+def _fake_ray(
+    plan: list[str],
+    logs: tuple[str, ...] = (),
+    cleaned: list | None = None,
+    asked: list | None = None,
+    nodes: list | None = None,
+):
     """A stand-in for the `ray` module `ray_cells.run` drives, enough for a cell of one rank: each
     `.remote()` is one attempt, whose task yields its node (and `logs`, as a task's output on its
     node), then, by `plan` (one word per attempt), Ray's error of a lost node ('lost') or the cell's
-    outcome ('ok'). The end-of-sweep clean-up's tasks are recorded in `cleaned` as (node, key).
-    Returns (modules, attempts made)."""
+    outcome ('ok'): a cell of k ranks takes k words. The end-of-sweep clean-up's tasks are recorded in
+    `cleaned` as (node, key); each rank task's options in `asked`, a placement group's bundles as
+    {"bundles": ...}. `nodes`: ray.nodes() (one node of 64 CPUs). Returns (modules, attempts made)."""
     import types
 
     started: list[int] = []
     cleaned = [] if cleaned is None else cleaned
+    asked = [] if asked is None else asked
 
     def stream(cell):
         number = len(started)
@@ -275,20 +283,29 @@ def _fake_ray(plan: list[str], logs: tuple[str, ...] = (), cleaned: list | None 
             remote=lambda key: cleaned.append((kw["scheduling_strategy"], key)) or []
         )
 
-    ray.remote = lambda fn: types.SimpleNamespace(
-        options=clean_on if fn.__name__ == "sweep_copies" else lambda **kw: remote
-    )
+    def options(fn):
+        if fn.__name__ == "sweep_copies":
+            return clean_on
+        if fn.__name__ == "rendezvous":  # rank 0's address, for the ranks of a cell spanning nodes
+            return lambda **kw: types.SimpleNamespace(remote=lambda: ("10.0.0.1", 29500))
+        return lambda **kw: (asked.append(kw), remote)[1]
+
+    ray.remote = lambda fn: types.SimpleNamespace(options=options(fn))
     ray.put = ray.get = lambda x: x
     ray.wait = lambda refs, num_returns, timeout: (refs[:num_returns], refs[num_returns:])
     ray.cancel = lambda ref, force=False: None
     # one live node that holds the cell (run() checks every cell's resources against the nodes first)
-    ray.nodes = lambda: [{"NodeID": "n", "Alive": True, "Resources": {"CPU": 64.0}}]
+    ray.nodes = lambda: nodes or [{"NodeID": "n", "Alive": True, "Resources": {"CPU": 64.0}}]
     ray.exceptions = types.SimpleNamespace(NodeDiedError=_NodeDied)
     util = types.ModuleType("ray.util")
     pg = types.ModuleType("ray.util.placement_group")
-    pg.placement_group = pg.remove_placement_group = None
+    pg.placement_group = lambda bundles, strategy: asked.append({"bundles": bundles, "strategy": strategy})
+    pg.remove_placement_group = lambda group: None
     strategies = types.ModuleType("ray.util.scheduling_strategies")
-    strategies.PlacementGroupSchedulingStrategy = None
+    strategies.PlacementGroupSchedulingStrategy = lambda group, placement_group_bundle_index: (
+        "bundle",
+        placement_group_bundle_index,
+    )
     strategies.NodeAffinitySchedulingStrategy = lambda node, soft: ("on", node, soft)
     modules = {
         "ray": ray,
@@ -300,7 +317,9 @@ def _fake_ray(plan: list[str], logs: tuple[str, ...] = (), cleaned: list | None 
     return modules, started
 
 
-def _drive(tmp_path, monkeypatch, plan, ray_settings=None, logs=(), cleaned=None):
+def _drive(
+    tmp_path, monkeypatch, plan, ray_settings=None, logs=(), cleaned=None, asked=None, nodes=None, **exp_kw
+):
     """ray_cells.run, the real driver loop, on one cell with the stand-in Ray of `_fake_ray`; returns
     (attempts started, the cell's run folder, the recorded outcomes, the lines written to the bar)."""
     import sys
@@ -308,7 +327,7 @@ def _drive(tmp_path, monkeypatch, plan, ray_settings=None, logs=(), cleaned=None
 
     from polgrad.sweep import ray_cells
 
-    modules, started = _fake_ray(plan, logs, cleaned)
+    modules, started = _fake_ray(plan, logs, cleaned, asked, nodes)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(ray_cells._results, "cell_environment", lambda run_dir, name: {})
@@ -324,6 +343,7 @@ def _drive(tmp_path, monkeypatch, plan, ray_settings=None, logs=(), cleaned=None
         timeout_s=None,
         **({"ray": ray_settings} if ray_settings else {}),
     )
+    exp.__dict__.update(exp_kw)
     recorded, written = [], []
     progress = SimpleNamespace(
         start=lambda *a: None,
@@ -394,3 +414,44 @@ def test_the_sweeps_end_cleans_node_copies_on_every_live_node(tmp_path, monkeypa
     _drive(tmp_path, monkeypatch, ["ok"], cleaned=cleaned)
     ((strategy, key),) = cleaned
     assert strategy == ("on", "n", False) and len(key) == 12  # the stand-in's one live node
+
+
+def test_a_gpu_cell_of_two_gpus_is_two_ranks_of_one_gpu_each_wherever_ray_places_them(tmp_path, monkeypatch):
+    """Sweep.num_gpus = 2 under --executor ray: a placement group of two bundles of one GPU each (and
+    half the CPUs), a rank task in each asking for one GPU, so that Ray may put the ranks on two nodes
+    of one GPU (Sweep.placement); the cell's outcome is the two ranks'. On CPU only this plumbing is
+    what runs (Ray stand-in); the refusal on a cluster without GPUs is below."""
+    asked: list = []
+    gpu_nodes = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}} for n in ("a", "b")]
+    _, _, (outcome,), _ = _drive(
+        tmp_path, monkeypatch, ["ok", "ok"], asked=asked, nodes=gpu_nodes,
+        num_gpus=2, num_cpus=4, placement="SPREAD", processes_per_cell=1,
+    )  # fmt: skip
+    group, *ranks = asked
+    assert group == {"bundles": [{"CPU": 2.0, "GPU": 1.0}] * 2, "strategy": "SPREAD"}
+    assert [(r["num_gpus"], r["num_cpus"], r["scheduling_strategy"]) for r in ranks] == [
+        (1.0, 2.0, ("bundle", 0)),
+        (1.0, 2.0, ("bundle", 1)),
+    ]
+    assert outcome["status"] == "ok" and outcome["attempts"] == 1
+
+
+def test_a_gpu_cell_spanning_nodes_on_a_cluster_without_the_gpus_is_one_line():
+    import types
+
+    from polgrad.errors import PolgradError
+    from polgrad.sweep import ray_checks
+
+    cpu_only = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 8.0}} for n in ("a", "b")]
+    cell = types.SimpleNamespace(file="x.gin", num_cpus=2, num_gpus=2, placement="PACK")
+    with pytest.raises(PolgradError) as e:
+        ray_checks.check_resources(cell, "c1", 2, cpu_only)
+    assert str(e.value) == (
+        "x.gin: cell c1: Sweep.num_gpus = 2 runs 2 ranks of one GPU each, but the Ray cluster has 0 GPUs "
+        "(at most 0 on a node); lower Sweep.num_gpus, add GPU nodes, or run CPU cells (Sweep.num_gpus = 0)"
+    )
+    one_each = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}} for n in ("a", "b")]
+    ray_checks.check_resources(cell, "c1", 2, one_each)  # one GPU on each of two nodes holds it
+    strict = types.SimpleNamespace(file="x.gin", num_cpus=2, num_gpus=2, placement="STRICT_PACK")
+    with pytest.raises(PolgradError, match="'STRICT_PACK' puts the 2 ranks on one node, but no node"):
+        ray_checks.check_resources(strict, "c1", 2, one_each)

@@ -10,9 +10,14 @@ the whole folder; the task then deletes its node's copy.
 
 A node's copy is held (a lock file beside it, `<copy>.held`, locked while its task runs) and any copy
 of this driver's whose lock nobody holds is deleted: by every task that starts on the node, and on
-every live node when the sweep has run all its cells (a stopped sweep's, by its resumed run). So a copy left behind by a task that was cancelled (its cell's
-other rank failed, ^C) or died with its node is removed, on a node that comes back too (under the
-default node folder also the copies under the node's previous id).
+every live node when the sweep has run all its cells (a stopped sweep's, by its resumed run). So a
+copy left behind by a task that was cancelled (its cell's other rank failed, ^C) or died with its
+node is removed, on a node that comes back too (under the default node folder also the copies
+under the node's previous id).
+
+A cell of several ranks (Sweep.processes_per_cell on CPU; Sweep.num_gpus = k > 1, k ranks of one GPU
+each) is a placement group of one bundle per rank (Sweep.placement) and one task per rank, which Ray
+may put on different nodes; the ranks meet at rank 0's node (torch.distributed's env://).
 
 A cell starts from the driver's copy of its folder (sent with the task through Ray's object store):
 a cell whose node died is started again on a surviving node with the checkpoints that had reached
@@ -296,8 +301,9 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
     if started_here:
         _init_ray(ray_address)
     settings: RaySettings = getattr(exp, "ray", None) or RaySettings()
-    world = exp.processes_per_cell if exp.num_gpus == 0 else 1
-    per_rank = {"num_cpus": exp.num_cpus / world, "num_gpus": exp.num_gpus}
+    # the cell's ranks: processes_per_cell on CPU; a GPU cell of k > 1 GPUs, k ranks of one GPU each
+    world = ranks_per_cell(exp)[0]
+    per_rank = {"num_cpus": exp.num_cpus / world, "num_gpus": exp.num_gpus / world}
     remote = ray.remote(cell_task)
 
     def task(**options: Any) -> Any:  # Ray's own retry is off: a lost cell is started again here
@@ -340,7 +346,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
                     )
                 )
             else:
-                bundles = [{"CPU": per_rank["num_cpus"]} for _ in range(world)]
+                bundles = [{"CPU": per_rank["num_cpus"], **({"GPU": 1.0} if exp.num_gpus else {})}] * world
                 pg = placement_group(bundles, strategy=exp.placement)
                 at = [
                     PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r) for r in range(world)

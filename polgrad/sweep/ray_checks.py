@@ -112,6 +112,19 @@ def check_resources(exp: Any, cell_id: str, world: int, nodes: Sequence[dict[str
         )
     if world == 1:
         return
+    if exp.num_gpus:  # a GPU cell of `world` ranks: one GPU each, wherever Ray places them
+        total_gpus = sum(float(n.get("Resources", {}).get("GPU", 0.0)) for n in nodes)
+        if gpus < 1 or total_gpus < world:
+            raise PolgradError(
+                f"{where}: Sweep.num_gpus = {exp.num_gpus:g} runs {world} ranks of one GPU each, but the "
+                f"Ray cluster has {total_gpus:g} GPUs (at most {gpus:g} on a node); lower Sweep.num_gpus, "
+                "add GPU nodes, or run CPU cells (Sweep.num_gpus = 0)"
+            )
+        if exp.placement == "STRICT_PACK" and exp.num_gpus > gpus:
+            raise PolgradError(
+                f"{where}: Sweep.placement = 'STRICT_PACK' puts the {world} ranks on one node, but no node "
+                f"of the Ray cluster has Sweep.num_gpus = {exp.num_gpus:g} GPUs ({gpus:g} at most)"
+            )
     if exp.num_cpus / world > cpus:
         raise PolgradError(
             f"{where}: Sweep.num_cpus = {exp.num_cpus:g} gives each of the {world} ranks "
