@@ -106,3 +106,19 @@ def test_the_run_folders_a_newcomer_makes_are_ignored_by_git():
     for path in (f"{out}/metrics.jsonl", "results/runs/grpo-20260101-000000/final/model.safetensors"):
         proc = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
         assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
+
+
+def test_the_campaign_check_the_pages_give_first_names_a_commit_any_clone_has():
+    """A tag does not travel with a branch: the first `studies.campaign` command of results/README.md
+    (and docs/experiments.md's) names the commit by its hash, which every clone of main has."""
+    for page in (REPO / "results" / "README.md", REPO / "docs" / "experiments.md"):
+        text = " ".join(page.read_text().split())
+        found = re.findall(r"python -m studies\.campaign ([\w.-]+)", text)
+        commits = [f for f in found if f != "COMMIT"]  # docs/experiments.md's placeholder
+        assert commits, f"{page.name} gives no studies.campaign command with a commit"
+        first = commits[0]
+        assert re.fullmatch(r"[0-9a-f]{7,40}", first), f"{page.name}: '{first}' is not a commit hash"
+        probe = subprocess.run(
+            ["git", "cat-file", "-e", f"{first}^{{commit}}"], cwd=REPO, capture_output=True
+        )
+        assert probe.returncode == 0, f"{page.name}: {first} is not a commit of this clone"
