@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import os
 import sys
@@ -34,9 +35,11 @@ from polgrad.sweep.experiment import Experiment, load_experiment
 from polgrad.sweep.grid import expand
 from studies.overoptimization import STUDY
 from studies.overoptimization import fits as oo
+from studies.overoptimization.columns import KL_COLUMNS
+from studies.overoptimization.columns import rm_columns as _rm_columns
+from studies.overoptimization.columns import short as _short
+from studies.overoptimization.gao_md import markdown
 
-KL_COLUMNS = ("Algorithm.kl_coef", "Algorithm.kl_controller")  # the KL control: varies within a family
-ENSEMBLE = "train.rm_ensemble"
 NS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -48,12 +51,6 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         w = csv.DictWriter(fh, fieldnames=columns)
         w.writeheader()
         w.writerows(rows)
-
-
-def _rm_columns(exp: Experiment) -> list[str]:
-    """The swept columns that are neither the KL control nor the seed: what makes a reward-model
-    configuration (e.g. train.rm_ensemble, train.rm_combine); with the spec, a family."""
-    return [c for c in exp.swept_columns if c not in KL_COLUMNS]
 
 
 def _rm_cells(exp: Experiment, seed: int) -> dict[tuple[str, ...], Any]:
@@ -129,10 +126,6 @@ def _num(row: dict[str, Any], *keys: str) -> dict[str, Any]:
     for k in keys:
         out[k] = float(out[k])
     return out
-
-
-def _short(value: str) -> str:
-    return value.replace("@kl_controller.", "").replace("@reward_ensemble.", "")
 
 
 def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP) -> Path:
@@ -232,10 +225,11 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
             mean.update({k: sum(b[k] for b in at) / len(at) for k in ("kl", "kl_bound")})
             mean["sqrt_kl"] = math.sqrt(max(mean["kl"], 0.0))  # the d of the mean KL over seeds
             bon_curves.setdefault(label, []).append({"n": n, **mean, "seeds": len(at)})
+    gao = gao_forms(bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, bootstrap)
     png = results_dir / f"{name}{oo.SUFFIX}.png"
     title = f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds"
-    oo.draw(png, title, curves, family_of, gold_fits, bon_curves)
-    md = _markdown(
+    oo.draw(png, title, curves, family_of, gold_fits, bon_curves, rl_fits=gao.rl, bon_fits=gao.bon)
+    md = markdown(
         exp,
         sweep_rows,
         bon,
@@ -247,6 +241,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
         starts,
         failures,
         bootstrap,
+        gao,
     ).replace("{START}", " and ".join(sorted(set(start_of.values()))))
     path = results_dir / f"{name}{oo.SUFFIX}.md"
     with atomic_path(path, suffix=".md") as tmp:
@@ -254,195 +249,50 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     return path
 
 
-def _f(x: float, digits: int = 3) -> str:
-    if isinstance(x, float) and math.isinf(x):
-        return "∞" if x > 0 else "-∞"
-    if isinstance(x, float) and math.isnan(x):
-        return "–"
-    return f"{x:.{digits}g}"
+@dataclasses.dataclass(frozen=True)
+class GaoForms:
+    """Gao et al.'s two forms on the data (not declared): best-of-n fitted with d (alpha - beta d) per
+    reward-model configuration (`bon`, keyed by its best-of-n label), RL with d (alpha - beta log d) per
+    family (`rl`), and the R^2 of every fit over the means over seeds (`r2_means`, keyed by (curve, form):
+    best-of-n's per n, RL's per configuration and window), the declared RL fits' too."""
+
+    bon: dict[str, oo.Fit]
+    rl: dict[str, oo.Fit]
+    r2_means: dict[tuple[str, str], float]
 
 
-def _markdown(
-    exp, sweep_rows, bon, bon_curves, curves, gold_fits, proxy_fits, by_family, starts, failures, bootstrap
-):
-    seeds = sorted({s for st in starts.values() for s in st})
-    commits = sorted({r.get("git_commit", "?") for r in sweep_rows} | {b.get("git_commit", "?") for b in bon})
-    cpus = sorted({r.get("cpu", "") for r in sweep_rows if r.get("cpu")})
-    rm_cols = _rm_columns(exp)
-    rm_acc: dict[str, dict[int, list[float]]] = {}  # reward-model configuration -> seed -> its cells'
-    for r in sweep_rows:
-        if r.get("rm_heldout_accuracy") not in (None, ""):
-            config = " · ".join(f"{c.split('.')[-1]} {_short(str(r.get(c, '')))}" for c in rm_cols)
-            acc = float(r["rm_heldout_accuracy"])
-            rm_acc.setdefault(config, {}).setdefault(int(r["seed"]), []).append(acc)
-    lines = [
-        f"# {exp.name}: gold and proxy against sqrt(KL) (Gao et al. 2023)",
-        "",
-        f"**Question.** {exp.question}",
-        "",
-        f"Seeds {', '.join(map(str, seeds))} ({len(seeds)}) · commits {', '.join(commits)} · "
-        f"CPU {'; '.join(cpus) or '?'} · "
-        f"bootstrap {bootstrap} resamples of the seeds · points: windows of {oo.WINDOW} steps.",
-        "",
-        "Reward models: held-out pairwise accuracy per seed (an ensemble's is its members' mean), per "
-        "reward-model configuration, and its mean over seeds: "
-        + "; ".join(
-            f"{config or 'one'}: "
-            + ", ".join(f"seed {s} {sum(v) / len(v):.3f}" for s, v in sorted(by_seed.items()))
-            + f" (mean {sum(sum(v) / len(v) for v in by_seed.values()) / len(by_seed):.3f})"
-            for config, by_seed in sorted(rm_acc.items())
-        ),
-        "",
-        "Every gold and proxy value is minus the seed's start under its reward-model configuration, "
-        "scored by that configuration's proxy; the start used here: {START} (best-of-1: the warm start's "
-        "samples on the held-out prompts; first step: the runs' first step, sampled from the warm start). "
-        "d = sqrt(KL(pi || pi_init)) in nats^0.5 per response: for RL the exact KL summed along each "
-        "sampled response; for best-of-n the plug-in estimate from its samples (at most log n − (n−1)/n, "
-        "the column 'bound').",
-        "",
-        "## Best-of-n (the warm start, no training), mean over seeds",
-        "",
-        "| ranked by | n | KL (nats) | bound | d | proxy − start | gold − start |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {label.removeprefix('best-of-n · ')} | {b['n']:g} | {_f(b['kl'])} | {_f(b['kl_bound'])} "
-        f"| {_f(b['sqrt_kl'])} | {_f(b['proxy'])} | {_f(b['gold'])} |"
-        for label, rows in bon_curves.items()
-        for b in rows
-    ]
-    lines += [
-        "",
-        "## Fitted gold curves d (alpha − beta d), per family (all its KL controls pooled)",
-        "",
-        "| family | seeds | points | alpha | beta | peak d* | KL at peak | 95% CI of d* | d max "
-        "| peak inside the data |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for f, fit in gold_fits.items():
-        kl_peak = fit.d_peak**2 if math.isfinite(fit.d_peak) else fit.d_peak
-        lines.append(
-            f"| {f} | {fit.seeds} | {fit.points} | {_f(fit.alpha)} | {_f(fit.beta)} | {_f(fit.d_peak)} "
-            f"| {_f(kl_peak)} | "
-            f"[{_f(fit.ci[0])}, {_f(fit.ci[1])}] | {_f(fit.d_max)} | {'yes' if fit.interior else 'no'} |"
-        )
-    lines += [
-        "",
-        "## Sensitivity, added after the data (not declared): the gold fit with a free intercept",
-        "",
-        "The declared fit passes through the start (0 at d = 0), while the runs' own first step (d = 0) sits "
-        "off it ('first step', the mean of those points). c + alpha d − beta d^2 instead, by least squares "
-        "on the same points: where its maximum over d ≥ 0 lies.",
-        "",
-        "| family | first step | c | alpha | beta | maximiser d | among the points (d > 0 to d max) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    d_mins = {f: min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan) for f in gold_fits}
-    for f, fit in gold_fits.items():
-        d, y = oo.deltas(by_family[f], starts[f], "gold")
-        c, a, b = oo.fit_with_intercept(d, y)
-        first = [yi for di, yi in zip(d, y, strict=True) if di == 0]
-        top, d_min = oo.peak(a, b), d_mins[f]
-        lines.append(
-            f"| {f} | {_f(sum(first) / len(first)) if first else '–'} | {_f(c)} | {_f(a)} | {_f(b)} "
-            f"| {_f(top)} | {'yes' if d_min < top < fit.d_max else f'no (smallest d > 0: {_f(d_min)})'} |"
-        )
-    lines += ["", "## Per configuration: the last window, mean over seeds", ""]
-    lines += [
-        "| configuration | final KL (nats) | final d | proxy − start | gold − start | failure |",
-        "|---|---|---|---|---|---|",
-    ]
-    for label, pts in curves.items():
-        last = pts[-1]
-        fail = (
-            "gold fell below its start while the proxy rose (over-optimised)"
-            if oo.over_optimised(last["gold"], last["proxy"])
-            else ""
-        )
-        lines.append(
-            f"| {label} | {_f(last['kl'])} | {_f(last['d'])} | {_f(last['proxy'])} | {_f(last['gold'])} "
-            f"| {fail} |"
-        )
-    lines += ["", "## Runs that over-optimised (named, not averaged away)", ""]
-    lines += [
-        f"- {cell} (seed {last['seed']}): gold {_f(start['gold'])} → {_f(last['gold'])} while its proxy "
-        f"rose {_f(start['proxy'])} → {_f(last['proxy'])}, at KL {_f(last['kl'])} nats (last window, "
-        f"step {last['step']:g})"
-        for cell, last, start in failures
-    ] or ["None: no run ended with its gold below its start while its proxy rose."]
-    lines += ["", "## Declared predictions (experiment file), checked by the declared method", ""]
-    verdicts: dict[str, list[str]] = {}  # claim -> "verdict: family (numbers)" for the answer
-    for f in gold_fits:
-        pf, gf = proxy_fits[f], gold_fits[f]
-        rho = oo.spearman(*oo.deltas(by_family[f], starts[f], "proxy"))
-        # P1 in two readings, both declared at the tag: the gin's words (its fit has no peak inside the
-        # measured range) and the report code's, which also wants the fit rising from d = 0 (alpha > 0)
-        no_peak = "undetermined" if math.isnan(pf.d_peak) else ("does not hold" if pf.interior else "holds")
-        rises = (
-            "undetermined"
-            if no_peak == "undetermined"
-            else "holds"
-            if no_peak == "holds" and pf.alpha > 0
-            else "does not hold"
-        )
-        gold_word = (
-            "undetermined"
-            if math.isnan(gf.d_peak)
-            else "supported"
-            if gf.interior and 0 < gf.ci[0] and gf.ci[1] < gf.d_max
-            else ("not established" if gf.interior else "not seen")
-        )
-        gold_why = {
-            "undetermined": "the fit is undetermined",
-            "supported": "the fitted peak and its 95% CI lie inside (0, d max)",
-            "not established": "the fitted peak lies inside the data but its CI does not",
-            "not seen": "no peak inside the measured range",
-        }[gold_word]
-        peak = f"d* {_f(gf.d_peak)}, CI [{_f(gf.ci[0])}, {_f(gf.ci[1])}]"
-        verdicts.setdefault("gold", []).append(f"{gold_word}: {f} ({peak})")
-        verdicts.setdefault("proxy_gin", []).append(f"{no_peak}: {f}")
-        verdicts.setdefault("proxy", []).append(f"{rises}: {f}")
-        lines.append(
-            f"- **{f}**: proxy rises monotonically with KL — as the gin words the test (its fit has no peak "
-            f"inside the measured range): {no_peak}; as the report code also requires (the fit rising from "
-            f"d = 0, alpha > 0): {rises} ({oo.shape(pf.alpha, pf.beta, d_mins[f], pf.d_max)}; proxy fit "
-            f"peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; Spearman rho(d, proxy) {_f(rho)}). Gold peaks "
-            f"at an intermediate KL — {gold_word}: {gold_why} ({peak})."
-        )
-    singles = [f for f in gold_fits if f"{ENSEMBLE.split('.')[-1]} 1" in f.split(" · ")]
-    for f in gold_fits:
-        if f in singles:
-            continue
-        base = next((s for s in singles if s.split(" · ")[0] == f.split(" · ")[0]), None)
-        if base is None:
-            continue
-        diff, ci = oo.peak_difference(
-            by_family[f], by_family[base], starts[f], starts[base], bootstrap=bootstrap
-        )
-        verdict = "supported" if ci[0] > 0 else ("refuted" if ci[1] < 0 else "not established")
-        verdicts.setdefault("ensemble", []).append(
-            f"{verdict}: {f.split(' · ')[0]} ({_f(diff, 2)} [{_f(ci[0], 2)}, {_f(ci[1], 2)}])"
-        )
-        lines.append(
-            f"- **{f}** vs **{base}**: the ensemble's gold peaks at a larger KL — {verdict} "
-            f"(d* difference {_f(diff)}, paired seed-bootstrap 95% CI [{_f(ci[0])}, {_f(ci[1])}])."
-        )
-    answer = (
-        f"**Answer.** These {len(seeds)} seeds cannot answer the question: a bootstrap over "
-        f"{len(seeds)} seeds has at most {len(seeds) ** len(seeds)} distinct resamples, so its intervals "
-        "describe these warm "
-        "starts, not warm starts in general; the experiment's declared run on 10 other seeds is what would."
-        if len(seeds) < 10
-        else oo.answer(verdicts)
-    )
-    lines += [
-        "",
-        answer,
-        "",
-        f"![gold and proxy against sqrt(KL)]({exp.name}{oo.SUFFIX}.png)",
-        "",
-    ]
-    return "\n".join(lines)
+def gao_forms(bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, bootstrap):
+    """GaoForms from the best-of-n rows and the RL points, each seed's start subtracted (`init`)."""
+    rl = {
+        f: oo.fit_family(pts, starts[f], "gold", bootstrap=bootstrap, form="rl")
+        for f, pts in by_family.items()
+    }
+    bon_fits: dict[str, oo.Fit] = {}
+    for key in sorted({rm_key(b) for b in bon}):
+        pts = [
+            {"seed": int(b["seed"]), "d": b["sqrt_kl"], "gold": b["gold"], "proxy": b["proxy"]}
+            for b in bon
+            if rm_key(b) == key and (int(b["seed"]), key) in init
+        ]
+        if pts:
+            start = {s: init[(s, key)] for s in {p["seed"] for p in pts}}
+            bon_fits["best-of-n · " + rm_label(key)] = oo.fit_family(pts, start, "gold", bootstrap=bootstrap)
+
+    def r2(fit: oo.Fit, means: list[tuple[float, float]]) -> float:
+        if not means or math.isnan(fit.alpha):
+            return math.nan
+        d, y = zip(*means, strict=True)
+        return oo.r_squared(y, oo.predict(fit.form, fit.alpha, fit.beta, d))
+
+    r2_means: dict[tuple[str, str], float] = {}
+    for label, fit in bon_fits.items():
+        r2_means[(label, "bon")] = r2(fit, [(m["sqrt_kl"], m["gold"]) for m in bon_curves.get(label, [])])
+    for f, fit in rl.items():
+        means = [(m["d"], m["gold"]) for c, pts in curves.items() if family_of[c] == f for m in pts]
+        r2_means[(f, "rl")] = r2(fit, means)
+        declared = oo.fit_family(by_family[f], starts[f], "gold", bootstrap=0)
+        r2_means[(f, "bon")] = r2(declared, means)
+    return GaoForms(bon_fits, rl, r2_means)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

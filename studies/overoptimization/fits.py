@@ -13,7 +13,12 @@ d (alpha - beta d) for best-of-n (their eq. 1; RL fits d (alpha - beta log d)). 
                 (best-of-1 of the warm start on held-out prompts, best_of_n.py here; without it, the
                 runs' step-0 point: their first metrics row, sampled from the warm start)
     fit_curve   least squares of delta = d (alpha - beta d) over a family's pooled points (no intercept:
-                delta = 0 at d = 0 by definition)
+                delta = 0 at d = 0 by definition): Gao et al.'s best-of-n form (their eq. 1), the one
+                the experiment declared for RL too
+    fit_rl_curve   least squares of delta = d (alpha - beta log d): Gao et al.'s RL form (their eq. 2),
+                also 0 at d = 0; its peak d* = exp(alpha / beta - 1) (beta > 0)
+    r_squared   1 - SS_res / SS_tot about the mean of the fitted values' targets (centred), over the
+                points the fit used or over their means (a seed's noise stays in the first)
     peak        d* = alpha / (2 beta), the fitted curve's maximum (beta > 0, alpha > 0); +inf when the
                 curve never turns down (beta <= 0), 0 when it falls from the start (alpha <= 0)
     bootstrap   seeds resampled with replacement (the seed is the unit: a warm start, a reward model,
@@ -78,11 +83,75 @@ def fit_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     return float(alpha), float(beta)
 
 
-def fit_with_intercept(d: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
-    """(c, alpha, beta) of y = c + alpha d - beta d^2 by least squares: the declared fit (fit_curve) without
-    its pass through the start, a sensitivity check of where the peak lies when the points at d = 0 (a
-    run's first step) sit off the start; (nan, nan, nan) with fewer than 3 distinct d. Its maximiser over
-    d >= 0 is peak(alpha, beta), as for the declared fit."""
+def fit_rl_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(alpha, beta) of y = d (alpha - beta log d) = alpha d - beta d log d by least squares (d log d -> 0
+    at d = 0, so a point at d = 0 predicts 0); (nan, nan) with fewer than 2 distinct d > 0."""
+    d_arr, y_arr = np.asarray(d, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if d_arr.shape != y_arr.shape or d_arr.ndim != 1:
+        raise ValueError(
+            f"fit_rl_curve: d and y must be 1-d of one length, got {d_arr.shape} and {y_arr.shape}"
+        )
+    if np.any(d_arr < 0):
+        raise ValueError("fit_rl_curve: d = sqrt(KL) must be >= 0")
+    if len(np.unique(d_arr[d_arr > 0])) < 2:
+        return math.nan, math.nan
+    design = np.stack([d_arr, -_dlogd(d_arr)], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
+    return float(alpha), float(beta)
+
+
+def _dlogd(d: np.ndarray) -> np.ndarray:
+    """d log d, 0 at d = 0 (its limit)."""
+    out = np.zeros_like(d)
+    pos = d > 0
+    out[pos] = d[pos] * np.log(d[pos])
+    return out
+
+
+def rl_peak(alpha: float, beta: float) -> float:
+    """The maximiser over d >= 0 of d (alpha - beta log d). Its slope alpha - beta (log d + 1) is +inf
+    at d -> 0+ when beta > 0, so the curve always rises first and peaks where the slope is 0:
+    d* = exp(alpha / beta - 1). beta < 0: the slope grows without limit (+inf); beta = 0: a line,
+    rising (+inf) if alpha > 0, else never (0); nan if unfitted."""
+    if math.isnan(alpha) or math.isnan(beta):
+        return math.nan
+    if beta < 0 or (beta == 0 and alpha > 0):
+        return math.inf
+    if beta == 0:
+        return 0.0
+    return math.exp(alpha / beta - 1.0)
+
+
+def predict(form: str, alpha: float, beta: float, d: Sequence[float], c: float = 0.0) -> np.ndarray:
+    """The fitted y at `d` of `form` ('bon': d (alpha - beta d); 'rl': d (alpha - beta log d)), plus an
+    intercept `c` (the free-intercept sensitivity fits)."""
+    d_arr = np.asarray(d, dtype=np.float64)
+    curve = -(d_arr**2) if form == "bon" else -_dlogd(d_arr)
+    return c + alpha * d_arr + beta * curve
+
+
+def r_squared(y: Sequence[float], fitted: Sequence[float]) -> float:
+    """1 - SS_res / SS_tot with SS_tot about the mean of `y` (the centred R^2, comparable between the
+    forms and with the free-intercept fits; a fit through the origin can score below 0); nan when `y`
+    does not vary."""
+    y_arr, f_arr = np.asarray(y, dtype=np.float64), np.asarray(fitted, dtype=np.float64)
+    total = float(((y_arr - y_arr.mean()) ** 2).sum())
+    if total == 0:
+        return math.nan
+    return 1.0 - float(((y_arr - f_arr) ** 2).sum()) / total
+
+
+FITS = {"bon": fit_curve, "rl": fit_rl_curve}
+FORMULA = {"bon": "d (alpha − beta d)", "rl": "d (alpha − beta log d)"}
+
+
+def fit_with_intercept(
+    d: Sequence[float], y: Sequence[float], form: str = "bon"
+) -> tuple[float, float, float]:
+    """(c, alpha, beta) of y = c + alpha d - beta d^2 (form 'bon'; 'rl': c + alpha d - beta d log d) by
+    least squares: the fit without its pass through the start, a sensitivity check of where the peak lies
+    when the points at d = 0 (a run's first step) sit off the start; (nan, nan, nan) with fewer than 3
+    distinct d. Its maximiser over d >= 0 is the form's peak(alpha, beta), as without c."""
     d_arr, y_arr = np.asarray(d, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if d_arr.shape != y_arr.shape or d_arr.ndim != 1:
         raise ValueError(
@@ -90,7 +159,8 @@ def fit_with_intercept(d: Sequence[float], y: Sequence[float]) -> tuple[float, f
         )
     if len(np.unique(d_arr)) < 3:
         return math.nan, math.nan, math.nan
-    design = np.stack([np.ones_like(d_arr), d_arr, -(d_arr**2)], axis=1)
+    curve = -(d_arr**2) if form == "bon" else -_dlogd(d_arr)
+    design = np.stack([np.ones_like(d_arr), d_arr, curve], axis=1)
     (c, alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
     return float(c), float(alpha), float(beta)
 
@@ -142,6 +212,9 @@ def shape(alpha: float, beta: float, d_min: float, d_max: float) -> str:
     return f"the fit never rises (alpha {alpha:.3g} <= 0 <= beta {beta:.3g})"
 
 
+PEAKS = {"bon": peak, "rl": rl_peak}
+
+
 @dataclass(frozen=True)
 class Fit:
     """A family's fitted curve of one quantity (gold or proxy minus its start) against d."""
@@ -153,6 +226,9 @@ class Fit:
     ci: tuple[float, float]  # bootstrap percentiles of d_peak
     seeds: int
     points: int
+    form: str = "bon"  # 'bon': d (alpha - beta d); 'rl': d (alpha - beta log d)
+    r2: float = math.nan  # over the points the fit used
+    d_min: float = math.nan  # the smallest d > 0 among them
 
     @property
     def interior(self) -> bool:
@@ -185,26 +261,34 @@ def fit_family(
     *,
     bootstrap: int = BOOTSTRAP,
     rng_seed: int = 0,
+    form: str = "bon",
 ) -> Fit:
-    """Fit `what` ('gold' or 'proxy', minus the seed's start) of a family's pooled points; d*'s CI by
-    resampling its seeds (`bootstrap` times, numpy Generator seeded `rng_seed`)."""
+    """Fit `what` ('gold' or 'proxy', minus the seed's start) of a family's pooled points with `form`
+    ('bon' or 'rl', FITS); d*'s CI by resampling its seeds (`bootstrap` times, numpy Generator seeded
+    `rng_seed`)."""
+    fit, top = FITS[form], PEAKS[form]
     seeds = sorted({p["seed"] for p in points})
-    alpha, beta = fit_curve(*deltas(points, init, what))
+    d, y = deltas(points, init, what)
+    alpha, beta = fit(d, y)
     by_seed = {s: [p for p in points if p["seed"] == s] for s in seeds}
     rng = np.random.default_rng(rng_seed)
     peaks = []
     for _ in range(bootstrap):
         pts = [p for s in rng.choice(seeds, size=len(seeds), replace=True) for p in by_seed[int(s)]]
-        peaks.append(peak(*fit_curve(*deltas(pts, init, what))))
+        peaks.append(top(*fit(*deltas(pts, init, what))))
     ci = _interval(peaks)
+    r2 = math.nan if math.isnan(alpha) else r_squared(y, predict(form, alpha, beta, d))
     return Fit(
         alpha,
         beta,
-        peak(alpha, beta),
-        max((p["d"] for p in points), default=math.nan),
+        top(alpha, beta),
+        max(d, default=math.nan),
         ci,
         len(seeds),
         len(points),
+        form,
+        r2,
+        min((x for x in d if x > 0), default=math.nan),
     )
 
 
@@ -256,11 +340,14 @@ def draw(
     family_of: Mapping[str, str],
     fits: Mapping[str, Fit],
     best_of_n: Mapping[str, Sequence[Mapping[str, Any]]],
+    rl_fits: Mapping[str, Fit] | None = None,
+    bon_fits: Mapping[str, Fit] | None = None,
 ) -> None:
     """Gold (left) and proxy (right) minus their start against d = sqrt(KL): one line per configuration
     (`curves`: label -> points averaged over seeds, in step order), coloured by family, the family's
-    fitted gold curve dashed, best-of-n (label -> rows, one per reward-model configuration) in black
-    and greys."""
+    declared gold fit dashed and its fit of Gao's RL form (`rl_fits`) dotted, best-of-n (label -> rows,
+    one per reward-model configuration) in black and greys with its fit of Gao's best-of-n form
+    (`bon_fits`) dash-dotted; every fit drawn over its own points' d only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,21 +376,33 @@ def draw(
                 label=label,
             )
         if what == "gold":
-            for fam, fit in fits.items():
-                if math.isnan(fit.alpha):
-                    continue
-                xs = np.linspace(0, fit.d_max, 100)
-                ax.plot(xs, xs * (fit.alpha - fit.beta * xs), "--", color=colours.get(fam, "0.3"), lw=1.6)
+            for style, drawn in (("--", fits), (":", rl_fits or {})):
+                for fam, fit in drawn.items():
+                    if math.isnan(fit.alpha):
+                        continue
+                    xs = np.linspace(0, fit.d_max, 100)
+                    ax.plot(
+                        xs,
+                        predict(fit.form, fit.alpha, fit.beta, xs),
+                        style,
+                        color=colours.get(fam, "0.3"),
+                        lw=1.6,
+                    )
         for j, (label, rows) in enumerate(best_of_n.items()):
             grey = ("k", "0.45", "0.7")[j % 3]
             xs, ys = [r["sqrt_kl"] for r in rows], [r[what] for r in rows]
             ax.plot(xs, ys, "-o", color=grey, ms=3, lw=1.8, label=label)
+            fit = (bon_fits or {}).get(label)
+            if what == "gold" and fit is not None and not math.isnan(fit.alpha):
+                line = np.linspace(0, fit.d_max, 100)
+                ax.plot(line, predict("bon", fit.alpha, fit.beta, line), "-.", color=grey, lw=1.2)
         ax.axhline(0, color="0.6", lw=0.8)
         ax.set_xlabel("d = sqrt(KL(pi || pi_init)), nats^0.5 per response")
         ax.set_ylabel(
             f"{what} minus its start" + (" (task verifier)" if what == "gold" else " (reward model)")
         )
-        ax.set_title(f"{what}" + (": fitted d(alpha - beta d) dashed" if what == "gold" else ""))
+        fitted = ": d(alpha - beta d) dashed (declared), d(alpha - beta log d) dotted, best-of-n's dash-dot"
+        ax.set_title(f"{what}" + (fitted if what == "gold" else ""), fontsize=9)
     handles, labels = axes[1].get_legend_handles_labels()  # below the panels: they stay readable
     fig.legend(
         handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=7, frameon=False
