@@ -421,3 +421,23 @@ def test_a_binary_file_is_in_the_diff_by_its_hash_not_its_bytes(tmp_path, monkey
         assert git(repo, "hash-object", str(blob)).encode() in diff  # its content, by hash
         hashes.append(provenance.diff_hash(diff))
     assert hashes[0] != hashes[1]
+
+
+def test_the_machine_line_says_when_the_cells_finished_and_when_the_report_was_written():
+    """A regenerated md moves its own date; when the cells ran comes from their finished_at (issue 43:
+    the line said only when the report was written)."""
+    from polgrad.results import markdown
+
+    rows = [
+        {"cell_id": c, "spec": "grpo", "seed": s, "status": "ok", "eval_accuracy": "0.5", "finished_at": t}
+        for c, s, t in (("a", "0", "2026-11-26T20:20:25+00:00"), ("b", "1", "2026-11-26T21:12:13+01:00"),
+                        ("c", "2", ""))  # fmt: skip
+    ]
+    md = markdown("exp", rows, swept_columns=[], primary_metric="eval_accuracy")
+    machine = next(line for line in md.splitlines() if line.startswith("Machine: "))
+    # b finished at 21:12 in UTC+1, 20:12 UTC: the first; a row without the time is left out
+    assert " · cells finished 2026-11-26 20:12 UTC to 2026-11-26 20:20 UTC · report 20" in machine
+    one = markdown("exp", rows[:1], swept_columns=[], primary_metric="eval_accuracy")
+    assert " · cells finished 2026-11-26 20:20 UTC · report " in one
+    none = markdown("exp", rows[2:], swept_columns=[], primary_metric="eval_accuracy")
+    assert "cells finished" not in none and " · report 20" in none

@@ -3,7 +3,6 @@ rewrites results/<experiment>.md and its figures (polgrad.results.figures) from 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
 from polgrad.results.figures import curves_path, plot
 from polgrad.results.findings import sections
+from polgrad.results.header import header
 from polgrad.results.provenance import TUNING, portable_command, repo_root
 from polgrad.results.stats import format_mean_ci, mean_ci
 from polgrad.results.store import METRICS, RUN_COLUMNS, TABLE5_COLUMNS, csv_path, read_rows, unread_columns
@@ -23,7 +23,6 @@ from polgrad.results.studies import Study
 from polgrad.results.studies import load as load_studies
 from polgrad.results.tuning import edge_count
 from polgrad.results.tuning import section as tuning_section
-from polgrad.results.warm_starts import warm_start_paragraph
 
 # The md's Table-5 columns: (CSV column, header). The method is the group's spec (a row may name it
 # otherwise in an optional `table5_method` column); the others come from the CSV's table5_* columns.
@@ -195,7 +194,7 @@ def markdown(
         at_edge=edge_count(tuning),
         warm_start=not experiment.endswith(TUNING),  # a tuning grid's 3-seed cells: no verdict to give
     )
-    lines = _header(experiment, rows, question=question, command=command, budget=budget)
+    lines = header(experiment, rows, question=question, command=command, budget=budget)
     lines += _overview(rows, len(board), primary_metric, higher_is_better, figures, missing_cells, stale_rows)
     lines += _ranking(
         rows, board, swept_columns, primary_metric, unread, label, best_key if starred else None
@@ -222,48 +221,6 @@ def markdown(
     lines += stats_lines
     lines += _cell_lists(rows)
     return "\n".join(lines) + "\n"
-
-
-def _header(
-    experiment: str, rows: Sequence[dict[str, str]], *, question: str, command: str, budget: str
-) -> list[str]:
-    """Title, question, the machine and versions the rows ran on, the warm-start design, the budget."""
-    envs = {
-        k: sorted({str(r.get(k, "")) for r in rows if r.get(k)})
-        for k in (
-            "hostname",
-            "cpu_count",
-            "cpu",
-            "python",
-            "torch",
-            "transformers",
-            "deepspeed",
-            "git_commit",
-            "user_modules",
-        )
-    }
-
-    def one(k):
-        return ", ".join(envs[k]) or "?"
-
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# {experiment}", ""]
-    if question:
-        lines += [f"**Question.** {question}", ""]
-    lines += [
-        f"Machine: {one('hostname')} ({one('cpu_count')} CPUs"
-        + (f": {'; '.join(envs['cpu'])}" if envs["cpu"] else "")  # rows that record the CPU (model · ISA)
-        + f") · python {one('python')} · torch "
-        f"{one('torch')} · transformers {one('transformers')} · deepspeed {one('deepspeed')} · "
-        f"commit {one('git_commit')}"
-        + (f" · user modules {'; '.join(envs['user_modules'])}" if envs["user_modules"] else "")
-        + f" · {date} · command: `{command}`",
-        "",
-    ]
-    lines += warm_start_paragraph(rows)  # one warm start, one per seed, or not recorded; broken pairing
-    if budget:  # Sweep.budget, as the sweep's dry run stated it (polgrad/sweep/budget.py)
-        lines += [f"**Budget.** {budget}", ""]
-    return lines
 
 
 def _overview(
