@@ -190,6 +190,18 @@ def test_a_figure_without_run_folders_says_so(tmp_path):
     assert all(_is_png(p) for p in figs.paths)
 
 
+def test_curves_drawn_earlier_are_kept_when_no_run_folder_is_there_to_redraw_them(tmp_path, capsys):
+    """A clone holds an experiment's committed curves PNG but not its run folders (git ignores them):
+    regenerating its report keeps the PNG, with a line saying why, instead of overwriting it with the
+    'no learning curves' panel (which every committed curves PNG became)."""
+    drawn = tmp_path / "e_curves.png"
+    drawn.write_bytes(b"\x89PNG drawn from the run folders")
+    figs = _plot(tmp_path, _rows(run_dirs=False))
+    assert drawn.read_bytes() == b"\x89PNG drawn from the run folders"
+    assert figs.paths == (tmp_path / "e.png", drawn) and _is_png(figs.paths[0])
+    assert f"{drawn} kept: no learning curves" in capsys.readouterr().err
+
+
 def test_a_figure_for_one_configuration(tmp_path):
     rows = _rows({"base": CONFIGS["base"]})
     _write_runs(tmp_path, rows)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -278,6 +279,10 @@ def plot(
             f"no learning curves: no run folder of {experiment} has metrics.jsonl or eval.jsonl "
             f"under {Path(results_dir) / experiment / 'runs'}"
         )
+        if curves_path(path).exists():  # drawn earlier from run folders this checkout lacks: kept
+            print(f"{curves_path(path)} kept: {figs.note}", file=sys.stderr)
+            figs.paths = (path, curves_path(path))
+            return figs
     figs.curves_figure = draw_curves(curves_path(path), experiment, figs, [label(k) for k in keys])
     figs.paths = (path, curves_path(path))
     return figs
