@@ -259,3 +259,31 @@ def test_a_baseline_without_a_finished_run_is_named_as_the_cause():
     findings = _md(r).split("## Findings")[1]
     assert "The baseline grpo · Algorithm.kl=base has no finished run (see Failed cells)" in findings
     assert "Run more seeds" not in findings
+
+
+def test_when_every_configuration_collapsed_the_answer_counts_the_others_below_their_warm_start():
+    """value_init's Answer said 'runs that do not collapse would answer it' while 19 of its 26 runs that
+    did not collapse also ended below their warm start. Two configurations of 4 seeds, warm start 0.4:
+    seed 0 of each collapses (0.1 < half of 0.4); of the 6 others, 4 end below 0.4 (0.35, 0.3, 0.38,
+    0.39) and 2 above."""
+    rows = _rows(
+        {
+            "base": {"eval_accuracy": [0.1, 0.35, 0.3, 0.45], "eval_accuracy_init": [0.4] * 4},
+            "b": {"eval_accuracy": [0.1, 0.38, 0.39, 0.5], "eval_accuracy_init": [0.4] * 4},
+        }
+    )
+    (answer,) = (ln for ln in _md(rows).splitlines() if "**Answer.**" in ln)
+    assert "cannot answer its question, because runs of every configuration failed" in answer
+    assert (
+        "of the 6 runs that did not collapse, 4 also ended below their warm start, so avoiding collapse "
+        in answer
+    )
+    assert "runs that do not collapse would answer it" not in answer
+    fine = _rows(
+        {
+            "base": {"eval_accuracy": [0.1, 0.45, 0.5, 0.45], "eval_accuracy_init": [0.4] * 4},
+            "b": {"eval_accuracy": [0.1, 0.48, 0.49, 0.5], "eval_accuracy_init": [0.4] * 4},
+        }
+    )
+    (answer,) = (ln for ln in _md(fine).splitlines() if "**Answer.**" in ln)
+    assert "runs that do not collapse would answer it; more seeds" in answer

@@ -447,10 +447,11 @@ def _answer(rows, group_columns, label, primary, higher_is_better, predictions, 
     names = "; ".join(label(k) for k in failed)
     configs = {health.config_key(r, group_columns) for r in rows if r.get("status") == "ok"}
     if failed and set(failed) >= configs:
+        what = health.what_would_answer(rows, group_columns)
         return (
             f"**Answer.** This experiment cannot answer its question, because runs of every configuration "
-            f"failed ({names}; see {health.HEADING[3:]}), so their differences compare failures: runs that "
-            "do not collapse would answer it, more seeds of these runs would only count the collapses."
+            f"failed ({names}; see {health.HEADING[3:]}), so their differences compare failures: {what}; "
+            "more seeds of these runs would only count the collapses."
         )
     compared = {k for p in predictions if p[1] is not None for k in (p[1], base)} if judged else set()
     tail = health.answer_tail(failed, compared, label)

@@ -97,6 +97,31 @@ def run_failures(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -
     return out
 
 
+def below_start(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> tuple[int, int]:
+    """(ok runs that did not collapse and record both accuracies, how many of them ended below their
+    warm start: eval_accuracy < eval_accuracy_init): whether avoiding collapse alone would answer."""
+    collapsed = {f.cell_id for f in run_failures(rows, group_columns) if f.collapsed}
+    pairs = [
+        (_f(r, "eval_accuracy"), _f(r, "eval_accuracy_init"))
+        for r in rows
+        if r.get("status") == "ok" and str(r.get("cell_id", "")) not in collapsed
+    ]
+    pairs = [(a, b) for a, b in pairs if not (math.isnan(a) or math.isnan(b))]
+    return len(pairs), sum(a < b for a, b in pairs)
+
+
+def what_would_answer(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> str:
+    """For an experiment whose every configuration has collapsed runs: what runs would answer it. Runs
+    that do not collapse, unless those too mostly ended below their warm start (`below_start`)."""
+    kept, below = below_start(rows, group_columns)
+    if not below:
+        return "runs that do not collapse would answer it"
+    return (
+        f"of the {kept} runs that did not collapse, {below} also ended below their warm start, so avoiding "
+        "collapse alone would not answer it; runs that end above their warm start would"
+    )
+
+
 def failed_keys(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> set[Key]:
     """Configurations with at least one failed (collapsed) run."""
     return {f.key for f in run_failures(rows, group_columns) if f.collapsed}
