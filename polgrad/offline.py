@@ -19,6 +19,7 @@ the sequences it trains on, 2 per pair, and their response tokens.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import torch
@@ -44,6 +45,25 @@ def sequence_logp(model, ids: Tensor, attn: Tensor, response_mask: Tensor) -> Te
     return (logp.double() * response_mask[:, 1:].double()).sum(-1)
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_raw_strings(tokenizer, pairs, chat_template: bool | None) -> None:
+    """Once per process: DPO trains string pairs raw (TRL's rule) while the policy's tokenizer has a chat
+    template, through which sampling and evaluation render every prompt (train.chat_template = None)."""
+    if chat_template is not None or not getattr(tokenizer, "chat_template", None) or "raw" in _WARNED:
+        return
+    if any(getattr(p, "messages", None) is None for p, _, _ in pairs):
+        _WARNED.add("raw")
+        print(
+            "warning: DPO trains string preference pairs raw, as TRL does, while evaluation renders prompts "
+            "through the policy's chat template; bind train.chat_template = True to train them as one user "
+            "and one assistant turn, or False to train and evaluate raw",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def pair_step(
     cfg: config.TrainConfig, algo: Algorithm, m: Models, task, seed: int, state: LoopState
 ) -> tuple[dict[str, Any], float, LoopState]:
@@ -52,6 +72,7 @@ def pair_step(
     pairs = task.preference_pairs(cfg.prompts_per_step, seed=seed)
     n = len(pairs)
     # Tokenised as TRL's DPOTrainer does (conversations through the chat template, strings raw + EOS).
+    _warn_raw_strings(m.tokenizer, pairs, cfg.chat_template)
     ids, attn, resp = encode_pairs(m.tokenizer, pairs, as_chat=cfg.chat_template is True)
     # 4. The frozen reference's log-probs.
     with torch.no_grad(), hooks.phase("ref"):

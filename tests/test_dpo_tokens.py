@@ -39,7 +39,8 @@ CORPUS = [
 def subword():
     """A byte-level BPE tokenizer trained offline on a few sentences (merges such as ' is', 'n't'
     cross the prompt/response boundary of the rows below), with a ChatML-style template whose
-    end of turn (<|im_end|>) is not its EOS (<|endoftext|>), as Qwen2.5-Instruct's is not."""
+    end of turn (<|im_end|>) is not its EOS (<|endoftext|>), as in Qwen2.5's base tokenizer (the
+    Instruct one's EOS is <|im_end|>): the two must not be confused."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
     from tokenizers import models as tk_models
     from transformers import PreTrainedTokenizerFast
@@ -114,8 +115,13 @@ def test_string_rows_are_raw_with_eos_as_in_trl_with_and_without_a_template(subw
     assert im_start not in ours[0].tolist()[0]  # no template on a string prompt (TRL leaves it raw)
     subword_raw = models.load_tokenizer(_saved(subword, tmp_path), chat_template=False)
     _assert_same(_ours(subword_raw, tmp_path, STRING_ROWS), _trl(subword_raw, STRING_ROWS))
-    # A merge across the boundary: the response starts where prompt and prompt + response part.
-    assert ours[2][1].sum() > 0
+    # Row 1 merges across the boundary ('is' + "n't"): the prompt alone does not prefix prompt + response,
+    # so the response starts where they part, inside the prompt's own tokens.
+    head = subword("The answer is")["input_ids"]
+    joint = subword("The answer is" + "n't 41." + EOS)["input_ids"]
+    assert joint[: len(head)] != head
+    prompt_len = int((ours[1][1] - ours[2][1]).sum())  # attended, not response
+    assert prompt_len < len(head) and ours[0][1, :prompt_len].tolist() == joint[:prompt_len]
 
 
 def test_conversational_rows_go_through_the_template_and_end_with_its_end_of_turn(subword, tmp_path):
@@ -206,3 +212,37 @@ def test_the_offline_step_tokenises_its_pairs_this_way(monkeypatch, chat_templat
     with pytest.raises(Stop):
         offline.pair_step(cfg, None, m, task, seed=0, state=None)
     assert seen == {"tokenizer": m.tokenizer, "pairs": pairs, "as_chat": as_chat}
+
+
+def test_string_pairs_trained_raw_beside_a_templated_evaluation_are_one_warning(monkeypatch, capsys):
+    """Under train.chat_template = None a policy with a template is sampled and evaluated through it,
+    while DPO trains string pairs raw (TRL's rule): one warning line per process saying how to align
+    them; none for conversational pairs or an explicit True / False."""
+    from polgrad import offline
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(offline, "encode_pairs", stop)
+    monkeypatch.setattr(offline, "_WARNED", set())
+    templated = SimpleNamespace(chat_template="{{ x }}")
+    chat = [(Chat("q", [{"role": "user", "content": "q"}]), "a", "b")]
+
+    def step(pairs, chat_template):
+        task = SimpleNamespace(preference_pairs=lambda n, seed: pairs)
+        cfg = SimpleNamespace(prompts_per_step=1, chat_template=chat_template)
+        with pytest.raises(Stop):
+            offline.pair_step(cfg, None, SimpleNamespace(tokenizer=templated), task, seed=0, state=None)
+        return capsys.readouterr().err
+
+    assert step(chat, None) == "" and step([("q", "a", "b")], True) == ""
+    assert step([("q", "a", "b")], False) == ""
+    err = step([("q", "a", "b")], None)
+    assert (
+        err.startswith("warning: DPO trains string preference pairs raw, as TRL does")
+        and err.count("\n") == 1
+    )
+    assert step([("q", "a", "b")], None) == ""  # once

@@ -202,6 +202,18 @@ def test_curves_drawn_earlier_are_kept_when_no_run_folder_is_there_to_redraw_the
     assert f"{drawn} kept: no learning curves" in capsys.readouterr().err
 
 
+def test_run_folders_without_metrics_redraw_the_curves_instead_of_keeping_older_ones(tmp_path):
+    """The run folders are there but hold no metrics (every cell failed before its first step): the
+    curves PNG says so, rather than keep an earlier run's curves beside the new md."""
+    rows = _rows()
+    for r in rows:
+        (tmp_path / r["run_dir"]).mkdir(parents=True)
+    old = tmp_path / "e_curves.png"
+    old.write_bytes(b"\x89PNG an earlier run's curves")
+    figs = _plot(tmp_path, rows)
+    assert "no learning curves" in figs.note and _is_png(old)
+
+
 def test_a_figure_for_one_configuration(tmp_path):
     rows = _rows({"base": CONFIGS["base"]})
     _write_runs(tmp_path, rows)

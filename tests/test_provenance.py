@@ -430,8 +430,11 @@ def test_the_machine_line_says_when_the_cells_finished_and_when_the_report_was_w
 
     rows = [
         {"cell_id": c, "spec": "grpo", "seed": s, "status": "ok", "eval_accuracy": "0.5", "finished_at": t}
-        for c, s, t in (("a", "0", "2026-11-26T20:20:25+00:00"), ("b", "1", "2026-11-26T21:12:13+01:00"),
-                        ("c", "2", ""))  # fmt: skip
+        for c, s, t in (
+            ("a", "0", "2026-11-26T20:20:25+00:00"),
+            ("b", "1", "2026-11-26T21:12:13+01:00"),
+            ("c", "2", ""),
+        )  # fmt: skip
     ]
     md = markdown("exp", rows, swept_columns=[], primary_metric="eval_accuracy")
     machine = next(line for line in md.splitlines() if line.startswith("Machine: "))

@@ -163,3 +163,25 @@ def test_a_wrong_sweep_ray_is_one_line_naming_the_file_and_line(tmp_path, ray, s
     with pytest.raises(ConfigError) as e:
         load_experiment(path)
     assert str(e.value).startswith(f"{path}: line 5: Sweep.ray: ") and says in str(e.value), str(e.value)
+
+
+def test_a_sweep_that_opened_a_lock_another_sweep_then_removed_leaves_the_new_copy_alone(node):
+    """Sweep B opens X.held; sweep A removes the copy and its lock; a task makes a new copy and lock at
+    the same path and holds it. B's lock on the removed file succeeds, but the path is another file
+    now: B must not remove the task's copy (it did before the inode check)."""
+    import os
+
+    local = node / "k/x/runs/c"
+    _copy(node, "k/x/runs/c")  # a stopped task's copy, its lock free
+    lock = local.with_name("c" + ray_nodes.HELD)
+    fd = os.open(lock, os.O_RDONLY)  # B
+    try:
+        assert ray_nodes.sweep_copies("k") == [str(local)]  # A
+        fh = ray_nodes.hold(local)  # a new task, a new lock file
+        local.mkdir(parents=True)
+        (local / "metrics.jsonl").write_text("{}\n")
+        assert ray_nodes._remove_if_free(lock, fd) is None  # B's turn
+        assert (local / "metrics.jsonl").exists() and lock.exists()
+        fh.close()
+    finally:
+        os.close(fd)

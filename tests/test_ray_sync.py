@@ -447,11 +447,26 @@ def test_a_gpu_cell_spanning_nodes_on_a_cluster_without_the_gpus_is_one_line():
     with pytest.raises(PolgradError) as e:
         ray_checks.check_resources(cell, "c1", 2, cpu_only)
     assert str(e.value) == (
-        "x.gin: cell c1: Sweep.num_gpus = 2 runs 2 ranks of one GPU each, but the Ray cluster has 0 GPUs "
-        "(at most 0 on a node); lower Sweep.num_gpus, add GPU nodes, or run CPU cells (Sweep.num_gpus = 0)"
+        "x.gin: cell c1: 2 ranks of 1 GPU and 1 CPUs each (Sweep.num_gpus = 2), but the Ray cluster's nodes "
+        "hold 0 such ranks (0 GPUs in all); lower Sweep.num_gpus or Sweep.num_cpus, add GPU nodes, or run "
+        "CPU cells (Sweep.num_gpus = 0)"
     )
     one_each = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}} for n in ("a", "b")]
     ray_checks.check_resources(cell, "c1", 2, one_each)  # one GPU on each of two nodes holds it
+    # a bundle needs its GPU and its CPUs on one node: the CPU-rich node has no GPU, the GPU nodes 0.5 CPU
+    split = [{"NodeID": "big", "Alive": True, "Resources": {"CPU": 64.0}}] + [
+        {"NodeID": n, "Alive": True, "Resources": {"CPU": 0.5, "GPU": 1.0}} for n in ("g1", "g2")
+    ]
+    with pytest.raises(PolgradError, match="the Ray cluster's nodes hold 0 such ranks .2 GPUs in all."):
+        ray_checks.check_resources(cell, "c1", 2, split)
     strict = types.SimpleNamespace(file="x.gin", num_cpus=2, num_gpus=2, placement="STRICT_PACK")
-    with pytest.raises(PolgradError, match="'STRICT_PACK' puts the 2 ranks on one node, but no node"):
+    with pytest.raises(
+        PolgradError, match="'STRICT_PACK' puts the 2 ranks of 1 GPU .* a node holds at most 1"
+    ):
         ray_checks.check_resources(strict, "c1", 2, one_each)
+    two_on_one = [{"NodeID": "a", "Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}]
+    spread = types.SimpleNamespace(file="x.gin", num_cpus=2, num_gpus=2, placement="STRICT_SPREAD")
+    with pytest.raises(
+        PolgradError, match="'STRICT_SPREAD' puts each of the 2 ranks .* but 1 nodes hold one"
+    ):
+        ray_checks.check_resources(spread, "c1", 2, two_on_one + cpu_only)

@@ -287,3 +287,11 @@ def test_when_every_configuration_collapsed_the_answer_counts_the_others_below_t
     )
     (answer,) = (ln for ln in _md(fine).splitlines() if "**Answer.**" in ln)
     assert "runs that do not collapse would answer it; more seeds" in answer
+    few = _rows(  # 1 of the 6 that did not collapse ended below: not most of them
+        {
+            "base": {"eval_accuracy": [0.1, 0.35, 0.5, 0.45], "eval_accuracy_init": [0.4] * 4},
+            "b": {"eval_accuracy": [0.1, 0.48, 0.49, 0.5], "eval_accuracy_init": [0.4] * 4},
+        }
+    )
+    (answer,) = (ln for ln in _md(few).splitlines() if "**Answer.**" in ln)
+    assert "runs that do not collapse would answer it; more seeds" in answer

@@ -285,6 +285,11 @@ def _pair_ids(
         fulls = [ids(head_turns + t) for t in turns]
     else:
         eos = tokenizer.eos_token
+        if eos is None:
+            raise DataError(
+                "the tokenizer has no EOS token, which ends every response of a string preference pair (as "
+                "in TRL); add one (tokenizer.add_special_tokens({'eos_token': ...})) and save it again"
+            )
         head = list(tokenizer(str(prompt), verbose=False)["input_ids"])
         texts = [str(r) if str(r).endswith(eos) else str(r) + eos for r in responses]
         fulls = [list(tokenizer(str(prompt) + t, verbose=False)["input_ids"]) for t in texts]

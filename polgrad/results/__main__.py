@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from polgrad.errors import DataError, PolgradError
 from polgrad.results.figures import curves_path
@@ -47,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if rebuilt:
             print(rebuilt, file=sys.stderr)
+        curves = curves_path(Path(args.results) / f"{args.experiment}.png")
+        before = curves.stat().st_mtime_ns if curves.exists() else None
         md, png = write_report(args.experiment, args.results)
     except PolgradError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {md}, {png} and {curves_path(png)}")
+    redrawn = curves.exists() and curves.stat().st_mtime_ns != before  # else kept (no run folders)
+    print(f"wrote {md}, {png}" + (f" and {curves}" if redrawn else f"; kept {curves}"))
     return 0
 
 

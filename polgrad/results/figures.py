@@ -279,7 +279,8 @@ def plot(
             f"no learning curves: no run folder of {experiment} has metrics.jsonl or eval.jsonl "
             f"under {Path(results_dir) / experiment / 'runs'}"
         )
-        if curves_path(path).exists():  # drawn earlier from run folders this checkout lacks: kept
+        absent = not any((Path(results_dir) / r["run_dir"]).is_dir() for r in ok if r.get("run_dir"))
+        if absent and curves_path(path).exists():  # drawn earlier from run folders this checkout lacks: kept
             print(f"{curves_path(path)} kept: {figs.note}", file=sys.stderr)
             figs.paths = (path, curves_path(path))
             return figs

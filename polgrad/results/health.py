@@ -112,9 +112,9 @@ def below_start(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) ->
 
 def what_would_answer(rows: Sequence[dict[str, Any]], group_columns: Sequence[str]) -> str:
     """For an experiment whose every configuration has collapsed runs: what runs would answer it. Runs
-    that do not collapse, unless those too mostly ended below their warm start (`below_start`)."""
+    that do not collapse, unless most of those too ended below their warm start (`below_start`)."""
     kept, below = below_start(rows, group_columns)
-    if not below:
+    if 2 * below <= kept:
         return "runs that do not collapse would answer it"
     return (
         f"of the {kept} runs that did not collapse, {below} also ended below their warm start, so avoiding "

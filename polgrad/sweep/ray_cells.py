@@ -113,6 +113,7 @@ def cell_task(
         )
     held = hold(local)  # before the sweep: this copy is not left for another task to delete
     log = NodeLog().__enter__()  # what the task writes here goes to the driver as {"log": lines}
+    worker: threading.Thread | None = None  # the thread that runs the trainer, once started
     try:
         for path in sweep_copies(rel.split("/", 1)[0]):  # copies an earlier task of this driver left here
             print(f"removed the node copy {path}, left by a stopped or lost task")
@@ -167,14 +168,15 @@ def cell_task(
                 yield {"files": files, "deleted": deleted}
             if lines := log.take():
                 yield {"log": lines}
-        if lines := log.take():
+        if lines := log.take(final=True):
             yield {"log": lines}
         yield {"outcome": done["outcome"]}
         shutil.rmtree(local, ignore_errors=True)  # the driver has it all now
         Path(held.name).unlink(missing_ok=True)
-    finally:  # an error of this task's own: the lock goes now, the copy with the next sweep
+    finally:  # an error of this task's own: the copy goes with a later sweep once the trainer is gone
         log.__exit__()
-        held.close()
+        if worker is None or not worker.is_alive():
+            held.close()  # else the lock stays with this process: no sweep removes a live trainer's folder
 
 
 # --------------------------------------------------------------------------------------------

@@ -94,6 +94,38 @@ def _largest(nodes: Sequence[dict[str, Any]], resource: str) -> float:
     return max((float(n.get("Resources", {}).get(resource, 0.0)) for n in nodes), default=0.0)
 
 
+def _check_gpu_bundles(exp: Any, where: str, world: int, nodes: Sequence[dict[str, Any]]) -> None:
+    """One line when the live `nodes` cannot hold the `world` bundles of a GPU cell (1 GPU and
+    Sweep.num_cpus / world CPUs each) as Sweep.placement asks: counted per node, a bundle needing
+    both on one node (a CPU-rich node without a GPU holds none)."""
+    per_cpu = exp.num_cpus / world
+
+    def holds(n: dict[str, Any]) -> int:
+        res = n.get("Resources", {})
+        gpu = int(float(res.get("GPU", 0.0)))
+        return min(gpu, int(float(res.get("CPU", 0.0)) // per_cpu)) if per_cpu > 0 else gpu
+
+    held = [holds(n) for n in nodes]
+    total_gpus = sum(float(n.get("Resources", {}).get("GPU", 0.0)) for n in nodes)
+    need = f"{world} ranks of 1 GPU and {per_cpu:g} CPUs each (Sweep.num_gpus = {exp.num_gpus:g})"
+    if sum(held) < world:
+        raise PolgradError(
+            f"{where}: {need}, but the Ray cluster's nodes hold {sum(held)} such ranks ({total_gpus:g} "
+            "GPUs in all); lower Sweep.num_gpus or Sweep.num_cpus, add GPU nodes, or run CPU cells "
+            "(Sweep.num_gpus = 0)"
+        )
+    if exp.placement == "STRICT_PACK" and max(held) < world:
+        raise PolgradError(
+            f"{where}: Sweep.placement = 'STRICT_PACK' puts the {need} on one node, but a node holds at most "
+            f"{max(held)} of them"
+        )
+    if exp.placement == "STRICT_SPREAD" and sum(h > 0 for h in held) < world:
+        raise PolgradError(
+            f"{where}: Sweep.placement = 'STRICT_SPREAD' puts each of the {need} on its own node, but "
+            f"{sum(h > 0 for h in held)} nodes hold one: use 'SPREAD' or add GPU nodes"
+        )
+
+
 def check_resources(exp: Any, cell_id: str, world: int, nodes: Sequence[dict[str, Any]]) -> None:
     """One line when the cells (all ask alike: Sweep.num_cpus, num_gpus, processes_per_cell; `cell_id`
     names the first) can never be placed on the live `nodes` (`ray.nodes()`): a task asking for more
@@ -112,19 +144,8 @@ def check_resources(exp: Any, cell_id: str, world: int, nodes: Sequence[dict[str
         )
     if world == 1:
         return
-    if exp.num_gpus:  # a GPU cell of `world` ranks: one GPU each, wherever Ray places them
-        total_gpus = sum(float(n.get("Resources", {}).get("GPU", 0.0)) for n in nodes)
-        if gpus < 1 or total_gpus < world:
-            raise PolgradError(
-                f"{where}: Sweep.num_gpus = {exp.num_gpus:g} runs {world} ranks of one GPU each, but the "
-                f"Ray cluster has {total_gpus:g} GPUs (at most {gpus:g} on a node); lower Sweep.num_gpus, "
-                "add GPU nodes, or run CPU cells (Sweep.num_gpus = 0)"
-            )
-        if exp.placement == "STRICT_PACK" and exp.num_gpus > gpus:
-            raise PolgradError(
-                f"{where}: Sweep.placement = 'STRICT_PACK' puts the {world} ranks on one node, but no node "
-                f"of the Ray cluster has Sweep.num_gpus = {exp.num_gpus:g} GPUs ({gpus:g} at most)"
-            )
+    if exp.num_gpus:  # a GPU cell of `world` ranks: a bundle of 1 GPU and num_cpus / world CPUs each
+        _check_gpu_bundles(exp, where, world, nodes)
     if exp.num_cpus / world > cpus:
         raise PolgradError(
             f"{where}: Sweep.num_cpus = {exp.num_cpus:g} gives each of the {world} ranks "

@@ -62,28 +62,49 @@ def hold(local: Path):
 def sweep_copies(key: str) -> list[str]:
     """Delete every copy of driver `key`'s cells on this node that no running task holds; returns
     their paths. Run by each task as it starts and on every node at the sweep's end."""
-    import fcntl
 
     gone = []
     for root in _node_roots(key):
         for lock in sorted(root.rglob(f"*{HELD}")):
-            with open(lock, "a") as fh:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:  # held: its task runs
-                    continue
-                copy = lock.with_name(lock.name.removesuffix(HELD))
-                shutil.rmtree(copy, ignore_errors=True)
-                lock.unlink(missing_ok=True)
-                gone.append(str(copy))
+            try:
+                fd = os.open(lock, os.O_RDONLY)  # never created here: a file another sweep removed is gone
+            except FileNotFoundError:
+                continue
+            try:
+                if (copy := _remove_if_free(lock, fd)) is not None:
+                    gone.append(copy)
+            finally:
+                os.close(fd)
     return gone
+
+
+def _remove_if_free(lock: Path, fd: int) -> str | None:
+    """Remove the copy of `lock` (opened as `fd`) if no task holds it and `lock` is still the file `fd`
+    is (another sweep may have removed it since, and a task made a new one for a new copy); the copy's
+    path, or None."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its task runs
+        return None
+    try:
+        if os.stat(lock).st_ino != os.fstat(fd).st_ino:
+            return None
+    except FileNotFoundError:
+        return None
+    copy = lock.with_name(lock.name.removesuffix(HELD))
+    shutil.rmtree(copy, ignore_errors=True)
+    lock.unlink(missing_ok=True)
+    return str(copy)
 
 
 def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 30.0) -> None:
     """At the end of a sweep that ran its cells to the end: `sweep_copies(key)` on every live node
-    (copies of cancelled tasks, of a node that came back), once the `stopped` tasks have ended (their
-    locks go with their processes). Best effort within `wait_s`: a node that does not answer keeps
-    its copies for the next run of the sweep (a stopped sweep's are cleaned by its resumed run)."""
+    (copies of cancelled tasks, of a node that came back), after waiting up to `wait_s` for the
+    `stopped` tasks to end (their locks go with their processes; a copy still held is left, never
+    removed under a live trainer). Best effort: a node that does not answer keeps its copies for the
+    next run of the sweep (a stopped sweep's are cleaned by its resumed run)."""
     try:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -140,8 +161,13 @@ class NodeLog:
     def flush(self) -> None:
         pass
 
-    def take(self) -> list[str]:
+    def take(self, final: bool = False) -> list[str]:
+        """The lines written since the last call; `final`: the last line too, unfinished or not."""
         with self._lock:
+            if final and self._partial.strip():
+                self._lines.append(self._partial)
+            if final:
+                self._partial = ""
             lines, self._lines = self._lines, []
         return lines
 

@@ -225,7 +225,9 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
             mean.update({k: sum(b[k] for b in at) / len(at) for k in ("kl", "kl_bound")})
             mean["sqrt_kl"] = math.sqrt(max(mean["kl"], 0.0))  # the d of the mean KL over seeds
             bon_curves.setdefault(label, []).append({"n": n, **mean, "seeds": len(at)})
-    gao = gao_forms(bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, bootstrap)
+    gao = gao_forms(
+        bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, gold_fits, bootstrap
+    )
     png = results_dir / f"{name}{oo.SUFFIX}.png"
     title = f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds"
     oo.draw(png, title, curves, family_of, gold_fits, bon_curves, rl_fits=gao.rl, bon_fits=gao.bon)
@@ -261,7 +263,9 @@ class GaoForms:
     r2_means: dict[tuple[str, str], float]
 
 
-def gao_forms(bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, bootstrap):
+def gao_forms(
+    bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, declared, bootstrap
+):
     """GaoForms from the best-of-n rows and the RL points, each seed's start subtracted (`init`)."""
     rl = {
         f: oo.fit_family(pts, starts[f], "gold", bootstrap=bootstrap, form="rl")
@@ -290,8 +294,7 @@ def gao_forms(bon, init, rm_key, rm_label, by_family, starts, curves, family_of,
     for f, fit in rl.items():
         means = [(m["d"], m["gold"]) for c, pts in curves.items() if family_of[c] == f for m in pts]
         r2_means[(f, "rl")] = r2(fit, means)
-        declared = oo.fit_family(by_family[f], starts[f], "gold", bootstrap=0)
-        r2_means[(f, "bon")] = r2(declared, means)
+        r2_means[(f, "bon")] = r2(declared[f], means)
     return GaoForms(bon_fits, rl, r2_means)
 
 

@@ -126,8 +126,7 @@ def predict(form: str, alpha: float, beta: float, d: Sequence[float], c: float =
     """The fitted y at `d` of `form` ('bon': d (alpha - beta d); 'rl': d (alpha - beta log d)), plus an
     intercept `c` (the free-intercept sensitivity fits)."""
     d_arr = np.asarray(d, dtype=np.float64)
-    curve = -(d_arr**2) if form == "bon" else -_dlogd(d_arr)
-    return c + alpha * d_arr + beta * curve
+    return c + alpha * d_arr - beta * _curve(form, d_arr)
 
 
 def r_squared(y: Sequence[float], fitted: Sequence[float]) -> float:
@@ -142,6 +141,15 @@ def r_squared(y: Sequence[float], fitted: Sequence[float]) -> float:
 
 
 FITS = {"bon": fit_curve, "rl": fit_rl_curve}
+CURVES = {"bon": np.square, "rl": _dlogd}  # the term beta multiplies (with a minus)
+
+
+def _curve(form: str, d: np.ndarray) -> np.ndarray:
+    if form not in CURVES:
+        raise ValueError(f"unknown form {form!r}; valid: {', '.join(CURVES)}")
+    return CURVES[form](d)
+
+
 FORMULA = {"bon": "d (alpha − beta d)", "rl": "d (alpha − beta log d)"}
 
 
@@ -159,8 +167,7 @@ def fit_with_intercept(
         )
     if len(np.unique(d_arr)) < 3:
         return math.nan, math.nan, math.nan
-    curve = -(d_arr**2) if form == "bon" else -_dlogd(d_arr)
-    design = np.stack([np.ones_like(d_arr), d_arr, curve], axis=1)
+    design = np.stack([np.ones_like(d_arr), d_arr, -_curve(form, d_arr)], axis=1)
     (c, alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
     return float(c), float(alpha), float(beta)
 
@@ -232,8 +239,14 @@ class Fit:
 
     @property
     def interior(self) -> bool:
-        """The fitted peak lies strictly inside the measured range (0, d_max)."""
+        """The fitted peak lies strictly inside (0, d_max): the declared test."""
         return 0 < self.d_peak < self.d_max
+
+    @property
+    def among_points(self) -> bool:
+        """The fitted peak lies among the points at d > 0, (d_min, d_max): where data show a turn (the RL
+        form always peaks above 0, below the smallest measured d when alpha < 0)."""
+        return self.d_min < self.d_peak < self.d_max
 
 
 def deltas(points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str, float]], what: str):

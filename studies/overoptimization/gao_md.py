@@ -221,7 +221,7 @@ def _row(curve: str, fit: oo.Fit, r2_means: float, declared: bool = False) -> st
     return (
         f"| {curve} | {kind} | {fit.seeds} | {fit.points} | {_f(fit.alpha)} | {_f(fit.beta)} "
         f"| {_f(fit.r2, 2)} | {_f(r2_means, 2)} | {_f(fit.d_peak)} | [{_f(fit.ci[0])}, {_f(fit.ci[1])}] "
-        f"| {_f(fit.d_min)} – {_f(fit.d_max)} | {'yes' if fit.interior else 'no'} |"
+        f"| {_f(fit.d_min)} – {_f(fit.d_max)} | {'yes' if fit.among_points else 'no'} |"
     )
 
 
@@ -250,7 +250,7 @@ def _gao_section(gao, gold_fits, by_family, starts, d_mins) -> list[str]:
         "seeds; the figure draws each fit over the measured d only.",
         "",
         "| curve | form | seeds | points | alpha | beta | R² points | R² means | peak d* | 95% CI of d* "
-        "| measured d (> 0) | peak inside the data |",
+        "| measured d (> 0) | peak among the points |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(label, fit, gao.r2_means.get((label, "bon"), math.nan)) for label, fit in gao.bon.items()]
@@ -280,12 +280,12 @@ def _gao_answer(gao, gold_fits, by_family, starts, d_mins) -> str:
     def peaks(fits) -> str:
         return "; ".join(
             f"{label} d* {_f(fit.d_peak)} [{_f(fit.ci[0])}, {_f(fit.ci[1])}]"
-            f"{'' if fit.interior else ' (not inside the data)'}"
+            f"{'' if fit.among_points else ' (not among the points)'}"
             for label, fit in fits.items()
         )
 
-    def turns(fit: oo.Fit) -> bool:  # a peak inside the measured d, and its whole CI too
-        return fit.interior and 0 < fit.ci[0] and fit.ci[1] < fit.d_max
+    def turns(fit: oo.Fit) -> bool:  # a peak among the measured d > 0, and its whole CI too
+        return fit.among_points and fit.d_min < fit.ci[0] and fit.ci[1] < fit.d_max
 
     n = len(gold_fits)
     kept = {
@@ -295,14 +295,12 @@ def _gao_answer(gao, gold_fits, by_family, starts, d_mins) -> str:
     r2 = [fit.r2 for fits in (gold_fits, gao.rl) for fit in fits.values() if not math.isnan(fit.r2)]
     bon_turns = [label.removeprefix("best-of-n · ") for label, fit in gao.bon.items() if turns(fit)]
     bon_not = [label.removeprefix("best-of-n · ") for label, fit in gao.bon.items() if not turns(fit)]
-    text = "Gao et al.'s forms (not declared): best-of-n's gold, under d (alpha − beta d), turns down inside "
-    text += f"its measured range, CI included, for {', '.join(bon_turns) or 'none'}"
+    text = "Gao et al.'s forms (not declared): best-of-n's gold, under d (alpha − beta d), turns down among "
+    text += f"its measured points, CI included, for {', '.join(bon_turns) or 'none'}"
     text += f"; not for {', '.join(bon_not)}" if bon_not else ""
     text += f" ({peaks(gao.bon) or 'no rows'}). RL under d (alpha − beta log d): {peaks(gao.rl)}"
     if r2:
-        text += (
-            f"; both forms explain little of the per-seed points (R² {_f(min(r2), 2)} to {_f(max(r2), 2)})"
-        )
+        text += f"; R² over the per-seed points of both forms {_f(min(r2), 2)} to {_f(max(r2), 2)}"
     text += (
         f". With a free intercept, a maximum stays among the trained points for {kept['declared']} of {n} "
         f"families under the declared form and {kept['rl']} of {n} under the RL form"
