@@ -239,20 +239,26 @@ def encode_sequences(
     """
     if len(prompts) != len(responses):
         raise DataError(f"{len(prompts)} prompts but {len(responses)} responses")
-    rows, starts = [], []
+    seqs = []
     for p, r in zip(prompts, responses, strict=True):
-        head = prompt_ids(tokenizer, p)
         tail = tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(head + tail)
-        starts.append(len(head))
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    resp = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, s) in enumerate(zip(rows, starts, strict=True)):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        attn[i, : len(r)] = 1
-        resp[i, s : len(r)] = 1
+        seqs.append((prompt_ids(tokenizer, p), tail))
+    return _right_padded(seqs, tokenizer.pad_token_id)
+
+
+def _right_padded(
+    seqs: Sequence[tuple[list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prompt ids, response ids) pairs as right-padded (input_ids, attention_mask, response_mask) [B,S],
+    the response mask 1 on each response's ids."""
+    width = max(len(h) + len(t) for h, t in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    resp = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (h, t) in enumerate(seqs):
+        ids[i, : len(h) + len(t)] = torch.tensor(h + t, dtype=torch.long)
+        attn[i, : len(h) + len(t)] = 1
+        resp[i, len(h) : len(h) + len(t)] = 1
     return ids, attn, resp
 
 
@@ -329,15 +335,7 @@ def encode_pairs(
         rows.append((c, r))
     seqs = [(h, c) for h, (c, _) in zip(prompts, rows, strict=True)]
     seqs += [(h, r) for h, (_, r) in zip(prompts, rows, strict=True)]
-    width = max(len(h) + len(t) for h, t in seqs)
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    resp = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (h, t) in enumerate(seqs):
-        ids[i, : len(h) + len(t)] = torch.tensor(h + t, dtype=torch.long)
-        attn[i, : len(h) + len(t)] = 1
-        resp[i, len(h) : len(h) + len(t)] = 1
-    return ids, attn, resp
+    return _right_padded(seqs, tokenizer.pad_token_id)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
