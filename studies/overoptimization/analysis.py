@@ -261,6 +261,7 @@ class GaoForms:
     bon: dict[str, oo.Fit]
     rl: dict[str, oo.Fit]
     r2_means: dict[tuple[str, str], float]
+    free: dict[tuple[str, str], oo.FreeFit]  # (family, 'bon' declared / 'rl') -> its free-intercept fit
 
 
 def gao_forms(
@@ -295,7 +296,12 @@ def gao_forms(
         means = [(m["d"], m["gold"]) for c, pts in curves.items() if family_of[c] == f for m in pts]
         r2_means[(f, "rl")] = r2(fit, means)
         r2_means[(f, "bon")] = r2(declared[f], means)
-    return GaoForms(bon_fits, rl, r2_means)
+    free = {
+        (f, fit.form): oo.free_fit(by_family[f], starts[f], fit)
+        for fits in (declared, rl)
+        for f, fit in fits.items()
+    }
+    return GaoForms(bon_fits, rl, r2_means, free)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -73,29 +73,25 @@ def run_points(rows: Sequence[Mapping[str, Any]], window: int = WINDOW) -> list[
 def fit_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """(alpha, beta) of y = d (alpha - beta d) = alpha d - beta d^2 by least squares; (nan, nan) when the
     points cannot determine both (fewer than 2 distinct d > 0)."""
-    d_arr, y_arr = np.asarray(d, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if d_arr.shape != y_arr.shape or d_arr.ndim != 1:
-        raise ValueError(f"fit_curve: d and y must be 1-d of one length, got {d_arr.shape} and {y_arr.shape}")
-    if len(np.unique(d_arr[d_arr > 0])) < 2:
-        return math.nan, math.nan
-    design = np.stack([d_arr, -(d_arr**2)], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
-    return float(alpha), float(beta)
+    return _fit_through_start("bon", "fit_curve", d, y)
 
 
 def fit_rl_curve(d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """(alpha, beta) of y = d (alpha - beta log d) = alpha d - beta d log d by least squares (d log d -> 0
     at d = 0, so a point at d = 0 predicts 0); (nan, nan) with fewer than 2 distinct d > 0."""
+    return _fit_through_start("rl", "fit_rl_curve", d, y)
+
+
+def _fit_through_start(form: str, name: str, d: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(alpha, beta) of y = alpha d - beta curve(d) (`form`'s curve, 0 at d = 0) by least squares."""
     d_arr, y_arr = np.asarray(d, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if d_arr.shape != y_arr.shape or d_arr.ndim != 1:
-        raise ValueError(
-            f"fit_rl_curve: d and y must be 1-d of one length, got {d_arr.shape} and {y_arr.shape}"
-        )
-    if np.any(d_arr < 0):
+        raise ValueError(f"{name}: d and y must be 1-d of one length, got {d_arr.shape} and {y_arr.shape}")
+    if form == "rl" and np.any(d_arr < 0):  # log d
         raise ValueError("fit_rl_curve: d = sqrt(KL) must be >= 0")
     if len(np.unique(d_arr[d_arr > 0])) < 2:
         return math.nan, math.nan
-    design = np.stack([d_arr, -_dlogd(d_arr)], axis=1)
+    design = np.stack([d_arr, -_curve(form, d_arr)], axis=1)
     (alpha, beta), *_ = np.linalg.lstsq(design, y_arr, rcond=None)
     return float(alpha), float(beta)
 
@@ -220,6 +216,28 @@ def shape(alpha: float, beta: float, d_min: float, d_max: float) -> str:
 
 
 PEAKS = {"bon": peak, "rl": rl_peak}
+
+
+@dataclass(frozen=True)
+class FreeFit:
+    """A fit of a form with a free intercept (`fit_with_intercept`): c, alpha, beta, its maximiser over
+    d >= 0 (`top`) and whether that lies among the points at d > 0 (`among`: d_min < top < d_max)."""
+
+    c: float
+    alpha: float
+    beta: float
+    top: float
+    among: bool
+
+
+def free_fit(
+    points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str, float]], fit: Fit
+) -> FreeFit:
+    """`fit`'s form refitted to its gold points with a free intercept (the sensitivity of where its peak
+    lies when the start sits off the curve)."""
+    c, a, b = fit_with_intercept(*deltas(points, init, "gold"), fit.form)
+    top = PEAKS[fit.form](a, b)
+    return FreeFit(c, a, b, top, fit.d_min < top < fit.d_max)
 
 
 @dataclass(frozen=True)

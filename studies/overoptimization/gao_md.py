@@ -96,8 +96,7 @@ def markdown(
             f"| {_f(kl_peak)} | "
             f"[{_f(fit.ci[0])}, {_f(fit.ci[1])}] | {_f(fit.d_max)} | {'yes' if fit.interior else 'no'} |"
         )
-    d_mins = {f: min((p["d"] for p in by_family[f] if p["d"] > 0), default=math.nan) for f in gold_fits}
-    lines += _gao_section(gao, gold_fits, by_family, starts, d_mins)
+    lines += _gao_section(gao, gold_fits)
     lines += [
         "",
         "## Sensitivity, added after the data (not declared): the gold fit with a free intercept",
@@ -111,12 +110,12 @@ def markdown(
     ]
     for f, fit in gold_fits.items():
         d, y = oo.deltas(by_family[f], starts[f], "gold")
-        c, a, b = oo.fit_with_intercept(d, y)
         first = [yi for di, yi in zip(d, y, strict=True) if di == 0]
-        top, d_min = oo.peak(a, b), d_mins[f]
+        free = gao.free[(f, "bon")]
         lines.append(
-            f"| {f} | {_f(sum(first) / len(first)) if first else '–'} | {_f(c)} | {_f(a)} | {_f(b)} "
-            f"| {_f(top)} | {'yes' if d_min < top < fit.d_max else f'no (smallest d > 0: {_f(d_min)})'} |"
+            f"| {f} | {_f(sum(first) / len(first)) if first else '–'} | {_f(free.c)} | {_f(free.alpha)} "
+            f"| {_f(free.beta)} | {_f(free.top)} "
+            f"| {'yes' if free.among else f'no (smallest d > 0: {_f(fit.d_min)})'} |"
         )
     lines += ["", "## Per configuration: the last window, mean over seeds", ""]
     lines += [
@@ -176,7 +175,7 @@ def markdown(
         lines.append(
             f"- **{f}**: proxy rises monotonically with KL — as the gin words the test (its fit has no peak "
             f"inside the measured range): {no_peak}; as the report code also requires (the fit rising from "
-            f"d = 0, alpha > 0): {rises} ({oo.shape(pf.alpha, pf.beta, d_mins[f], pf.d_max)}; proxy fit "
+            f"d = 0, alpha > 0): {rises} ({oo.shape(pf.alpha, pf.beta, pf.d_min, pf.d_max)}; proxy fit "
             f"peak d* {_f(pf.d_peak)} vs d max {_f(pf.d_max)}; Spearman rho(d, proxy) {_f(rho)}). Gold peaks "
             f"at an intermediate KL — {gold_word}: {gold_why} ({peak})."
         )
@@ -204,7 +203,7 @@ def markdown(
         "describe these warm "
         "starts, not warm starts in general; the experiment's declared run on 10 other seeds is what would."
         if len(seeds) < 10
-        else oo.answer(verdicts) + " " + _gao_answer(gao, gold_fits, by_family, starts, d_mins)
+        else oo.answer(verdicts) + " " + _gao_answer(gao, gold_fits)
     )
     lines += [
         "",
@@ -225,16 +224,7 @@ def _row(curve: str, fit: oo.Fit, r2_means: float, declared: bool = False) -> st
     )
 
 
-def _free_intercept(by_family, starts, d_mins, fit: oo.Fit, f: str) -> tuple[float, float, bool]:
-    """(c, the maximiser over d >= 0 of the form's fit with a free intercept, whether it lies among the
-    trained points: above the smallest d > 0 and below d max)."""
-    d, y = oo.deltas(by_family[f], starts[f], "gold")
-    c, a, b = oo.fit_with_intercept(d, y, fit.form)
-    top = oo.PEAKS[fit.form](a, b)
-    return c, top, d_mins[f] < top < fit.d_max
-
-
-def _gao_section(gao, gold_fits, by_family, starts, d_mins) -> list[str]:
+def _gao_section(gao, gold_fits) -> list[str]:
     """Gao et al.'s two forms, each fitted where Gao fits it, with R^2 and the peak's bootstrap CI, and
     the RL form's free-intercept sensitivity."""
     lines = [
@@ -266,13 +256,13 @@ def _gao_section(gao, gold_fits, by_family, starts, d_mins) -> list[str]:
         "|---|---|---|---|",
     ]
     for f, fit in gao.rl.items():
-        c, top, inside = _free_intercept(by_family, starts, d_mins, fit, f)
-        where = "yes" if inside else f"no (smallest d > 0: {_f(d_mins[f])})"
-        lines.append(f"| {f} | {_f(c)} | {_f(top)} | {where} |")
+        free = gao.free[(f, "rl")]
+        where = "yes" if free.among else f"no (smallest d > 0: {_f(fit.d_min)})"
+        lines.append(f"| {f} | {_f(free.c)} | {_f(free.top)} | {where} |")
     return lines
 
 
-def _gao_answer(gao, gold_fits, by_family, starts, d_mins) -> str:
+def _gao_answer(gao, gold_fits) -> str:
     """The Answer's sentences from Gao et al.'s forms (not declared): whether best-of-n's gold turns down
     inside its measured range, the RL peaks under Gao's RL form, how well the forms fit, where a free
     intercept puts each RL maximum under either form, and what the declared verdicts rest on."""
@@ -289,8 +279,8 @@ def _gao_answer(gao, gold_fits, by_family, starts, d_mins) -> str:
 
     n = len(gold_fits)
     kept = {
-        form: sum(_free_intercept(by_family, starts, d_mins, fits[f], f)[2] for f in gold_fits)
-        for form, fits in (("declared", gold_fits), ("rl", gao.rl))
+        name: sum(gao.free[(f, form)].among for f in gold_fits)
+        for name, form in (("declared", "bon"), ("rl", "rl"))
     }
     r2 = [fit.r2 for fits in (gold_fits, gao.rl) for fit in fits.values() if not math.isnan(fit.r2)]
     bon_turns = [label.removeprefix("best-of-n · ") for label, fit in gao.bon.items() if turns(fit)]
