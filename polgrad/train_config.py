@@ -7,7 +7,6 @@ lives here so that each field's meaning and check sit together and apart from th
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -242,15 +241,7 @@ class TrainConfig:
                 f"valid task names: {', '.join(registry.names('task'))}"
             )
         # The task's configuration as gin has it now: nothing after the config boundary reads gin.
-        kwargs = {
-            name: p.default
-            for name, p in inspect.signature(self.task).parameters.items()
-            if p.default is not inspect.Parameter.empty
-        }
-        kwargs.update(gin.get_bindings(self.task))
-        for name, default in entry.meta.get("key_neutral", {}).items():  # added later: old keys hold
-            if name in kwargs and kwargs[name] == default:
-                del kwargs[name]
+        kwargs = registry.task_configuration(entry.name, gin.get_bindings(self.task))
         object.__setattr__(self, "_task_kwargs", kwargs)
         # The parts it names, bound now like the Algorithm's (polgrad.config_parts): read from gin once.
         object.__setattr__(self, "_combine", bind(self.rm_combine or registry.get("reward_ensemble", "mean")))

@@ -144,6 +144,12 @@ def test_sft_cache_hit_and_key(tmp_path, monkeypatch):
         )
         == path
     )
+    # so is a default task kwarg, spelled out or left implicit: the key holds the task's full
+    # configuration, as the trainer's config builds it (train_config.TrainConfig.task_kwargs)
+    spelled = {"digits": 1, "reverse": False, "partial": False}
+    assert pretrain.warm_start("add", spelled, ONE_LAYER, seed=0, cache_dir=tmp_path, **SMALL) == path
+    assert info["task_kwargs"] == {"digits": 1, "reverse": False, "pad": False, "partial": False,
+                                   "eval_fraction": 0.1}  # fmt: skip
     monkeypatch.undo()
     other = pretrain.warm_start("add", {"digits": 1}, ONE_LAYER, seed=1, cache_dir=tmp_path, **SMALL)
     assert other != path
@@ -183,16 +189,8 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_warm_start_beats_untrained(tmp_path, add_task):
-    path = pretrain.warm_start(
-        "add",
-        {"digits": 2},
-        {},
-        seed=0,
-        target_accuracy=0.15,
-        sft_steps=600,
-        cache_dir=tmp_path,
-        progress=False,
-    )
+    # the default warm start (the trainer's for task.add), from the shared cache most runs start from
+    path = pretrain.warm_start("add", {"digits": 2}, {}, seed=0, progress=False)
     stats = models.read_info(path)["stats"]
     untrained, tok = build_tiny(add_task, seed=0)
     base = pretrain.heldout_accuracy(untrained.eval(), tok, add_task, n=pretrain.SFT_EVAL_EXAMPLES, seed=0)
@@ -251,10 +249,10 @@ def test_scalar_head_save_load_round_trip(tmp_path, policy_dir):
 @pytest.mark.slow
 def test_reward_model_beats_chance_and_is_cached(tmp_path, monkeypatch):
     sort = polgrad.get("task", "sort")()
-    policy = pretrain.warm_start("sort", {}, {}, seed=0, cache_dir=tmp_path, progress=False)
-    path, acc = pretrain.train_reward_model(
-        policy, sort, pairs=2048, steps=200, seed=0, cache_dir=tmp_path, progress=False
-    )
+    # the default sort warm start, from the shared cache (the trainer's reward-model tests use it too)
+    policy = pretrain.warm_start("sort", {}, {}, seed=0, progress=False)
+    # the default reward model (the trainer's for task.sort), shared with the reward-model runs' tests
+    path, acc = pretrain.train_reward_model(policy, sort, seed=0, progress=False)
     info = models.read_info(path)
     assert acc == info["stats"]["heldout_pairwise_accuracy"] and info["stats"]["heldout_pairs"] >= 256
     assert acc >= 0.7, info["stats"]
@@ -263,9 +261,7 @@ def test_reward_model_beats_chance_and_is_cached(tmp_path, monkeypatch):
     held = sort.preference_pairs(64, 123)
     assert pretrain.pairwise_accuracy(rm, tok, held) > 0.6
     monkeypatch.setattr(rm_module, "_train_rm", lambda *a, **k: pytest.fail("a cache hit must not train"))
-    assert pretrain.train_reward_model(
-        policy, "sort", pairs=2048, steps=200, seed=0, cache_dir=tmp_path, progress=False
-    ) == (path, acc)
+    assert pretrain.train_reward_model(policy, "sort", seed=0, progress=False) == (path, acc)
 
 
 # --- value_init -------------------------------------------------------------------------------

@@ -196,9 +196,10 @@ def test_the_default_combine_is_the_mean():
 def test_members_share_the_pairs_and_differ_in_their_seed(tmp_path, monkeypatch):
     """Member 0 is the single reward model (the same cache entry as without `member`); member 1 is
     trained on the same pairs from its own initialisation seed: another entry, other scores. That a
-    reward model learns is test_models' claim (200 steps on 2,048 pairs); a few steps, as here, left
-    member 0 at chance on one thread (0.53 on 128 held-out pairs after 40 steps), so no accuracy bound."""
-    policy = pretrain.warm_start("sort", {}, {}, seed=0, cache_dir=tmp_path, progress=False)
+    reward model learns is test_models' claim (the default 300 steps on 4,096 pairs); a few steps, as
+    here, left member 0 at chance on one thread (0.53 on 128 held-out pairs after 40 steps), so no
+    accuracy bound."""
+    policy = pretrain.warm_start("sort", {}, {}, seed=0, progress=False)  # the shared default warm start
     kw = dict(pairs=512, steps=8, seed=0, cache_dir=tmp_path, progress=False, heldout_pairs=128)
     single = pretrain.train_reward_model(policy, "sort", **kw)
     assert pretrain.train_reward_model(policy, "sort", member=0, **kw) == single

@@ -22,7 +22,7 @@ from polgrad.models.loading import save_model_dir
 from polgrad.models.threads import default_num_threads, torch_threads
 from polgrad.models.tiny import build_tiny, resolved_model_kwargs
 from polgrad.models.tokenizer import encode_sequences
-from polgrad.registry import get
+from polgrad.registry import get, task_configuration
 from polgrad.rollout.hf import generate
 from polgrad.tasks.rewards import RewardGuard
 
@@ -157,7 +157,7 @@ def warm_start(
         "kind": "sft",
         "version": MODEL_CODE_VERSION,
         "task": task_name,
-        "task_kwargs": task_kwargs or {},
+        "task_kwargs": task_configuration(task_name, task_kwargs),
         "model_kwargs": mkw,
         "sft": {"steps": sft_steps, "batch_size": batch_size, "lr": lr, "target_accuracy": target_accuracy},
         "seed": seed,

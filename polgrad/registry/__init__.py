@@ -185,6 +185,24 @@ def entry_of(fn: Any) -> Entry | None:
     return getattr(fn, "__polgrad_entry__", None)
 
 
+def task_configuration(name: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The full configuration of task `name` called with `given`: its factory's defaults updated by
+    `given`, without the parameters the task declares `key_neutral` while at their default. It keys the
+    warm-start and reward-model caches, so the same task reached with its defaults spelled out or left
+    implicit (`{'digits': 2}` or `{}` for task.add) is one cache entry, not two."""
+    entry = lookup("task", name)
+    config = {
+        p.name: p.default
+        for p in inspect.signature(entry.fn).parameters.values()
+        if p.default is not inspect.Parameter.empty
+    }
+    config.update(given or {})
+    for key, default in entry.meta.get("key_neutral", {}).items():  # added later: old keys hold
+        if key in config and config[key] == default:
+            del config[key]
+    return config
+
+
 def names(kind: str) -> list[str]:
     _check_kind(kind)
     return sorted(_TABLE[kind])
