@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from polgrad.results.predictions import NO_DIFFERENCE, judge, prediction_delta
 from polgrad.results.predictions import delta_text as _delta
 from polgrad.results.store import csv_path, read_rows
 from polgrad.results.studies import Study
+from polgrad.results.verdicts import agreement
 
 SUFFIX = "_replication"
 
@@ -79,14 +79,6 @@ def _current(rows: Sequence[dict[str, str]], meta: dict[str, Any]) -> list[dict[
     return [r for r in rows if r.get("cell_id") in current]
 
 
-def verdict_class(verdict: str) -> str:
-    """confirmed / refuted / undecided / not confirmed / untested: the verdict's leading words (a
-    significant difference inside the margin, 'confirmed and different', is confirmed)."""
-    found = re.match(r"(not confirmed|confirmed|refuted|undecided|untested)", verdict)
-    return found.group(1) if found else verdict
-
-
-DECISIVE = ("confirmed", "refuted")
 # What of the two experiments' declarations must be the same for their verdicts to be compared
 DECLARED = ("baseline", "swept_columns", "primary_metric", "budget")
 
@@ -149,13 +141,7 @@ def section(experiment: str, results_dir: str | os.PathLike = "results") -> list
         elif preds[original][claim] != preds[replica][claim]:
             word = "declared differently"
         else:
-            ca, cb = verdict_class(a[3]), verdict_class(b[3])
-            if ca in DECISIVE and ca == cb:
-                word = "yes"
-            elif ca in DECISIVE or cb in DECISIVE:
-                word = "no"
-            else:
-                word = "neither decides"
+            word = agreement(a[3], b[3])
         outcome.setdefault(word, []).append(claim)
         cells = [f"{x[1]} | {x[3]}" if x else "– | (not judged)" for x in (a, b)]
         lines.append(f"| {claim} | {metric} | {cells[0]} | {cells[1]} | {word} |")

@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+from polgrad.results import verdicts
 from polgrad.results.report import markdown
 from studies import replication
 
@@ -117,9 +118,7 @@ def test_a_confirmation_resting_on_the_t_test_alone_is_still_a_confirmation(tmp_
     row_a = _row(lines, "a is lower")
     assert "| confirmed; this rests on the t-test's normality" in row_a and row_a.endswith("| yes |")
     assert lines[-1].startswith("Of 2 predictions, 2 replicate. ")
-    assert (
-        replication.verdict_class("confirmed and different: a significant difference of +0.01") == "confirmed"
-    )
+    assert verdicts.verdict_class("confirmed and different: a significant difference of +0.01") == "confirmed"
 
 
 def test_predictions_declared_differently_or_in_one_only_are_not_compared(tmp_path):

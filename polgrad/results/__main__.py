@@ -7,6 +7,9 @@ can complete it.
 `--check-provenance` writes nothing: every row of the CSV must come from a clean commit in the history
 of the working directory's HEAD (polgrad.results.provenance.check); exit 1 with one line per row that
 does not (cell id, commit, why) and a summary, else 0 with "all N rows from clean commits: <shas>".
+`--compare-verdicts OTHER.md` writes nothing: the verdicts of the experiment's md beside OTHER.md's,
+prediction by prediction (polgrad.results.verdicts); exit 1 when a prediction is decided differently,
+0 when none is. `--record FILE` also appends the outcome to the CSV FILE (results/replications.csv).
 (The check of a whole campaign, every CSV of the results folder at once, is a study of this
 repository's: `python -m studies.campaign TAG`.)"""
 
@@ -17,6 +20,7 @@ import sys
 from pathlib import Path
 
 from polgrad.errors import DataError, PolgradError
+from polgrad.results import verdicts
 from polgrad.results.figures import curves_path
 from polgrad.results.provenance import DIRTY, check, git_commit, repo_root
 from polgrad.results.record import reconcile
@@ -36,9 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write nothing; check that every row comes from a clean commit in the history of HEAD",
     )
+    ap.add_argument(
+        "--compare-verdicts",
+        metavar="OTHER.md",
+        help="write nothing; the experiment md's verdicts beside OTHER.md's (e.g. the committed md)",
+    )
+    ap.add_argument(
+        "--record", metavar="FILE", help="with --compare-verdicts: append the outcome to this CSV"
+    )
     args = ap.parse_args(argv)
     if not args.experiment:
         ap.error("give an experiment (the CSV's stem)")
+    if args.record and not args.compare_verdicts:
+        ap.error("--record goes with --compare-verdicts OTHER.md")
+    if args.compare_verdicts:
+        try:
+            return verdicts.main(
+                str(Path(args.results) / f"{args.experiment}.md"), args.compare_verdicts, args.record
+            )
+        except PolgradError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.check_provenance:
         return check_provenance(args.experiment, args.results)
     try:
