@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import matplotlib.image
 import pytest
@@ -20,6 +21,7 @@ from polgrad.results import figures, markdown
 from polgrad.results.compare import against
 from polgrad.results.findings import BASELINE_HEADING
 from polgrad.results.report import write_report
+from polgrad.results.stats import t_ppf
 
 BASE = [0.40, 0.50, 0.60]
 # configuration -> (eval_accuracy − base per seed, kl_exact per seed or None)
@@ -361,6 +363,51 @@ def test_a_no_difference_prediction_shades_its_margin_and_every_panel_has_the_ze
     assert all(_vlines(ax) == [0.0] for ax in _panels(lead))
 
 
+def test_a_margin_panel_draws_the_90_percent_ci_tost_compares_with_the_band(tmp_path):
+    """TOST at α = 0.05 confirms exactly when the 90% CI lies within ±margin: that is the bar drawn
+    against the band (a 95% CI inside it would claim more than the test; one outside, less)."""
+    rows, cells = _grid()
+    equal = {"claim": "tis at 0 matches", "config": {"st": "0", "Algorithm.fix": "@clip.tis"}}
+    equal |= {"metric": "eval_accuracy", "expected": "no difference", "margin": 0.03}
+    figs = _plot_grid(tmp_path, rows, cells, predictions=[equal])
+    acc, kl = _panels(figs)
+    thick = {ln.get_gid(): ln.get_xdata() for ln in acc.lines if str(ln.get_gid()).startswith("tost|")}
+    assert len(thick) == len(figs.order) and not any(str(ln.get_gid()).startswith("tost|") for ln in kl.lines)
+    for r in (r for r in figs.forest if r["metric"] == "eval_accuracy"):
+        low, high = thick[f"tost|eval_accuracy|{r['label']}"]
+        assert r["low"] < low < r["mean"] < high < r["high"]  # inside the 95% CI
+        # the 90% t-interval: mean ± t_{0.95, n-1} · sd/√n, while the 95% one uses t_{0.975, n-1}
+        ratio = (high - low) / (r["high"] - r["low"])
+        assert ratio == pytest.approx(t_ppf(0.95, r["n"] - 1) / t_ppf(0.975, r["n"] - 1), rel=1e-9)
+    assert "90% CI" in acc.get_xlabel()
+    drawn = figs.drawn()
+    assert drawn["forest"]["intervals"] == {
+        "eval_accuracy": ["95% CI", "90% CI (TOST)"],
+        "kl_exact": ["95% CI"],
+    }
+    assert drawn["forest"]["margins"] == {"eval_accuracy": [0.03]}
+
+
+def test_every_committed_prediction_is_about_a_metric_its_forest_plot_draws():
+    """Each experiment's figures.json (written with its md) says what its PNGs show; a prediction about
+    a metric no panel draws (reasoning_gym's response lengths were in none) fails here."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    checked = 0
+    for meta_path in sorted(results.glob("*/experiment.json")):
+        meta = json.loads(meta_path.read_text())
+        if not meta.get("predictions"):
+            continue
+        drawn = json.loads((meta_path.parent / "figures.json").read_text())
+        missing = {p["metric"] for p in meta["predictions"]} - set(drawn["forest"]["metrics"])
+        assert not missing, (meta_path.parent.name, missing)
+        margins = {
+            p["metric"] for p in meta["predictions"] if p.get("margin") and p["expected"] == "no difference"
+        }
+        assert {m for m, i in drawn["forest"]["intervals"].items() if "90% CI (TOST)" in i} == margins
+        checked += 1
+    assert checked >= 8
+
+
 def _xspan(ax, patch):
     """The patch's x extent in data coordinates (through the display, whatever kind of patch)."""
     box = patch.get_window_extent()
@@ -579,3 +626,21 @@ def test_collapsed_and_identical_comparisons_are_marked_as_in_the_md(tmp_path):
     right = [t.get_text() for t in figs.forest_figure.axes[len(figs.metrics)].get_yticklabels()]
     assert "+0.2  same runs as up" in right
     assert "✕" not in figs.forest_figure._suptitle.get_text()
+
+
+def test_a_predicted_metric_other_than_accuracy_says_no_side_is_better():
+    """reasoning_gym predicts response lengths: a longer wrong response is not 'better'."""
+    assert figures.direction("final_len_incorrect", "eval_accuracy", True) == ""
+    assert figures.direction("eval_accuracy", "kl_exact", False) == "higher is better →"
+
+
+def test_a_prediction_about_another_metric_gets_its_own_panel(tmp_path):
+    rows, cells = _grid()
+    for i, r in enumerate(rows):
+        r["len_incorrect_change"] = str(0.5 + 0.1 * (i % 5))
+    longer = {"claim": "st 2 grows", "config": {"st": "2", "Algorithm.fix": "@clip.ppo"}}
+    longer |= {"metric": "len_incorrect_change", "expected": "higher", "margin": None}
+    figs = _plot_grid(tmp_path, rows, cells, predictions=[longer])
+    assert figs.metrics == ["eval_accuracy", "kl_exact", "len_incorrect_change"]
+    assert figs.drawn()["forest"]["metrics"] == figs.metrics
+    assert len(_panels(figs)) == 3 and _panels(figs)[2].get_title() == "len_incorrect_change"

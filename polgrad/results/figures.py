@@ -19,7 +19,9 @@
   `higher_is_better`, a KL "lower = closer to reference", held-out accuracy "higher is better".
   A 'no difference' prediction's equivalence margin (experiment.json `predictions`, `margin`) is a
   shaded band ±margin on its metric's panel (against the baseline only: the margin is a difference
-  to the baseline).
+  to the baseline), and on that panel each row also carries its 90% CI as a thick bar inside the thin
+  95% one: the interval TOST at α = 0.05 compares with the band (inside it exactly when TOST
+  confirms), where the 95% CI would show equivalence too rarely.
 - results/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one panel per
   configuration, that configuration against the baseline: train reward (metrics.jsonl
   `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polgrad.results.compare import Key, against, by_seed, leader
+from polgrad.results.compare import ALPHA, Key, against, by_seed, leader
 from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' smoothing, re-exported)
     EMA_SPAN,
     SEQUENCES,
@@ -67,12 +69,16 @@ PALETTE = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab
 
 def direction(metric: str, primary: str, higher_is_better: bool) -> str:
     """The panel's reading direction: a KL is closer to the reference when lower (whatever the
-    experiment ranks by); the primary metric follows `higher_is_better`; accuracy is better higher."""
+    experiment ranks by); the primary metric follows `higher_is_better`; accuracy is better higher;
+    any other metric (a prediction's, e.g. a response length) has no better side: '' ."""
     if metric in KL_METRICS:
         return "← lower = closer to reference"
-    if metric == primary and not higher_is_better:
-        return "← lower is better"
-    return "higher is better →"
+    if metric == primary:
+        return "higher is better →" if higher_is_better else "← lower is better"
+    return "higher is better →" if metric == "eval_accuracy" else ""
+
+
+FIGURES_JSON = "figures.json"  # results/<experiment>/figures.json: what each PNG shows (Figures.drawn)
 
 
 @dataclass
@@ -102,6 +108,34 @@ class Figures:
     paths: tuple[Path, ...] = ()
     forest_figure: Any = field(default=None, repr=False)
     curves_figure: Any = field(default=None, repr=False)
+
+    def drawn(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What each PNG shows, machine-readable (the report writes it as results/<experiment>/
+        figures.json): the forest plot's metric panels and the interval each draws (the 95% CI, and the
+        90% CI TOST uses where a margin is drawn); the curves' series and x axis, or, when the curves
+        PNG was kept from an earlier report (no run folders here), the entry that report wrote."""
+        forest = {
+            "png": self.paths[0].name if self.paths else "",
+            "metrics": list(self.metrics),
+            "intervals": {
+                m: ["95% CI", *(["90% CI (TOST)"] if self.margins.get(m) else [])] for m in self.metrics
+            },
+            "margins": {m: [margin for margin, _ in v] for m, v in self.margins.items()},
+        }
+        if self.curves_figure is None and previous is not None:
+            return {"forest": forest, "curves": previous.get("curves")}
+        series = sorted({name for per in self.curves.values() for name in per})
+        curves = {
+            "png": self.paths[1].name if len(self.paths) > 1 else "",
+            "series": series,
+            "x_axis": self.x_axis,
+        }
+        kept = {
+            "png": curves["png"],
+            "series": None,
+            "note": "kept from an earlier report (no run folders here)",
+        }
+        return {"forest": forest, "curves": curves if self.curves_figure is not None else kept}
 
 
 def _binding(column: str, value: str) -> str:
@@ -197,6 +231,7 @@ def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[
                 continue
             table.append(
                 {"label": label(c.other), "metric": m, "mean": t.mean, "low": t.low, "high": t.high}
+                | dict(zip(("low_tost", "high_tost"), t.interval(1 - 2 * ALPHA), strict=True))
                 | {"p_holm": c.p_decision, "n": t.n, "significant": c.significant}  # the deciding p
                 | {"failed": bool({c.other, c.reference} & failed), "twin": _twin(c, label)}
             )
@@ -237,7 +272,8 @@ def plot(
 
     ref, kind = _reference(rows, group_columns, primary_metric, higher_is_better, baseline)
     # the metrics of the md's paired table: the primary metric, the KL and the held-out accuracy
-    wanted = [primary_metric, kl_metric(rows), "eval_accuracy"]
+    # and every metric a prediction is about (reasoning_gym's response lengths were in no panel)
+    wanted = [primary_metric, kl_metric(rows), "eval_accuracy", *(str(p["metric"]) for p in predictions)]
     metrics = [
         m
         for m in dict.fromkeys(wanted)
@@ -381,6 +417,9 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         for margin, claim in figs.margins.get(m, []):
             ax.axvspan(-margin, margin, color="tab:green", alpha=0.13, lw=0, zorder=0)
             notes.append(f"shaded: ±{margin:g} equivalence margin ('{claim}')")
+        tost = bool(figs.margins.get(m))  # the interval TOST uses, against the band
+        if tost:
+            notes.append("thick bar: 90% CI, within the band exactly when TOST (α = 0.05) confirms")
         ax.axvline(0.0, color="0.35", lw=1.0, zorder=1)
         for y in seps:
             ax.axhline(y, color="0.75", lw=0.8, zorder=1)
@@ -391,6 +430,10 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
             c = colour.get(lab, NEUTRAL)
             if not math.isnan(r["low"]):
                 ax.plot([r["low"], r["high"]], [y, y], color=c, lw=2.0, zorder=2)
+            if tost and not math.isnan(r["low_tost"]):
+                ax.plot(
+                    [r["low_tost"], r["high_tost"]], [y, y], color=c, lw=5.0, zorder=2, gid=f"tost|{m}|{lab}"
+                )
             face = c if r["significant"] else "white"
             shape = "X" if r.get("failed") else "o"  # a comparison resting on collapsed runs
             ax.plot([r["mean"]], [y], shape, ms=7, zorder=3, color=c, markerfacecolor=face, gid=f"{m}|{lab}")
@@ -398,7 +441,8 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         ax.grid(axis="x", alpha=0.3)
         ax.locator_params(axis="x", nbins=6)  # a narrow panel's tick labels must not run together
         xlabel = [f"Δ {m} (configuration − {figs.reference_kind or 'reference'})"]
-        xlabel += [direction(m, primary, higher_is_better), *(textwrap.fill(t, 60) for t in notes)]
+        xlabel += [d for d in [direction(m, primary, higher_is_better)] if d]
+        xlabel += [textwrap.fill(t, 60) for t in notes]
         ax.set_xlabel("\n".join(xlabel), fontsize=10)
         ax.set_title(m, fontsize=11)
         right = ax.twinx()

@@ -13,7 +13,7 @@ from typing import Any
 
 from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
-from polgrad.results.figures import curves_path, plot
+from polgrad.results.figures import FIGURES_JSON, curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.header import header
 from polgrad.results.provenance import TUNING, portable_command, repo_root
@@ -431,7 +431,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)
-    plot(
+    figs = plot(
         png_path,
         experiment,
         rows,
@@ -443,4 +443,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         cells=meta["cells"],
         predictions=meta.get("predictions", ()),
     )
+    drawn = Path(results_dir) / experiment / FIGURES_JSON
+    previous = json.loads(drawn.read_text()) if drawn.is_file() else None
+    atomic_write_text(drawn, json.dumps(figs.drawn(previous), indent=1, sort_keys=True) + "\n")
     return md_path, png_path
