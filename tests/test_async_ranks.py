@@ -66,19 +66,6 @@ def _equal_weights(a, b) -> bool:
 
 
 @pytest.mark.cpu_matrix
-def test_async_at_world_size_2_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
-    """ZeRO-2 at world size 2: each rank's producer samples its own prompts from a snapshot of the
-    step's weights, which is what the synchronous loop samples with: the same rollouts, losses, weights."""
-    z2 = ["train.zero_stage = 2"]
-    sync, w_sync = _train(tmp_path, "sync", z2)
-    asy, w_async = _train(tmp_path, "async", [*z2, "train.max_staleness = 0"], force=True)
-    assert [r["staleness_max"] for r in asy] == [0.0] * 4
-    assert [set(r) - set(s) for r, s in zip(asy, sync, strict=True)] == [ASYNC_KEYS] * 4
-    assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
-    assert _equal_weights(w_sync, w_async)
-
-
-@pytest.mark.cpu_matrix
 def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_run_exactly(tmp_path):
     """ZeRO-3 at world size 2: the producer samples from the gathered weights with a plain copy of the
     policy, the synchronous loop through the partitioned module, whose every forward is a collective:
@@ -86,11 +73,15 @@ def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_
     columns the other ranks' longer responses added. The rollouts are then the same tensors, shapes
     included, and so are the metrics and the final weights, bit for bit. (Before the cut, a rank's
     rollout was as wide as the longest rank's: the update's matmuls summed in another blocking order,
-    and weights differed in their last bits from step 2 on this AVX2 CPU, step 4 on an AMX one.)"""
+    and weights differed in their last bits from step 2 on this AVX2 CPU, step 4 on an AMX one.)
+    The same test at ZeRO-2 was dropped for time: its snapshot of whole weights is the one-process
+    test's (tests/test_async_rollouts.py, which fails when the snapshot does not copy them), its two
+    ranks this test's."""
     z3 = ["train.zero_stage = 3"]
     sync, w_sync = _train(tmp_path, "sync", z3)
     asy, w_async = _train(tmp_path, "async", [*z3, "train.max_staleness = 0"], force=True)
     assert [r["staleness_max"] for r in asy] == [0.0] * 4
+    assert [set(r) - set(s) for r, s in zip(asy, sync, strict=True)] == [ASYNC_KEYS] * 4
     assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
     assert _equal_weights(w_sync, w_async)
 
