@@ -199,3 +199,22 @@ def test_comparisons_that_are_not_tests_are_counted_as_not_compared(tmp_path):
         "Of 2 comparisons with the baseline, 1 show the same significant difference in both, 0 none "
         "in either, 1 not compared."
     )
+
+
+def test_the_predictions_say_what_each_configuration_trained_with(tmp_path):
+    """A claim's words ('REINFORCE without a baseline') are read against the loss its configuration's
+    spec declares (the CSV's table5_core_loss): the md lists it under the Predictions table."""
+    rows = _experiment(tmp_path, "x", range(10), {"a": -0.1, "b": -0.1})
+    loss = {"base": "A_i = (r_i - mean_G r) / std_G r", "a": "A_i = R_i - mean_B R", "b": "A_i = R_i"}
+    for r in rows:
+        r["table5_core_loss"] = loss[r["Algorithm.kl"]]
+    lines = _md(rows, PREDICTIONS).splitlines()
+    start = lines.index("**As run.** The loss each prediction's configuration trained with, from its spec:")
+    assert start > lines.index("## Predictions")
+    got = lines[start + 2 : start + 5]
+    assert got[0].startswith(f"- {PREDICTIONS[0]['claim']}: ") and got[0].endswith("`A_i = R_i - mean_B R`")
+    assert got[1].startswith(f"- {PREDICTIONS[1]['claim']}: ") and got[1].endswith("`A_i = R_i`")
+    assert got[2].startswith("- the baseline, ") and got[2].endswith("`A_i = (r_i - mean_G r) / std_G r`")
+    assert "**As run.**" not in _md(
+        [{k: v for k, v in r.items() if k != "table5_core_loss"} for r in rows], PREDICTIONS
+    )

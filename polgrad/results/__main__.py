@@ -9,7 +9,7 @@ of the working directory's HEAD (polgrad.results.provenance.check); exit 1 with 
 does not (cell id, commit, why) and a summary, else 0 with "all N rows from clean commits: <shas>".
 `--compare-verdicts OTHER.md` writes nothing: the verdicts of the experiment's md beside OTHER.md's,
 prediction by prediction (polgrad.results.verdicts); exit 1 when a prediction is decided differently,
-0 when none is. `--record FILE` also appends the outcome to the CSV FILE (results/replications.csv).
+0 when none is. `--record FILE` also appends the outcome to the CSV FILE (results/replications/verdicts.csv).
 (The check of a whole campaign, every CSV of the results folder at once, is a study of this
 repository's: `python -m studies.campaign TAG`.)"""
 

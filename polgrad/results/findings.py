@@ -40,8 +40,8 @@ from polgrad.results.compare import (
     missing_values,
     ranking_seeds,
 )
+from polgrad.results.predictions import as_run, judge, prediction_delta
 from polgrad.results.predictions import delta_text as _delta
-from polgrad.results.predictions import judge, prediction_delta
 from polgrad.results.predictions import num as _num
 from polgrad.results.stats import min_signflip_p
 from polgrad.results.tuning import tuned_note, tuned_values
@@ -429,7 +429,7 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings, tu
             + (f" (Δ {metric} = {delta}; {family})." if c else ".")
             + note
         )
-    return lines, judged
+    return lines + as_run(rows, group_columns, predictions, label, baseline), judged
 
 
 def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge=0, base=None):

@@ -195,3 +195,30 @@ def judge(
 
 def _reachable(c: Comparison, m: int) -> bool:
     return c.rule == RULE_T or max(m, 1) * min_signflip_p(c.test.n) < ALPHA
+
+
+def as_run(rows, group_columns: Sequence[str], predictions, label, baseline: Key | None) -> list[str]:
+    """What each prediction's configuration, and the baseline, trained with: the loss its spec declares
+    (the CSV's `table5_core_loss`, the Table-5 column written from the spec that ran), so a claim's
+    words can be read against the configuration they are about (algorithm_comparison's 'REINFORCE
+    without a baseline' ran registry/reinforce.gin, whose advantage subtracts the batch-mean reward).
+    [] when the rows carry no core loss."""
+    loss: dict[Key, str] = {}
+    for r in rows:
+        key = tuple(str(r.get(c, "")) for c in group_columns)
+        if r.get("table5_core_loss") and key not in loss:
+            loss[key] = str(r["table5_core_loss"])
+    items = []
+    for claim, key, *_ in predictions:
+        if key is not None and key in loss:
+            items.append(f"- {claim}: {label(key)} trained with `{loss[key]}`")
+    if not items:
+        return []
+    if baseline is not None and baseline in loss:
+        items.append(f"- the baseline, {label(baseline)}: `{loss[baseline]}`")
+    return [
+        "",
+        "**As run.** The loss each prediction's configuration trained with, from its spec:",
+        "",
+        *items,
+    ]

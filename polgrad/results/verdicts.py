@@ -13,7 +13,7 @@ configuration, metric or expectation under the same claim) is not compared.
 The machine line of each md names its CPU (model · ISA), commit and when its cells finished: the
 table's column heads say which run is which, and a line says when both ran on the same CPU type (then
 the comparison shows reproducibility, not portability). `--record FILE` appends the outcome to a CSV
-(results/replications.csv in this repository): which CPUs each experiment's verdicts have held on.
+(results/replications/verdicts.csv in this repository): which CPUs each experiment's verdicts have held on.
 """
 
 from __future__ import annotations
