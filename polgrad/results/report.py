@@ -13,6 +13,7 @@ from typing import Any
 
 from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
+from polgrad.results import gate
 from polgrad.results.figures import FIGURES_JSON, curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.header import header
@@ -147,6 +148,7 @@ def markdown(
     budget: str = "",
     study_sections: Sequence[tuple[Study, Sequence[str]]] = (),
     companions: Sequence[tuple[str, str]] = (),
+    pilot_gate: dict[str, Any] | None = None,
 ) -> str:
     """The leaderboard of `experiment` as markdown: a header (machine, versions, command), one line per
     design of warm starts (polgrad.results.warm_starts), one line per
@@ -202,6 +204,7 @@ def markdown(
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
     lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
+    lines += gate.section({"pilot_gate": pilot_gate})  # what the pilot had to show (polgrad/results/gate.py)
     shown = [(study, list(section)) for study, section in study_sections if section]
     if shown:  # e.g. X and X_replication side by side (studies/replication.py)
         # before the findings; each last line, a summary, also opens them (the answer stays last)
@@ -428,6 +431,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         budget=(meta.get("budget") or {}).get("text") or NO_BUDGET,
         study_sections=[(s, s.section(experiment, results_dir)) for s in studies if s.section],
         companions=companions(experiment, results_dir, [x for s in studies for x in s.answers]),
+        pilot_gate=meta.get("pilot_gate"),
     )
     md_path = Path(results_dir) / f"{experiment}.md"
     atomic_write_text(md_path, md)

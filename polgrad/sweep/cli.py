@@ -24,7 +24,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
-from polgrad.sweep import budget, launch, memory, tuning
+from polgrad.sweep import budget, launch, memory, pilot_gate, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -85,6 +85,7 @@ def run(
             return code
         restart = [i for i in restart if i not in ids]
         exp, cells = tuning.bind(exp, cells, Path(results_dir), restart)
+    pilot_gate.check(exp)  # the evaluation cells start only on a committed pilot that passes
     exp_dir = Path(results_dir) / exp.name
     exp_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(exp_dir):
@@ -312,6 +313,8 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[
     }
     if isinstance(exp.tuning, tuning.Plan):
         meta["tuning"] = exp.tuning.record
+    if exp.pilot_gate is not None:  # checked just before (run); its outcome, for the md
+        meta["pilot_gate"] = pilot_gate.state(exp)[0]
     if exp.studies:  # the study plug-ins its report loads (polgrad/results/studies.py)
         meta["studies"] = list(exp.studies)
     if _results.module_names(exp.imports):  # each row records their digests (user_modules)
@@ -417,6 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         exp, cells = prepare(args.experiment, train_module)
         if args.dry_run:
             print(tuning.format_stages(exp, cells))
+            if exp.pilot_gate is not None:
+                record, why = pilot_gate.state(exp)
+                passed = "; ".join(c["metric"] for c in record["conditions"]) if record else ""
+                print(
+                    f"pilot gate: {why} (the sweep would refuse its evaluation cells)"
+                    if why
+                    else f"pilot gate: {record['pilot']} passes ({passed})"
+                )
             return 0
         root = _results.repo_root(Path(args.experiment).resolve().parent)
         command = _results.portable_command(["python", "-m", "polgrad.sweep", *argv], root)

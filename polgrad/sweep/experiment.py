@@ -18,6 +18,7 @@ from polgrad.checks import is_int, is_real
 from polgrad.errors import ConfigError, did_you_mean
 from polgrad.results.studies import load as load_studies
 from polgrad.sweep import budget as _budget
+from polgrad.sweep import pilot_gate
 from polgrad.sweep.budget import Budget
 from polgrad.sweep.inherit import inherit, resolve_path
 from polgrad.sweep.ray_checks import RaySettings, read_settings
@@ -49,6 +50,8 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "tuning": None,  # checked and expanded by polgrad.sweep.tuning
     "budget": None,
     "studies": [],  # study plug-ins (polgrad/results/studies.py), by module name
+    "pilot": None,  # the pilot CSV the gate reads (polgrad/sweep/pilot_gate.py)
+    "pilot_gate": None,
 }
 EXPECTATIONS = ("lower", "higher", "no difference")
 LAUNCHERS = ("deepspeed", "torchrun")
@@ -88,6 +91,7 @@ class Experiment:
     tuning: Any = None
     budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
     studies: list[str] = dataclasses.field(default_factory=list)  # Sweep.studies: modules, checked
+    pilot_gate: Any = None  # Sweep.pilot_gate and Sweep.pilot, read (pilot_gate.Gate) or None
 
     @property
     def swept_columns(self) -> list[str]:
@@ -441,6 +445,14 @@ def load_experiment(path: str) -> Experiment:
     _budget.check_file(file, budget, fixed, axes)
     baseline = _read_baseline(file, param("baseline"), specs, axes, where)
     predictions = _read_predictions(file, param("predictions"), specs, axes, where)
+    gate = pilot_gate.read(
+        file,
+        param("pilot"),
+        param("pilot_gate"),
+        name,
+        lambda value, at: _read_baseline(file, value, specs, axes, lambda _: at),
+        where,
+    )
     question = param("question")
     if not isinstance(question, str):
         raise _fail(file, where("question"), "must be a string: the question the experiment answers")
@@ -478,4 +490,5 @@ def load_experiment(path: str) -> Experiment:
         tuning=param("tuning"),
         budget=budget,
         studies=list(studies),
+        pilot_gate=gate,
     )

@@ -61,6 +61,9 @@ def inherit(file: str, statements, read, fail, depth: int = 0):
                 _rebase(x, found, file) if isinstance(x, str) else x for x in p_params["specs"]
             ]
         p_params.pop("name", None)  # a child names its own results (default: its file's name)
+        # nor is a child gated by its parent's pilot: a pilot runs before the gate it feeds
+        p_params.pop("pilot_gate", None)
+        p_params.pop("pilot", None)
         out_imports += [i for i in p_imports if i not in out_imports]
         out_fixed += p_fixed
         out_params.update(p_params)

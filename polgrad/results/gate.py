@@ -1,0 +1,122 @@
+"""A pilot gate: what a committed pilot must show before an experiment's evaluation cells run.
+
+An experiment declares (polgrad/sweep/pilot_gate.py reads it from its gin)
+
+    Sweep.pilot = 'results/pilots/X_pilot.csv'
+    Sweep.pilot_gate = [('len_incorrect_change', {'spec': 'grpo'}, '>=', 3, 'se'),
+                        ('eval_accuracy_change', {'spec': 'grpo'}, '>=', 0.05, 'abs')]
+
+Each condition is about one configuration of the pilot (its rows whose columns match, status ok, a
+finite value), over its seeds: n ≥ MIN_SEEDS distinct seeds, none of them an evaluation seed; the
+mean m of the metric and its standard error se = sd / √n (sd with n − 1). With unit 'se' the
+threshold k is in standard errors: '>=' passes when m ≥ k·se (the pilot's mean lies at least k
+standard errors above 0), '<=' when m ≤ −k·se. With unit 'abs' it is in the metric's own units:
+'>=' passes when m ≥ k, '<=' when m ≤ k. `eval_accuracy_change` is eval_accuracy −
+eval_accuracy_init (the change from the warm start), any other metric a column of the CSV.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MIN_SEEDS = 3
+OPS = (">=", "<=")
+UNITS = ("se", "abs")
+CHANGE = "eval_accuracy_change"  # eval_accuracy - eval_accuracy_init, per run
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One condition, evaluated on the pilot's rows."""
+
+    metric: str
+    config: dict[str, str]
+    op: str
+    threshold: float
+    unit: str
+    n: int
+    mean: float
+    se: float
+    passed: bool
+    why: str  # '' when it passed; else what failed
+
+    def text(self) -> str:
+        cfg = " · ".join(f"{k}={v}" for k, v in self.config.items())
+        bound = f"{self.threshold:g} standard errors" if self.unit == "se" else f"{self.threshold:g}"
+        want = f"{self.metric} {self.op} {bound} in {cfg}"
+        got = f"n = {self.n}, mean {self.mean:+.4g}, se {self.se:.3g}" if self.n else "no runs"
+        return f"{want}: {got}: " + ("passed" if self.passed else f"not passed ({self.why})")
+
+
+def _value(row: dict[str, str], metric: str) -> float:
+    try:
+        if metric == CHANGE:
+            return float(row["eval_accuracy"]) - float(row["eval_accuracy_init"])
+        return float(row[metric])
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+
+
+def evaluate(
+    rows: Sequence[dict[str, str]], conditions: Sequence[dict[str, Any]], evaluation_seeds: Sequence[int]
+) -> list[Outcome]:
+    """Each condition ({metric, config, op, threshold, unit}) on the pilot's `rows`."""
+    out = []
+    banned = {str(s) for s in evaluation_seeds}
+    for c in conditions:
+        mine = [
+            r
+            for r in rows
+            if r.get("status") == "ok" and all(str(r.get(k, "")) == str(v) for k, v in c["config"].items())
+        ]
+        values: dict[str, float] = {}
+        for r in mine:
+            v = _value(r, c["metric"])
+            if math.isfinite(v):
+                values.setdefault(str(r.get("seed", "")), v)
+        n = len(values)
+        mean = sum(values.values()) / n if n else math.nan
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values.values()) / (n - 1)) if n > 1 else math.nan
+        se = sd / math.sqrt(n) if n > 1 else math.nan
+        k = float(c["threshold"])
+        bound = k * se if c["unit"] == "se" else k
+        if c["op"] == ">=":
+            passed = mean >= bound
+        else:
+            passed = mean <= (-bound if c["unit"] == "se" else bound)
+        why = ""
+        if overlap := sorted(banned & set(values), key=lambda s: (len(s), s)):
+            why = f"seeds {', '.join(overlap)} are evaluation seeds: a pilot runs seeds of its own"
+        elif n < MIN_SEEDS:
+            why = f"{n} seed(s) with an ok run and a value; a pilot needs at least {MIN_SEEDS}"
+        elif not passed:
+            why = "the pilot does not show it"
+        config = {k: str(v) for k, v in c["config"].items()}
+        out.append(Outcome(c["metric"], config, c["op"], k, c["unit"], n, mean, se, not why, why))
+    return out
+
+
+def record(pilot: str, commit: str, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """What experiment.json keeps of the gate (the md's section reads it)."""
+    return {"pilot": pilot, "commit": commit, "conditions": [asdict(o) for o in outcomes]}
+
+
+def section(meta: dict[str, Any]) -> list[str]:
+    """The md's "Pilot gate" section from experiment.json's record ([] without a gate)."""
+    gate = meta.get("pilot_gate")
+    if not gate:
+        return []
+    lines = [
+        "",
+        "## Pilot gate",
+        "",
+        f"Declared before the evaluation cells ran, and checked by the sweep before it started them: the "
+        f"pilot {gate['pilot']} (commit {gate['commit']}, seeds disjoint from the evaluation seeds, at "
+        f"least {MIN_SEEDS} per configuration) must show",
+        "",
+    ]
+    lines += [f"- {Outcome(**c).text()}" for c in gate["conditions"]]
+    return lines

@@ -1,0 +1,155 @@
+"""Sweep.pilot_gate: the evaluation cells start only when a committed pilot shows what the gin declares
+(polgrad/results/gate.py, polgrad/sweep/pilot_gate.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polgrad.errors import ConfigError
+from polgrad.results import gate
+from polgrad.sweep import cli
+from polgrad.sweep.experiment import load_experiment
+
+pytestmark = pytest.mark.usefixtures("fake_trainer")
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _rows(values: dict[int, float], spec: str = "spec_a", metric: str = "eval_accuracy") -> list[dict]:
+    return [{"spec": spec, "seed": str(s), "status": "ok", metric: repr(v)} for s, v in values.items()]
+
+
+def _cond(op=">=", k=3.0, unit="se", metric="eval_accuracy", config=None):
+    return {"metric": metric, "config": config or {"spec": "spec_a"}, "op": op, "threshold": k, "unit": unit}
+
+
+def test_the_conditions_on_known_values():
+    # seeds 100-103 with values 1, 2, 3, 4: mean 2.5, sd = sqrt(5/3) = 1.2910, se = sd/2 = 0.64550, so
+    # the mean lies 2.5 / 0.64550 = 3.873 standard errors above 0
+    rows = _rows({100: 1.0, 101: 2.0, 102: 3.0, 103: 4.0})
+    (o,) = gate.evaluate(rows, [_cond(k=3.0)], evaluation_seeds=range(10, 20))
+    assert (o.n, o.mean) == (4, 2.5) and o.se == pytest.approx(math.sqrt(5 / 3) / 2, rel=1e-12)
+    assert o.passed and o.why == ""
+    assert not gate.evaluate(rows, [_cond(k=3.9)], range(10, 20))[0].passed  # 3.873 < 3.9
+    assert gate.evaluate(rows, [_cond(k=2.5, unit="abs")], range(10, 20))[0].passed  # 2.5 >= 2.5
+    assert not gate.evaluate(rows, [_cond(k=2.6, unit="abs")], range(10, 20))[0].passed
+    neg = _rows({100: -1.0, 101: -2.0, 102: -3.0, 103: -4.0})
+    assert gate.evaluate(neg, [_cond(op="<=", k=3.0)], range(10, 20))[0].passed  # -2.5 <= -3 se
+    assert not gate.evaluate(rows, [_cond(op="<=", k=3.0)], range(10, 20))[0].passed
+    # eval_accuracy_change: eval_accuracy - eval_accuracy_init per run
+    change = [r | {"eval_accuracy_init": "0.5"} for r in _rows({100: 0.6, 101: 0.61, 102: 0.62})]
+    (c,) = gate.evaluate(change, [_cond(metric=gate.CHANGE, k=0.1, unit="abs")], range(10, 20))
+    assert c.mean == pytest.approx(0.11, abs=1e-12) and c.passed
+
+
+def test_too_few_seeds_or_evaluation_seeds_do_not_pass():
+    (few,) = gate.evaluate(_rows({100: 5.0, 101: 6.0}), [_cond(k=0.0)], range(10, 20))
+    assert not few.passed and "2 seed(s)" in few.why and "at least 3" in few.why
+    (own,) = gate.evaluate(_rows({10: 5.0, 101: 6.0, 102: 7.0}), [_cond(k=0.0)], range(10, 20))
+    assert not own.passed and "seeds 10 are evaluation seeds" in own.why
+    failed = _rows({100: 5.0, 101: 6.0, 102: 7.0}) + [{"spec": "spec_a", "seed": "103", "status": "failed"}]
+    assert gate.evaluate(failed, [_cond(k=0.0)], range(10, 20))[0].n == 3  # only ok runs count
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root), *args], check=True)
+
+
+def _repo(tmp_path: Path, gate_text: str) -> Path:
+    """A git checkout holding an experiment (fake trainer, 2 seeds) gated on results/pilots/exp_pilot.csv."""
+    exp = tmp_path / "exp.gin"
+    exp.write_text(
+        f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
+        "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0, 1]\n"
+        "Sweep.seed_binding = 'fake_train.seed'\n" + gate_text
+    )
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "experiment")
+    return exp
+
+
+def _write_pilot(path: Path, values: dict[int, float]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [r | {"fake_train.lr": "0.1"} for r in _rows(values)]  # the configuration's swept column
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+GATE = "Sweep.pilot_gate = [('eval_accuracy', {'spec': 'spec_a'}, '>=', 3, 'se')]\n"
+
+
+def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_passes(
+    tmp_path, capsys, monkeypatch
+):
+    exp = _repo(tmp_path, GATE)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results"
+    pilot = tmp_path / "results" / "pilots" / "exp_pilot.csv"
+
+    def refused(text: str) -> None:
+        assert cli.main([str(exp), "--results", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0] and "the evaluation cells did not start" in err[0], err
+        assert not (out / "exp" / "runs").exists()  # no cell ran
+
+    refused("results/pilots/exp_pilot.csv does not exist")
+    _write_pilot(pilot, {100: 0.1, 101: 0.2, 102: 0.3})
+    refused("results/pilots/exp_pilot.csv is not committed")
+    _git(tmp_path, "add", "results/pilots/exp_pilot.csv")
+    _git(tmp_path, "commit", "-q", "-m", "pilot")
+    # 0.1, 0.2, 0.3 (below) lie 3.46 standard errors above 0 and pass; -0.1, 0.2, 0.4 only 1.15:
+    _write_pilot(pilot, {100: -0.1, 101: 0.2, 102: 0.4})
+    refused("differs from HEAD")
+    _git(tmp_path, "commit", "-q", "-am", "noisy pilot")
+    refused("eval_accuracy >= 3 standard errors in spec=spec_a · fake_train.lr=0.1: n = 3")
+    assert "not passed (the pilot does not show it)" in (cli.pilot_gate.state(load_experiment(str(exp)))[1])
+    _write_pilot(pilot, {100: 0.1, 101: 0.2, 102: 0.3})
+    _git(tmp_path, "commit", "-q", "-am", "pilot that passes")
+    assert cli.main([str(exp), "--results", str(out), "--dry-run"]) == 0
+    assert "pilot gate: results/pilots/exp_pilot.csv passes (eval_accuracy)" in capsys.readouterr().out
+    assert cli.main([str(exp), "--results", str(out)]) == 0
+    capsys.readouterr()
+    meta = json.loads((out / "exp" / "experiment.json").read_text())
+    (c,) = meta["pilot_gate"]["conditions"]
+    assert meta["pilot_gate"]["pilot"] == "results/pilots/exp_pilot.csv" and c["passed"] and c["n"] == 3
+    md = (out / "exp.md").read_text()
+    assert "## Pilot gate" in md and "eval_accuracy >= 3 standard errors" in md and ": passed" in md
+
+
+def test_a_pilot_that_includes_its_experiment_is_not_gated_by_it(tmp_path):
+    exp = _repo(tmp_path, GATE)
+    child = tmp_path / "exp_pilot.gin"
+    child.write_text(f"include '{exp}'\nSweep.seeds = [100, 101, 102]\n")
+    assert load_experiment(str(exp)).pilot_gate is not None
+    assert load_experiment(str(child)).pilot_gate is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[('eval_acc', {'spec': 'spec_a'}, '>=', 3, 'se')]", "unknown metric 'eval_acc'; valid: "),
+        ("[('eval_accuracy', {'spec': 'spec_a'}, '>', 3, 'se')]", "the comparison is one of >=, <="),
+        ("[('eval_accuracy', {'spec': 'spec_a'}, '>=', -1, 'se')]", "the threshold must be a number"),
+        ("[('eval_accuracy', {'spec': 'nope'}, '>=', 3, 'se')]", "nope"),
+        ("('eval_accuracy', {'spec': 'spec_a'}, '>=', 3, 'se')", "[0]: must be (metric"),
+    ],
+)
+def test_a_wrong_gate_is_one_line_naming_the_file_and_line(tmp_path, text, message):
+    exp = tmp_path / "exp.gin"
+    exp.write_text(
+        f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\nSweep.seeds = [0]\n"
+        f"Sweep.pilot_gate = {text}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(exp))
+    assert str(e.value).startswith(f"{exp}: line 4: Sweep.pilot_gate") and message in str(e.value)
+    assert "\n" not in str(e.value)
