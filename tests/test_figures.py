@@ -17,7 +17,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from scipy import stats
 
-from polgrad.results import figures, markdown
+from polgrad.results import curves, figures, markdown
 from polgrad.results.compare import against
 from polgrad.results.findings import BASELINE_HEADING
 from polgrad.results.report import write_report
@@ -644,3 +644,27 @@ def test_a_prediction_about_another_metric_gets_its_own_panel(tmp_path):
     assert figs.metrics == ["eval_accuracy", "kl_exact", "len_incorrect_change"]
     assert figs.drawn()["forest"]["metrics"] == figs.metrics
     assert len(_panels(figs)) == 3 and _panels(figs)[2].get_title() == "len_incorrect_change"
+
+
+def test_an_accuracy_band_stops_at_0_and_1(tmp_path):
+    """Accuracies 0.0, 0.0, 0.3 over 3 seeds: mean 0.1, sd 0.1732, the t-interval's half-width
+    4.3027 · 0.1732 / √3 = 0.4303 reaches -0.33, an accuracy no run can have: the band is cut at 0
+    (and at 1 above), the mean and the other side unchanged; a reward's band is not cut."""
+    lo, hi = curves.band_limits("eval accuracy", [0.1, 0.95], [0.4303, 0.2])
+    assert lo == pytest.approx([0.0, 0.75]) and hi == pytest.approx([0.5303, 1.0])
+    assert curves.band_limits("train reward", [0.1], [0.4303]) == (
+        pytest.approx([-0.3303]),
+        pytest.approx([0.5303]),
+    )
+    rows = _rows({"base": ([0.0] * 3, None), "up": ([0.0] * 3, None)})
+    _write_runs(tmp_path, rows)
+    for r, acc in zip(rows, [0.0, 0.0, 0.3] * 2, strict=True):  # every step of a seed at that accuracy
+        lines = [json.dumps({"step": t, "accuracy": acc, "n": 8}) for t in (0, 2, 4)]
+        (tmp_path / r["run_dir"] / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    figs = _plot(tmp_path, rows)
+    # the held-out accuracy panels: their lines carry markers (one per evaluation), the reward's do not
+    eval_axes = [ax for ax in figs.curves_figure.axes if any(ln.get_marker() == "o" for ln in ax.lines)]
+    fills = [c for ax in eval_axes for c in ax.collections]
+    lows = [min(p.vertices[:, 1].min() for p in c.get_paths()) for c in fills]
+    assert lows and min(lows) >= 0.0  # no accuracy band below 0
+    assert any(low == pytest.approx(0.0, abs=1e-12) for low in lows)  # and it was cut there

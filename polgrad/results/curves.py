@@ -118,6 +118,20 @@ def save_png(fig, path: Path) -> None:
         plt.close(fig)
 
 
+# Series that cannot leave a range: a t-interval over 3 seeds near 0 accuracy reaches below 0, which
+# no accuracy can be; its band is cut at the range (the mean and the CI's inner side are unchanged).
+BOUNDED = {"eval accuracy": (0.0, 1.0)}
+
+
+def band_limits(kind: str, mean: Sequence[float], half: Sequence[float]) -> tuple[list, list]:
+    """The band mean ± half-width, cut to the series' range where it has one (`BOUNDED`)."""
+    low, high = BOUNDED.get(kind, (-math.inf, math.inf))
+    return (
+        [max(m - h, low) for m, h in zip(mean, half, strict=True)],
+        [min(m + h, high) for m, h in zip(mean, half, strict=True)],
+    )
+
+
 def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     """Small multiples: per configuration (forest order) a pair of panels, held-out accuracy above and
     train reward below (their scales differ: a reward model's scores are not in [0, 1]), against the
@@ -160,8 +174,7 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
                 steps, mean, half = figs.curves[who][kind]
                 marker = "o" if kind == "eval accuracy" else None
                 ax.plot(steps, mean, color=color, marker=marker, ms=3.5, lw=1.5)
-                lo = [m - h for m, h in zip(mean, half, strict=True)]
-                hi = [m + h for m, h in zip(mean, half, strict=True)]
+                lo, hi = band_limits(kind, mean, half)
                 ax.fill_between(steps, lo, hi, color=color, alpha=0.15, lw=0)
                 if kind == "train reward" and GOLD in figs.curves[who]:  # the gold beside the proxy
                     steps, mean, _ = figs.curves[who][GOLD]
