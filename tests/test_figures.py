@@ -372,8 +372,11 @@ def test_a_margin_panel_draws_the_90_percent_ci_tost_compares_with_the_band(tmp_
     figs = _plot_grid(tmp_path, rows, cells, predictions=[equal])
     acc, kl = _panels(figs)
     thick = {ln.get_gid(): ln.get_xdata() for ln in acc.lines if str(ln.get_gid()).startswith("tost|")}
-    assert len(thick) == len(figs.order) and not any(str(ln.get_gid()).startswith("tost|") for ln in kl.lines)
-    for r in (r for r in figs.forest if r["metric"] == "eval_accuracy"):
+    # only the predicted configuration has an equivalence test, so only its row gets the bar
+    (predicted,) = [lab for lab in figs.order if "st=0" in lab and "tis" in lab]
+    assert list(thick) == [f"tost|eval_accuracy|{predicted}"]
+    assert not any(str(ln.get_gid()).startswith("tost|") for ln in kl.lines)
+    for r in (r for r in figs.forest if r["metric"] == "eval_accuracy" and r["label"] == predicted):
         low, high = thick[f"tost|eval_accuracy|{r['label']}"]
         assert r["low"] < low < r["mean"] < high < r["high"]  # inside the 95% CI
         # the 90% t-interval: mean ± t_{0.95, n-1} · sd/√n, while the 95% one uses t_{0.975, n-1}

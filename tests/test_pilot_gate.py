@@ -48,11 +48,27 @@ def test_the_conditions_on_known_values():
     assert c.mean == pytest.approx(0.11, abs=1e-12) and c.passed
 
 
+def test_a_pilot_without_spread_or_with_a_seed_twice_does_not_pass():
+    # three runs at 0.0: se = 0, so "at least 3 standard errors above 0" and "... below 0" both held
+    # with k·se = 0; there is nothing to measure the mean in
+    flat = _rows({100: 0.0, 101: 0.0, 102: 0.0})
+    for op in (">=", "<="):
+        (o,) = gate.evaluate(flat, [_cond(op=op)], range(10, 20))
+        assert not o.passed and "no spread" in o.why
+    twice = _rows({100: 0.1, 101: 0.2, 102: 0.3}) + _rows({101: 0.9})  # a row of an older grid
+    (o,) = gate.evaluate(twice, [_cond(k=0.0)], range(10, 20))
+    assert not o.passed and "seed(s) 101 have two ok runs" in o.why
+    (o,) = gate.evaluate(_rows({100: 0.1, 101: 0.2, 102: 0.3}), [_cond(op="<=", k=0.25, unit="abs")], [])
+    assert o.passed and "eval_accuracy <= 0.25 in spec=spec_a" in o.text()  # 'abs': the mean 0.2 <= 0.25
+
+
 def test_too_few_seeds_or_evaluation_seeds_do_not_pass():
     (few,) = gate.evaluate(_rows({100: 5.0, 101: 6.0}), [_cond(k=0.0)], range(10, 20))
     assert not few.passed and "2 seed(s)" in few.why and "at least 3" in few.why
     (own,) = gate.evaluate(_rows({10: 5.0, 101: 6.0, 102: 7.0}), [_cond(k=0.0)], range(10, 20))
     assert not own.passed and "seeds 10 are evaluation seeds" in own.why
+    written = [r | {"seed": "10.0"} if r["seed"] == "10" else r for r in _rows({10: 5.0, 101: 6.0, 102: 7.0})]
+    assert "seeds 10 are evaluation seeds" in gate.evaluate(written, [_cond(k=0.0)], range(10, 20))[0].why
     failed = _rows({100: 5.0, 101: 6.0, 102: 7.0}) + [{"spec": "spec_a", "seed": "103", "status": "failed"}]
     assert gate.evaluate(failed, [_cond(k=0.0)], range(10, 20))[0].n == 3  # only ok runs count
 
@@ -110,7 +126,7 @@ def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_pa
     _write_pilot(pilot, {100: -0.1, 101: 0.2, 102: 0.4})
     refused("differs from HEAD")
     _git(tmp_path, "commit", "-q", "-am", "noisy pilot")
-    refused("eval_accuracy >= 3 standard errors in spec=spec_a · fake_train.lr=0.1: n = 3")
+    refused("eval_accuracy at least 3 standard errors above 0 in spec=spec_a · fake_train.lr=0.1: n = 3")
     assert "not passed (the pilot does not show it)" in (cli.pilot_gate.state(load_experiment(str(exp)))[1])
     _write_pilot(pilot, {100: 0.1, 101: 0.2, 102: 0.3})
     _git(tmp_path, "commit", "-q", "-am", "pilot that passes")
@@ -122,7 +138,18 @@ def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_pa
     (c,) = meta["pilot_gate"]["conditions"]
     assert meta["pilot_gate"]["pilot"] == "results/pilots/exp_pilot.csv" and c["passed"] and c["n"] == 3
     md = (out / "exp.md").read_text()
-    assert "## Pilot gate" in md and "eval_accuracy >= 3 standard errors" in md and ": passed" in md
+    assert (
+        "## Pilot gate" in md
+        and "eval_accuracy at least 3 standard errors above 0" in md
+        and ": passed" in md
+    )
+    # a sweep with nothing left to run checks nothing: an edited pilot does not refuse it, and the
+    # record of the check that let its cells start is kept
+    _write_pilot(pilot, {100: -0.1, 101: 0.2, 102: 0.4})
+    _git(tmp_path, "commit", "-q", "-am", "a later pilot that fails")
+    assert cli.main([str(exp), "--results", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads((out / "exp" / "experiment.json").read_text())["pilot_gate"] == meta["pilot_gate"]
 
 
 def test_a_pilot_that_includes_its_experiment_is_not_gated_by_it(tmp_path):
@@ -141,6 +168,10 @@ def test_a_pilot_that_includes_its_experiment_is_not_gated_by_it(tmp_path):
         ("[('eval_accuracy', {'spec': 'spec_a'}, '>=', -1, 'se')]", "the threshold must be a number"),
         ("[('eval_accuracy', {'spec': 'nope'}, '>=', 3, 'se')]", "nope"),
         ("('eval_accuracy', {'spec': 'spec_a'}, '>=', 3, 'se')", "[0]: must be (metric"),
+        (
+            "[('eval_accuracy', {'spec': 'spec_a'}, '<=', 1e999, 'abs')]",
+            "the threshold must be a number",
+        ),
     ],
 )
 def test_a_wrong_gate_is_one_line_naming_the_file_and_line(tmp_path, text, message):
@@ -153,3 +184,39 @@ def test_a_wrong_gate_is_one_line_naming_the_file_and_line(tmp_path, text, messa
         load_experiment(str(exp))
     assert str(e.value).startswith(f"{exp}: line 4: Sweep.pilot_gate") and message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "Sweep.pilot = 3\nSweep.pilot_gate = [('eval_accuracy', {'spec': 'spec_a'}, '>=', 3, 'se')]",
+            "line 4: Sweep.pilot: must be the path",
+        ),
+        ("Sweep.pilot = 'p.csv'", "line 4: Sweep.pilot: a pilot without Sweep.pilot_gate gates nothing"),
+    ],
+)
+def test_a_wrong_pilot_is_one_line(tmp_path, text, message):
+    exp = tmp_path / "exp.gin"
+    head = f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\nSweep.seeds = [0]\n"
+    exp.write_text(head + text + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(str(exp))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_tuning_stage_runs_before_the_gate_and_is_not_gated(tmp_path, capsys, monkeypatch):
+    """The gate stands before the evaluation cells: the tuning stage's own cells run (its seeds are
+    not evaluation seeds), then the evaluation cells are refused while the pilot is missing."""
+    exp = _repo(
+        tmp_path,
+        GATE + "Sweep.tuning = {'seeds': [200, 201], 'grid': {'fake_train.eval_every': [2, 4]}}\n",
+    )
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results"
+    assert cli.main([str(exp), "--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "exp_pilot.csv does not exist" in err[-1] and "the evaluation cells did not start" in err[-1]
+    assert len(list((out / "exp_tuning" / "runs").iterdir())) == 4  # 2 values x 2 tuning seeds ran
+    assert "pilot_gate" not in json.loads((out / "exp_tuning" / "experiment.json").read_text())
+    assert not (out / "exp" / "runs").exists()

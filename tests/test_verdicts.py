@@ -55,7 +55,10 @@ def test_the_committed_replication_table_is_what_comparing_the_two_mds_gives(cap
             got[cells[0]] = cells
     assert got == study  # prediction, metric, Δ A, verdict A, Δ B, verdict B, agrees/replicates
     assert "Of 4 predictions, 4 agree." in out
-    assert "Both ran on the same CPU type (AMD EPYC" in out  # read from each md's machine line
+    # read from each md's machine line (after the README's main command on another CPU, the first md
+    # is that machine's)
+    a, b = (verdicts.read_md(RESULTS / f"{n}.md") for n in ("kl_ablation", "kl_ablation_replication"))
+    assert b.cpu.startswith("AMD EPYC") and ("Both ran on the same CPU type" in out) == (a.cpu == b.cpu)
 
 
 def _md(path: Path, cpu: str, rows: list[tuple[str, str, str, str]]) -> Path:
@@ -187,3 +190,29 @@ def test_git_head_compares_the_rerun_with_the_committed_md(tmp_path, capsys):
     rc = results_cli.main(["exp", "--results", str(results), "--compare-verdicts", "git:nope"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "git cannot show nope:results/exp.md" in err[0]
+
+
+def test_an_intel_model_name_is_read_whole(tmp_path):
+    """Linux names Intel CPUs 'Intel(R) Xeon(R) ...': the CPU is everything up to the machine line's
+    ') · python', not the first ')' (which made any two Intel machines 'the same CPU type')."""
+    rows = [("p", "a", "higher", "confirmed")]
+    a = verdicts.read_md(_md(tmp_path / "a.md", "Intel(R) Xeon(R) Platinum 8480+ · AMX · amx_bf16", rows))
+    b = verdicts.read_md(_md(tmp_path / "b.md", "Intel(R) Xeon(R) Gold 6338 · AVX512 · avx512f", rows))
+    assert a.cpu == "Intel(R) Xeon(R) Platinum 8480+ · AMX · amx_bf16"
+    assert not any("same CPU type" in ln for ln in verdicts.compare(a, b).lines)
+    (tmp_path / "c.md").write_text(
+        (tmp_path / "a.md")
+        .read_text()
+        .replace("(2 CPUs: ", "(2 CPUs")
+        .replace("Intel(R) Xeon(R) Platinum 8480+ · AMX · amx_bf16", "")
+    )
+    c = verdicts.read_md(tmp_path / "c.md")
+    assert c.cpu == verdicts.UNKNOWN_CPU
+    assert not any("same CPU type" in ln for ln in verdicts.compare(c, c).lines)  # unknown is not the same
+
+
+def test_record_into_a_missing_folder_is_one_line(tmp_path):
+    rows = [("p", "a", "higher", "confirmed")]
+    a = verdicts.read_md(_md(tmp_path / "a.md", "AMD EPYC", rows))
+    with pytest.raises(verdicts.DataError, match="its folder .* does not exist"):
+        verdicts.record(tmp_path / "no" / "r.csv", a, a, verdicts.compare(a, a))

@@ -44,6 +44,7 @@ __all__ = [
     "names",
     "on_register",
     "register",
+    "task_configuration",
 ]
 
 # The kinds and the one call signature of each, generated from the Protocols in kinds.py.
@@ -188,8 +189,9 @@ def entry_of(fn: Any) -> Entry | None:
 def task_configuration(name: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
     """The full configuration of task `name` called with `given`: its factory's defaults updated by
     `given`, without the parameters the task declares `key_neutral` while at their default. It keys the
-    warm-start and reward-model caches, so the same task reached with its defaults spelled out or left
-    implicit (`{'digits': 2}` or `{}` for task.add) is one cache entry, not two."""
+    warm-start cache (and so, through the policy's fingerprint, the reward models trained on it), so the
+    same task reached with its defaults spelled out or left implicit (`{'digits': 2}` or `{}` for
+    task.add) is one cache entry, not two."""
     entry = lookup("task", name)
     config = {
         p.name: p.default

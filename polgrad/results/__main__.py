@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--compare-verdicts",
         metavar="OTHER.md",
-        help="write nothing; the experiment md's verdicts beside OTHER.md's (e.g. the committed md)",
+        help="write nothing; the experiment md's verdicts beside OTHER.md's, or beside the md as commit "
+        "REV has it with git:REV (git:HEAD: the committed md)",
     )
     ap.add_argument(
         "--record", metavar="FILE", help="with --compare-verdicts: append the outcome to this CSV"

@@ -59,6 +59,7 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
 )
 from polgrad.results.findings import kl_metric
 from polgrad.results.health import failed_keys
+from polgrad.results.predictions import margin_bands, tost_rows
 from polgrad.results.store import unread_columns
 
 KL_METRICS = ("kl", "kl_exact")  # lower = closer to the reference policy, not "better"
@@ -101,6 +102,7 @@ class Figures:
     groups: list[tuple[str, list[str]]] = field(default_factory=list)
     shown: dict[str, str] = field(default_factory=dict)  # label -> the text of its row
     margins: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    tost_rows: dict[str, set[str]] = field(default_factory=dict)  # metric -> labels of 'no difference' rows
     x_axis: str = STEPS
     curves: dict[str, dict[str, tuple[list, list, list]]] = field(default_factory=dict)
     note: str = ""
@@ -118,12 +120,10 @@ class Figures:
             "png": self.paths[0].name if self.paths else "",
             "metrics": list(self.metrics),
             "intervals": {
-                m: ["95% CI", *(["90% CI (TOST)"] if self.margins.get(m) else [])] for m in self.metrics
+                m: ["95% CI", *(["90% CI (TOST)"] if self.tost_rows.get(m) else [])] for m in self.metrics
             },
             "margins": {m: [margin for margin, _ in v] for m, v in self.margins.items()},
         }
-        if self.curves_figure is None and previous is not None:
-            return {"forest": forest, "curves": previous.get("curves")}
         series = sorted({name for per in self.curves.values() for name in per})
         curves = {
             "png": self.paths[1].name if len(self.paths) > 1 else "",
@@ -135,6 +135,8 @@ class Figures:
             "series": None,
             "note": "kept from an earlier report (no run folders here)",
         }
+        if self.curves_figure is None and previous is not None:  # kept: what the earlier report wrote
+            return {"forest": forest, "curves": previous.get("curves") or kept}
         return {"forest": forest, "curves": curves if self.curves_figure is not None else kept}
 
 
@@ -192,21 +194,6 @@ def grouping(keys: Sequence[Key], group_columns: Sequence[str], unread: dict) ->
         if 2 <= len(runs) < len(values) and len(set(runs)) == len(runs):
             return c
     return ""
-
-
-def margin_bands(predictions: Sequence[dict[str, Any]], reference_kind: str) -> dict[str, list]:
-    """{metric: [(margin, claim)]} of the 'no difference' predictions with a margin (distinct margins;
-    none unless the reference is the baseline the predictions are stated against)."""
-    out: dict[str, list[tuple[float, str]]] = {}
-    if reference_kind != "baseline":
-        return out
-    for p in predictions:
-        margin = p.get("margin")
-        if p.get("expected") == "no difference" and margin is not None and float(margin) > 0:
-            have = out.setdefault(str(p.get("metric")), [])
-            if all(m != float(margin) for m, _ in have):
-                have.append((float(margin), str(p.get("claim", ""))))
-    return out
 
 
 def _reference(rows, group_columns, primary, higher_is_better, baseline) -> tuple[Key | None, str]:
@@ -291,6 +278,7 @@ def plot(
             figs.shown |= {label(k): label(k, figs.factor) if len(members) > 1 else label(k) for k in members}
         figs.order = [lab for _, labels in figs.groups for lab in labels]  # grid order, grouped
         figs.margins = margin_bands(predictions, kind)
+        figs.tost_rows = tost_rows(predictions, kind, keys, group_columns, label)
     path = Path(path)
     figs.forest_figure = draw_forest(path, experiment, figs, primary_metric, higher_is_better)
     # Learning curves of each configuration (and the reference) from its run folders.
@@ -417,9 +405,12 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         for margin, claim in figs.margins.get(m, []):
             ax.axvspan(-margin, margin, color="tab:green", alpha=0.13, lw=0, zorder=0)
             notes.append(f"shaded: ±{margin:g} equivalence margin ('{claim}')")
-        tost = bool(figs.margins.get(m))  # the interval TOST uses, against the band
+        tost = figs.tost_rows.get(m, set())  # the predicted configurations: the interval TOST uses
         if tost:
-            notes.append("thick bar: 90% CI, within the band exactly when TOST (α = 0.05) confirms")
+            notes.append(
+                "thick bar: the 'no difference' prediction's 90% CI, within the band exactly when its TOST "
+                "at α = 0.05 confirms before Holm's correction (the md's verdict is after it)"
+            )
         ax.axvline(0.0, color="0.35", lw=1.0, zorder=1)
         for y in seps:
             ax.axhline(y, color="0.75", lw=0.8, zorder=1)
@@ -430,7 +421,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
             c = colour.get(lab, NEUTRAL)
             if not math.isnan(r["low"]):
                 ax.plot([r["low"], r["high"]], [y, y], color=c, lw=2.0, zorder=2)
-            if tost and not math.isnan(r["low_tost"]):
+            if lab in tost and not math.isnan(r["low_tost"]):
                 ax.plot(
                     [r["low_tost"], r["high_tost"]], [y, y], color=c, lw=5.0, zorder=2, gid=f"tost|{m}|{lab}"
                 )

@@ -10,13 +10,16 @@ Each condition is about one configuration of the pilot (its rows whose columns m
 finite value), over its seeds: n ≥ MIN_SEEDS distinct seeds, none of them an evaluation seed; the
 mean m of the metric and its standard error se = sd / √n (sd with n − 1). With unit 'se' the
 threshold k is in standard errors: '>=' passes when m ≥ k·se (the pilot's mean lies at least k
-standard errors above 0), '<=' when m ≤ −k·se. With unit 'abs' it is in the metric's own units:
+standard errors above 0), '<=' when m ≤ −k·se (at least k below 0); a pilot without spread (se = 0)
+passes neither. A seed with two ok runs of a condition's configuration (rows of an older grid)
+fails it. With unit 'abs' the threshold is in the metric's own units:
 '>=' passes when m ≥ k, '<=' when m ≤ k. `eval_accuracy_change` is eval_accuracy −
 eval_accuracy_init (the change from the warm start), any other metric a column of the CSV.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -45,8 +48,11 @@ class Outcome:
 
     def text(self) -> str:
         cfg = " · ".join(f"{k}={v}" for k, v in self.config.items())
-        bound = f"{self.threshold:g} standard errors" if self.unit == "se" else f"{self.threshold:g}"
-        want = f"{self.metric} {self.op} {bound} in {cfg}"
+        side = "above" if self.op == ">=" else "below"
+        if self.unit == "se":
+            want = f"{self.metric} at least {self.threshold:g} standard errors {side} 0 in {cfg}"
+        else:
+            want = f"{self.metric} {self.op} {self.threshold:g} in {cfg}"
         got = f"n = {self.n}, mean {self.mean:+.4g}, se {self.se:.3g}" if self.n else "no runs"
         return f"{want}: {got}: " + ("passed" if self.passed else f"not passed ({self.why})")
 
@@ -60,12 +66,20 @@ def _value(row: dict[str, str], metric: str) -> float:
         return math.nan
 
 
+def _seed(value: Any) -> str:
+    """A seed as the integer it names ('10', '10.0' and 10 are one seed)."""
+    try:
+        return str(int(float(value)))
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def evaluate(
     rows: Sequence[dict[str, str]], conditions: Sequence[dict[str, Any]], evaluation_seeds: Sequence[int]
 ) -> list[Outcome]:
     """Each condition ({metric, config, op, threshold, unit}) on the pilot's `rows`."""
     out = []
-    banned = {str(s) for s in evaluation_seeds}
+    banned = {_seed(s) for s in evaluation_seeds}
     for c in conditions:
         mine = [
             r
@@ -73,10 +87,14 @@ def evaluate(
             if r.get("status") == "ok" and all(str(r.get(k, "")) == str(v) for k, v in c["config"].items())
         ]
         values: dict[str, float] = {}
+        twice = set()
         for r in mine:
             v = _value(r, c["metric"])
+            seed = _seed(r.get("seed", ""))
             if math.isfinite(v):
-                values.setdefault(str(r.get("seed", "")), v)
+                if seed in values:
+                    twice.add(seed)
+                values.setdefault(seed, v)
         n = len(values)
         mean = sum(values.values()) / n if n else math.nan
         sd = math.sqrt(sum((v - mean) ** 2 for v in values.values()) / (n - 1)) if n > 1 else math.nan
@@ -88,10 +106,16 @@ def evaluate(
         else:
             passed = mean <= (-bound if c["unit"] == "se" else bound)
         why = ""
-        if overlap := sorted(banned & set(values), key=lambda s: (len(s), s)):
+        if twice:  # e.g. rows of an older grid beside the pilot's current ones: which would count?
+            why = (
+                f"seed(s) {', '.join(sorted(twice))} have two ok runs of this configuration in the pilot CSV"
+            )
+        elif overlap := sorted(banned & set(values), key=lambda s: (len(s), s)):
             why = f"seeds {', '.join(overlap)} are evaluation seeds: a pilot runs seeds of its own"
         elif n < MIN_SEEDS:
             why = f"{n} seed(s) with an ok run and a value; a pilot needs at least {MIN_SEEDS}"
+        elif c["unit"] == "se" and not se > 0:
+            why = "no spread across the pilot's seeds: no standard error to measure the mean in"
         elif not passed:
             why = "the pilot does not show it"
         config = {k: str(v) for k, v in c["config"].items()}
@@ -101,7 +125,8 @@ def evaluate(
 
 def record(pilot: str, commit: str, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """What experiment.json keeps of the gate (the md's section reads it)."""
-    return {"pilot": pilot, "commit": commit, "conditions": [asdict(o) for o in outcomes]}
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"pilot": pilot, "commit": commit, "checked_at": now, "conditions": [asdict(o) for o in outcomes]}
 
 
 def section(meta: dict[str, Any]) -> list[str]:
@@ -109,13 +134,14 @@ def section(meta: dict[str, Any]) -> list[str]:
     gate = meta.get("pilot_gate")
     if not gate:
         return []
+    when = f" at {gate['checked_at']}" if gate.get("checked_at") else ""
     lines = [
         "",
         "## Pilot gate",
         "",
-        f"Declared before the evaluation cells ran, and checked by the sweep before it started them: the "
-        f"pilot {gate['pilot']} (commit {gate['commit']}, seeds disjoint from the evaluation seeds, at "
-        f"least {MIN_SEEDS} per configuration) must show",
+        f"The sweep checked the experiment's declared pilot gate{when} before it started the evaluation "
+        f"cells: the pilot {gate['pilot']} (commit {gate['commit']}, seeds disjoint from the evaluation "
+        f"seeds, at least {MIN_SEEDS} per configuration) had to show",
         "",
     ]
     lines += [f"- {Outcome(**c).text()}" for c in gate["conditions"]]

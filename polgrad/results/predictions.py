@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from polgrad.results.compare import ALPHA, POWER, RULE_T, Comparison, Key, decide
 from polgrad.results.stats import holm, min_signflip_p
@@ -222,3 +223,31 @@ def as_run(rows, group_columns: Sequence[str], predictions, label, baseline: Key
         "",
         *items,
     ]
+
+
+def margin_bands(predictions: Sequence[dict[str, Any]], reference_kind: str) -> dict[str, list]:
+    """{metric: [(margin, claim)]} of the 'no difference' predictions with a margin (distinct margins;
+    none unless the reference is the baseline the predictions are stated against)."""
+    out: dict[str, list[tuple[float, str]]] = {}
+    if reference_kind != "baseline":
+        return out
+    for p in predictions:
+        margin = p.get("margin")
+        if p.get("expected") == "no difference" and margin is not None and float(margin) > 0:
+            have = out.setdefault(str(p.get("metric")), [])
+            if all(m != float(margin) for m, _ in have):
+                have.append((float(margin), str(p.get("claim", ""))))
+    return out
+
+
+def tost_rows(predictions, reference_kind: str, keys, group_columns, label) -> dict[str, set[str]]:
+    """{metric: labels of the configurations a 'no difference' prediction with a margin is about}: the
+    rows whose 90% CI (TOST's) is drawn against the band (none unless the reference is the baseline)."""
+    out: dict[str, set[str]] = {}
+    for p in predictions if reference_kind == "baseline" else ():
+        if p.get("expected") == "no difference" and p.get("margin"):
+            for k in keys:
+                row = dict(zip(group_columns, k, strict=True))
+                if all(row.get(c) == str(v) for c, v in p["config"].items()):
+                    out.setdefault(str(p["metric"]), set()).add(label(k))
+    return out

@@ -28,6 +28,7 @@ from polgrad.results.provenance import _git, repo_root
 
 HEADER = ("prediction", "configuration", "metric", "expected")
 DECISIVE = ("confirmed", "refuted")
+UNKNOWN_CPU = "CPU not recorded"
 RECORD_COLUMNS = ("experiment", "cpu", "commit", "cells_finished", "agree", "predictions", "against")
 
 
@@ -89,7 +90,8 @@ def committed_md(spec: str, md: str | Path) -> tuple[str, str]:
     rel = Path(md).resolve().relative_to(root).as_posix()
     out = _git(["show", f"{rev}:{rel}"], root)
     if out is None or out.returncode != 0:
-        why = out.stderr.decode(errors="replace").strip().splitlines()[-1] if out is not None else "no git"
+        lines = out.stderr.decode(errors="replace").strip().splitlines() if out is not None else ["no git"]
+        why = lines[-1] if lines else f"git exit status {out.returncode}"  # type: ignore[union-attr]
         raise DataError(f"{spec}: git cannot show {rev}:{rel} ({why})")
     return f"{rev}:{rel}", out.stdout.decode("utf-8", errors="replace")
 
@@ -106,7 +108,7 @@ def read_md(path: str | Path, text: str | None = None) -> MdVerdicts:
     lines = text.splitlines()
     title = next((ln[2:].strip() for ln in lines if ln.startswith("# ")), "")
     machine = next((ln for ln in lines if ln.startswith("Machine: ")), "")
-    cpu = re.search(r"\(\d+ CPUs: ([^)]*)\)", machine)
+    cpu = re.search(r" CPUs: (.*?)\) · python ", machine)  # a model name has its own "(R)"
     commit = re.search(r"· commit ([^·]+?) ·", machine)
     finished = re.search(r"· cells finished ([^·]+?) ·", machine)
     start = next((i for i, ln in enumerate(lines) if tuple(_cells(ln)[:4]) == HEADER), None)
@@ -132,7 +134,7 @@ def read_md(path: str | Path, text: str | None = None) -> MdVerdicts:
     return MdVerdicts(
         path=str(p),
         experiment=title,
-        cpu=cpu.group(1).strip() if cpu else "CPU not recorded",
+        cpu=cpu.group(1).strip() if cpu else UNKNOWN_CPU,
         commit=commit.group(1).strip() if commit else "",
         cells_finished=finished.group(1).strip() if finished else "",
         predictions=tuple(preds),
@@ -171,7 +173,7 @@ def compare(this: MdVerdicts, other: MdVerdicts) -> Outcome:
             f"A is experiment {this.experiment}, B is {other.experiment}: predictions are matched by their "
             "claim, and compared only where both declare the same configuration, metric and expectation."
         )
-    if this.cpu == other.cpu:
+    if this.cpu == other.cpu and this.cpu != UNKNOWN_CPU:
         lines.append(f"Both ran on the same CPU type ({this.cpu}): it does not test another CPU.")
     lines += [
         "",
@@ -208,6 +210,8 @@ def record(path: str | Path, this: MdVerdicts, other: MdVerdicts, outcome: Outco
     """Append the comparison to the CSV `path` (its header written when new): the experiment, this md's
     CPU, commit and cell times, how many of how many predictions agree, and the md it was compared to."""
     p = Path(path)
+    if not p.parent.is_dir():
+        raise DataError(f"--record {p}: its folder {p.parent} does not exist; create it or give another file")
     new = not p.exists() or p.stat().st_size == 0
     if not new:
         with open(p, newline="") as fh:

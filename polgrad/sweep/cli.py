@@ -85,7 +85,6 @@ def run(
             return code
         restart = [i for i in restart if i not in ids]
         exp, cells = tuning.bind(exp, cells, Path(results_dir), restart)
-    pilot_gate.check(exp)  # the evaluation cells start only on a committed pilot that passes
     exp_dir = Path(results_dir) / exp.name
     exp_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(exp_dir):
@@ -234,9 +233,17 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     """Run the cells not finished yet, recording each in the CSV, then write the report; exit code."""
     launch.allow_trainers()
     runs = results_dir / exp.name / "runs"
+    # the evaluation cells start only on a committed pilot that passes (a sweep with none left to run
+    # checks nothing); the record of the check that let the first of them start is kept
+    gate = None
+    if exp.pilot_gate is not None:
+        gate = _previous_gate(results_dir / exp.name)
+        if any(not is_finished(runs / c.id) for c in cells):
+            checked = pilot_gate.check(exp)
+            gate = gate or checked
     runs.mkdir(parents=True, exist_ok=True)
     order = [c.id for c in cells]
-    meta = _write_experiment_json(exp, cells, results_dir, command)
+    meta = _write_experiment_json(exp, cells, results_dir, command, gate)
     csv_file = _results.csv_path(exp.name, results_dir)
     run_dirs = {c.id: runs / c.id for c in cells}
 
@@ -291,7 +298,15 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     return _final_lines(exp, cells, csv_file, run_dirs, md, png)
 
 
-def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[str, Any]:
+def _previous_gate(exp_dir: Path) -> dict[str, Any] | None:
+    """The pilot gate's record in the experiment.json of an earlier run of this sweep, if any."""
+    try:
+        return json.loads((exp_dir / "experiment.json").read_text()).get("pilot_gate")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write_experiment_json(exp, cells, results_dir: Path, command: str, gate=None) -> dict[str, Any]:
     """results/<name>/experiment.json: what the report reads of the experiment (its cells included).
 
     It is tracked: its paths are relative to the repository root (the working directory outside
@@ -313,8 +328,8 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str) -> dict[
     }
     if isinstance(exp.tuning, tuning.Plan):
         meta["tuning"] = exp.tuning.record
-    if exp.pilot_gate is not None:  # checked just before (run); its outcome, for the md
-        meta["pilot_gate"] = pilot_gate.state(exp)[0]
+    if gate is not None:  # the check that let the cells start (_run); its outcome, for the md
+        meta["pilot_gate"] = gate
     if exp.studies:  # the study plug-ins its report loads (polgrad/results/studies.py)
         meta["studies"] = list(exp.studies)
     if _results.module_names(exp.imports):  # each row records their digests (user_modules)

@@ -8,14 +8,16 @@ Read and checked with the experiment file (a one-line error naming the file, the
 choices); evaluated when the evaluation cells are about to start (after a tuning stage, whose cells
 are the experiment's own choice of values, not its evaluation): the pilot CSV must exist, be tracked
 by git and unchanged from HEAD (a pilot that is not committed can be rerun until it passes), and
-pass every condition, else one line says which condition failed and what would pass it. The dry run
-prints the gate's state without refusing. The gate and its outcome go to experiment.json, and the md
-states them.
+pass every condition, else one line says which condition failed and why. The dry run
+prints the gate's state without refusing. A sweep with no cell left to run checks nothing; the record
+of the check that let its first evaluation cells start is kept in experiment.json (a resumed sweep
+checks again, and keeps it), and the md states it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +60,16 @@ def read(file: str, pilot: Any, conditions: Any, name: str, read_config, where) 
                 f"{file}: {at}: the comparison is one of {', '.join(_gate.OPS)} and the unit one of "
                 f"{', '.join(_gate.UNITS)}, got {op!r} and {unit!r}"
             )
-        if not is_real(threshold) or (unit == "se" and threshold < 0):
+        if not is_real(threshold) or not math.isfinite(threshold) or (unit == "se" and threshold < 0):
             raise ConfigError(
                 f"{file}: {at}: the threshold must be a number (>= 0 in 'se'), got {threshold!r}"
             )
         cfg = read_config(config, at)
         out.append({"metric": metric, "config": cfg, "op": op, "threshold": float(threshold), "unit": unit})
-    root = _results.repo_root(Path(file).resolve().parent) or Path.cwd()
-    path = Path(pilot) if pilot is not None else Path("results") / "pilots" / f"{name}_pilot.csv"
     if not isinstance(pilot, (str, type(None))):
         raise ConfigError(f"{file}: {where('pilot')}: must be the path of the pilot's CSV, got {pilot!r}")
+    root = _results.repo_root(Path(file).resolve().parent) or Path.cwd()
+    path = Path(pilot) if pilot is not None else Path("results") / "pilots" / f"{name}_pilot.csv"
     return Gate(path if path.is_absolute() else root / path, out)
 
 

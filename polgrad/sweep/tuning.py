@@ -192,6 +192,7 @@ def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_mo
         f"do best with on the tuning seeds? (the evaluation binds it: results/{exp.name}.md, 'Tuning')",
         tuning=None,
         studies=[],  # a study reads the evaluation's runs, not the tuning grid's
+        pilot_gate=None,  # the gate stands before the evaluation cells, not the tuning stage's
     )
     t_cells = validate(t_exp, out, train_module)
     # Sweep.budget's bindings go into a validated cell's id (grid.with_budget): the groups must name the
