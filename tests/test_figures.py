@@ -240,6 +240,14 @@ def test_write_report_writes_both_figures_and_the_md_shows_them(tmp_path):
     text = md.read_text()
     assert "![e](e.png)" in text and "![e_curves](e_curves.png)" in text
     assert _is_png(png) and _is_png(tmp_path / "e_curves.png")
+    drawn = json.loads((tmp_path / "e" / "figures.json").read_text())
+    assert (
+        drawn["curves"]["series"] == ["eval accuracy", "train reward"] and drawn["forest"]["png"] == "e.png"
+    )
+    for torn in ("{half", "[1, 2]"):  # a torn or hand-edited record is rewritten, not trusted
+        (tmp_path / "e" / "figures.json").write_text(torn)
+        write_report("e", tmp_path)
+        assert json.loads((tmp_path / "e" / "figures.json").read_text()) == drawn
 
 
 # ----------------------------------------------------------------------------- a grid of two factors

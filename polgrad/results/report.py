@@ -448,6 +448,10 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         predictions=meta.get("predictions", ()),
     )
     drawn = Path(results_dir) / experiment / FIGURES_JSON
-    previous = json.loads(drawn.read_text()) if drawn.is_file() else None
+    try:  # a hand-edited or torn figures.json is rewritten, not trusted
+        previous = json.loads(drawn.read_text()) if drawn.is_file() else None
+    except (OSError, ValueError):
+        previous = None
+    previous = previous if isinstance(previous, dict) else None
     atomic_write_text(drawn, json.dumps(figs.drawn(previous), indent=1, sort_keys=True) + "\n")
     return md_path, png_path
