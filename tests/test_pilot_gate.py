@@ -205,9 +205,10 @@ def test_a_wrong_pilot_is_one_line(tmp_path, text, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_tuning_stage_runs_before_the_gate_and_is_not_gated(tmp_path, capsys, monkeypatch):
-    """The gate stands before the evaluation cells: the tuning stage's own cells run (its seeds are
-    not evaluation seeds), then the evaluation cells are refused while the pilot is missing."""
+def test_a_tuning_stage_is_not_gated_but_does_not_run_before_a_failing_gate(tmp_path, capsys, monkeypatch):
+    """The gate stands before the evaluation cells, not the tuning stage's (its seeds are not
+    evaluation seeds): while the pilot is missing, nothing runs (tuning cells would be of no use);
+    once it passes, the tuning stage runs and then the evaluation."""
     exp = _repo(
         tmp_path,
         GATE + "Sweep.tuning = {'seeds': [200, 201], 'grid': {'fake_train.eval_every': [2, 4]}}\n",
@@ -217,6 +218,12 @@ def test_a_tuning_stage_runs_before_the_gate_and_is_not_gated(tmp_path, capsys, 
     assert cli.main([str(exp), "--results", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "exp_pilot.csv does not exist" in err[-1] and "the evaluation cells did not start" in err[-1]
+    assert not (out / "exp_tuning" / "runs").exists() and not (out / "exp" / "runs").exists()
+    _write_pilot(tmp_path / "results" / "pilots" / "exp_pilot.csv", {100: 0.1, 101: 0.2, 102: 0.3})
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "pilot")
+    assert cli.main([str(exp), "--results", str(out)]) == 0
+    capsys.readouterr()
     assert len(list((out / "exp_tuning" / "runs").iterdir())) == 4  # 2 values x 2 tuning seeds ran
     assert "pilot_gate" not in json.loads((out / "exp_tuning" / "experiment.json").read_text())
-    assert not (out / "exp" / "runs").exists()
+    assert json.loads((out / "exp" / "experiment.json").read_text())["pilot_gate"]["conditions"][0]["passed"]

@@ -67,6 +67,9 @@ def run(
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
     code = 0
+    runs = Path(results_dir) / exp.name / "runs"
+    if stage and exp.pilot_gate is not None and any(not is_finished(runs / c.id) for c in cells):
+        pilot_gate.check(exp)  # before the tuning stage too: its cells are of no use if the gate fails
     if stage:  # stage 1, a sweep of its own; its failed cells count as worst in the choice
         ids = {c.id for c in stage.cells}
         code = run(

@@ -5,8 +5,9 @@ committed pilot CSV shows what the gin declares it must (the conditions: polgrad
     Sweep.pilot_gate = [('len_incorrect_change', {'spec': 'grpo'}, '>=', 3, 'se')]
 
 Read and checked with the experiment file (a one-line error naming the file, the line and the valid
-choices); evaluated when the evaluation cells are about to start (after a tuning stage, whose cells
-are the experiment's own choice of values, not its evaluation): the pilot CSV must exist, be tracked
+choices); evaluated when the evaluation cells are about to start, and before a tuning stage too
+(whose cells are the experiment's own choice of values, not its evaluation, so not gated themselves,
+but of no use if the gate fails; polgrad/sweep/cli.py): the pilot CSV must exist, be tracked
 by git and unchanged from HEAD (a pilot that is not committed can be rerun until it passes), and
 pass every condition, else one line says which condition failed and why. The dry run
 prints the gate's state without refusing. A sweep with no cell left to run checks nothing; the record
