@@ -27,7 +27,7 @@ from polgrad.results.predictions import NO_DIFFERENCE, judge, prediction_delta
 from polgrad.results.predictions import delta_text as _delta
 from polgrad.results.store import csv_path, read_rows
 from polgrad.results.studies import Study
-from polgrad.results.verdicts import agreement
+from polgrad.results.verdicts import agreement, others
 
 SUFFIX = "_replication"
 
@@ -147,13 +147,7 @@ def section(experiment: str, results_dir: str | os.PathLike = "results") -> list
         lines.append(f"| {claim} | {metric} | {cells[0]} | {cells[1]} | {word} |")
     text = f"Of {len(claims)} predictions, {len(outcome.get('yes', []))} replicate"
     text += f" ({'; '.join(outcome['yes'])})" if outcome.get("yes") and len(outcome) > 1 else ""
-    parts = {
-        "no": "decided differently",
-        "neither decides": "decided in neither",
-        "declared differently": "declared differently",
-        "declared in one only": "declared in one only",
-    }
-    text += "".join(f"; {what}: {'; '.join(outcome[k])}" for k, what in parts.items() if outcome.get(k))
+    text += others(outcome)
     table, sentence = _comparisons(original, replica, rows, metas)
     return lines + table + ["", text + ". " + sentence]
 

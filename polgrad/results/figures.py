@@ -19,9 +19,9 @@
   `higher_is_better`, a KL "lower = closer to reference", held-out accuracy "higher is better".
   A 'no difference' prediction's equivalence margin (experiment.json `predictions`, `margin`) is a
   shaded band ±margin on its metric's panel (against the baseline only: the margin is a difference
-  to the baseline), and on that panel each row also carries its 90% CI as a thick bar inside the thin
-  95% one: the interval TOST at α = 0.05 compares with the band (inside it exactly when TOST
-  confirms), where the 95% CI would show equivalence too rarely.
+  to the baseline), and the prediction's own row also carries its 90% CI as a thick bar inside the
+  thin 95% one: the interval TOST at α = 0.05 compares with the band (inside it exactly when TOST
+  confirms, before Holm's correction), where the 95% CI would show equivalence too rarely.
 - results/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one panel per
   configuration, that configuration against the baseline: train reward (metrics.jsonl
   `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
@@ -114,8 +114,9 @@ class Figures:
     def drawn(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
         """What each PNG shows, machine-readable (the report writes it as results/<experiment>/
         figures.json): the forest plot's metric panels and the interval each draws (the 95% CI, and the
-        90% CI TOST uses where a margin is drawn); the curves' series and x axis, or, when the curves
-        PNG was kept from an earlier report (no run folders here), the entry that report wrote."""
+        90% CI TOST uses on the 'no difference' prediction's row); the curves' series and x axis, or,
+        when the curves PNG was kept from an earlier report (no run folders here), the entry that
+        report wrote."""
         forest = {
             "png": self.paths[0].name if self.paths else "",
             "metrics": list(self.metrics),

@@ -129,9 +129,8 @@ def record(pilot: str, commit: str, outcomes: Sequence[Outcome]) -> dict[str, An
     return {"pilot": pilot, "commit": commit, "checked_at": now, "conditions": [asdict(o) for o in outcomes]}
 
 
-def section(meta: dict[str, Any]) -> list[str]:
-    """The md's "Pilot gate" section from experiment.json's record ([] without a gate)."""
-    gate = meta.get("pilot_gate")
+def section(gate: dict[str, Any] | None) -> list[str]:
+    """The md's "Pilot gate" section from experiment.json's record of it ([] without a gate)."""
     if not gate:
         return []
     when = f" at {gate['checked_at']}" if gate.get("checked_at") else ""

@@ -204,7 +204,7 @@ def markdown(
     if baseline and base_key is None:
         lines += ["", f"(The baseline {baseline} matches no configuration with finished cells.)"]
     lines += tuning_section(tuning)  # the values a tuning stage chose (polgrad/results/tuning.py)
-    lines += gate.section({"pilot_gate": pilot_gate})  # what the pilot had to show (polgrad/results/gate.py)
+    lines += gate.section(pilot_gate)  # what the pilot had to show (polgrad/results/gate.py)
     shown = [(study, list(section)) for study, section in study_sections if section]
     if shown:  # e.g. X and X_replication side by side (studies/replication.py)
         # before the findings; each last line, a summary, also opens them (the answer stays last)

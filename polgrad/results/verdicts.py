@@ -50,6 +50,20 @@ def agreement(a: str, b: str) -> str:
     return "neither decides"
 
 
+# How a sentence names the claims of each outcome but agreement (`compare`, and the replication study)
+OUTCOME_WORDS = {
+    "no": "decided differently",
+    "neither decides": "decided in neither",
+    "declared differently": "declared differently",
+    "declared in one only": "declared in one only",
+}
+
+
+def others(counts: dict[str, list[str]]) -> str:
+    """'; decided differently: a; b; decided in neither: c' for the claims of each outcome but 'yes'."""
+    return "".join(f"; {what}: {'; '.join(counts[k])}" for k, what in OUTCOME_WORDS.items() if counts.get(k))
+
+
 @dataclass(frozen=True)
 class Prediction:
     claim: str
@@ -194,15 +208,7 @@ def compare(this: MdVerdicts, other: MdVerdicts) -> Outcome:
         cells = [f"{x.delta} | {x.verdict}" if x else "– | (not in this md)" for x in (a, b)]
         lines.append(f"| {claim} | {metric} | {cells[0]} | {cells[1]} | {word} |")
     agree, disagree = len(counts.get("yes", [])), len(counts.get("no", []))
-    text = f"Of {len(claims)} predictions, {agree} agree"
-    names = {
-        "no": "decided differently",
-        "neither decides": "decided in neither",
-        "declared differently": "declared differently",
-        "declared in one only": "declared in one only",
-    }
-    text += "".join(f"; {what}: {'; '.join(counts[k])}" for k, what in names.items() if counts.get(k))
-    lines += ["", text + "."]
+    lines += ["", f"Of {len(claims)} predictions, {agree} agree" + others(counts) + "."]
     return Outcome(lines=lines, agree=agree, disagree=disagree, compared=len(claims))
 
 
