@@ -547,13 +547,50 @@ def test_curves_run_against_sampled_sequences_when_the_runs_count_them(tmp_path)
     _write_counted_runs(tmp_path, rows, lambda seed: 64 + 8 * seed)  # a refill samples more on some seeds
     figs = _plot(tmp_path, rows)
     assert figs.x_axis == figures.SEQUENCES
-    # x = the mean over seeds 0, 1, 2 of (64 + 8 s) × step = 72 × step; eval's step 0 = 0 sequences
+    # seed s reaches step t at (64 + 8 s) t sequences. Grid: the steps every seed evaluated (0, 2, 4) at
+    # the mean over seeds of their counts, 72 t = 0, 144, 288, cut at the last count every seed reached
+    # (seed 0's 256), which joins the grid: 0, 144, 256. Seed s's accuracy, 0.30 + s/100 + t/100, is
+    # linear in its count x = (64 + 8 s) t, so interpolation gives 0.30 + s/100 + x / (100 (64 + 8 s)):
+    # at 144: 0.3225, 0.33, 0.338 (mean 0.330167); at 256: 0.34, 0.345556, 0.352 (mean 0.345852).
     x, mean, _ = figs.curves["up"]["eval accuracy"]
-    assert x == pytest.approx([0, 144, 288], abs=1e-12) and mean[0] == pytest.approx(0.31, abs=1e-12)
+    assert x == pytest.approx([0, 144, 256], abs=1e-12)
+    assert mean == pytest.approx([0.31, 0.990500 / 3, 1.037556 / 3], abs=1e-6)
+    # train reward: steps 1..4 at 72 t, from seed 2's first count (80) to seed 0's last (256)
     x, _, _ = figs.curves["up"]["train reward"]
-    assert x == pytest.approx([72, 144, 216, 288], abs=1e-12)
+    assert x == pytest.approx([144, 216, 256], abs=1e-12)
     bottom = [a for a in figs.curves_figure.axes if a.get_xlabel()]
     assert bottom and all(a.get_xlabel() == "sampled sequences (cumulative)" for a in bottom)
+
+
+def test_seeds_that_stop_at_other_steps_are_averaged_at_common_sequence_counts(tmp_path):
+    """DAPO-like: the seeds sample 64, 80 and 48 sequences a step and stop at a 300-sequence budget
+    (steps 5, 4 and 7), evaluating every 2 steps and at their end. By step, the last evaluations
+    (steps 5, 6, 7) would be points of one seed each: the curve would zig-zag between seeds. At
+    common counts every point is a mean over the three seeds."""
+    per_step, last = {0: 64, 1: 80, 2: 48}, {0: 5, 1: 4, 2: 7}
+    rows = [r for r in _rows() if r["spec"] in ("base", "up")]
+    for r in rows:
+        s, d = int(r["seed"]), tmp_path / r["run_dir"]
+        d.mkdir(parents=True)
+        steps = range(1, last[s] + 1)
+        (d / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": t, "reward_mean": 0.5, "sampled_sequences": per_step[s] * t}) + "\n"
+                    for t in steps)
+        )  # fmt: skip
+        evals = sorted({0, *range(2, last[s] + 1, 2), last[s]})
+        # accuracy 0.2 + s/10 + x/1000 at x sequences: linear in x, so interpolation is exact
+        (d / "eval.jsonl").write_text(
+            "".join(json.dumps({"step": t, "accuracy": 0.2 + s / 10 + per_step[s] * t / 1000, "n": 8}) + "\n"
+                    for t in evals)
+        )  # fmt: skip
+    figs = _plot(tmp_path, rows)
+    x, mean, half = figs.curves["up"]["eval accuracy"]
+    # steps 0, 2, 4 (every seed's) at the mean counts 0, (128 + 160 + 96)/3 = 128, 256; then the last
+    # count every seed reached, min(320, 320, 336) = 320. Mean over seeds 0.3 + x/1000; the seeds differ
+    # by 0.1 at every x: sd 0.1, half-width t_{0.975,2} 0.1 / sqrt(3) = 0.248414
+    assert x == pytest.approx([0, 128, 256, 320], abs=1e-12)
+    assert mean == pytest.approx([0.3, 0.428, 0.556, 0.62], abs=1e-12)
+    assert half == pytest.approx([0.248414] * 4, abs=1e-6)
 
 
 def test_curves_run_against_steps_when_a_run_does_not_count_sequences(tmp_path):

@@ -5,8 +5,10 @@ Per configuration, against the experiment's reference in grey: train reward (met
 held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band = the
 95% CI of that mean over seeds (Student t, n - 1 dof), per step. The x axis is the cumulative number
 of sampled sequences when every run's metrics.jsonl rows have `sampled_sequences` (the budget's
-unit; a step's x = the mean over seeds of that count at the step, 0 at step 0), else the optimizer
-step; the axis label says which (`SEQUENCES`, `STEPS`).
+unit; 0 at step 0), else the optimizer step; the axis label says which (`SEQUENCES`, `STEPS`).
+Against sequences, the seeds are averaged at common counts (`sequences_band`: each seed interpolated
+between its own points), so a run whose seeds sample differently per step (DAPO) still draws means
+over all its seeds.
 """
 
 from __future__ import annotations
@@ -45,40 +47,38 @@ def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
     return out
 
 
-def seed_curves(run_dirs: Sequence[Path]) -> tuple[dict[str, list[dict[int, float]]], list[dict[int, float]]]:
-    """Per seed: smoothed train reward {step: EMA} and eval accuracy {step: accuracy} (eval.jsonl), for a
-    run trained on a reward model also its smoothed gold reward (`GOLD`: metrics.jsonl's
-    `gold_reward_mean`, the task verifier's reward of the same samples), and
-    the cumulative sampled sequences {step: count} (0 at step 0) of the seeds whose every metrics row
-    has `sampled_sequences` ([] when a seed's rows lack it: the curves are then against steps)."""
+Curve = tuple[dict[int, float], "dict[int, float] | None"]  # one seed's {step: value}, {step: sequences}
+
+
+def seed_curves(run_dirs: Sequence[Path]) -> dict[str, list[Curve]]:
+    """Per kind, per seed: ({step: value}, {step: cumulative sampled sequences} or None when a metrics
+    row lacks `sampled_sequences`; 0 at step 0). Kinds: smoothed train reward (EMA), eval accuracy
+    (eval.jsonl) and, for a run trained on a reward model, its smoothed gold reward (`GOLD`:
+    metrics.jsonl's `gold_reward_mean`, the task verifier's reward of the same samples). A seed's values
+    and its counts stay paired: a seed without evaluations is left out of that kind only."""
     from polgrad.evaluation import read_evals
 
-    out: dict[str, list[dict[int, float]]] = {"train reward": [], "eval accuracy": []}
-    sequences: list[dict[int, float]] | None = []
+    out: dict[str, list[Curve]] = {"train reward": [], "eval accuracy": []}
     for d in run_dirs:
         rows = read_metrics(RunFolder(d).metrics)
+        counted = bool(rows) and all("sampled_sequences" in r for r in rows)
+        seq = {0: 0.0} | {int(r["step"]): float(r["sampled_sequences"]) for r in rows} if counted else None
         m = [r for r in rows if isinstance(r.get("reward_mean"), (int, float))]
         if m:
-            out["train reward"].append(
-                dict(zip((r["step"] for r in m), ema([r["reward_mean"] for r in m]), strict=True))
-            )
+            ys = ema([r["reward_mean"] for r in m])
+            out["train reward"].append((dict(zip((int(r["step"]) for r in m), ys, strict=True)), seq))
         g = [r for r in rows if isinstance(r.get("gold_reward_mean"), (int, float))]
         if g:  # a run trained on a reward model: the task verifier's reward of the same samples
-            out.setdefault(GOLD, []).append(
-                dict(zip((r["step"] for r in g), ema([r["gold_reward_mean"] for r in g]), strict=True))
-            )
-        if rows and sequences is not None and all("sampled_sequences" in r for r in rows):
-            sequences.append({0: 0.0} | {int(r["step"]): float(r["sampled_sequences"]) for r in rows})
-        elif rows:
-            sequences = None
+            ys = ema([r["gold_reward_mean"] for r in g])
+            out.setdefault(GOLD, []).append((dict(zip((int(r["step"]) for r in g), ys, strict=True)), seq))
         try:
             evals = read_evals(str(d))
         except ValueError:  # a torn last line of a run still writing
             evals = []
         acc = {int(e["step"]): float(e["accuracy"]) for e in evals if e.get("accuracy") is not None}
         if acc:
-            out["eval accuracy"].append(acc)
-    return out, sequences or []
+            out["eval accuracy"].append((acc, seq))
+    return out
 
 
 def mean_band(series: list[dict[int, float]]) -> tuple[list, list, list]:
@@ -86,24 +86,56 @@ def mean_band(series: list[dict[int, float]]) -> tuple[list, list, list]:
     steps = sorted(set().union(*series))
     means, halves = [], []
     for s in steps:
-        xs = [d[s] for d in series if s in d and math.isfinite(d[s])]
-        n = len(xs)
-        mean = sum(xs) / n if n else math.nan
-        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-        means.append(mean)
-        halves.append(t_ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan)
+        m, h = _mean_half([d[s] for d in series if s in d])
+        means.append(m)
+        halves.append(h)
     return steps, means, halves
 
 
-def on_sequences(band: tuple[list, list, list], sequences: list[dict[int, float]]) -> tuple:
-    """The band with each step replaced by the mean over seeds of its cumulative sampled sequences
-    (a step no seed counted is left out)."""
-    kept = [
-        (sum(xs) / len(xs), m, h)
-        for s, m, h in zip(*band, strict=True)
-        if (xs := [q[s] for q in sequences if s in q])
-    ]
-    return tuple(list(col) for col in zip(*kept, strict=True)) if kept else ([], [], [])
+def _mean_half(values: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in values if math.isfinite(x)]
+    n = len(xs)
+    mean = sum(xs) / n if n else math.nan
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
+    return mean, (t_ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan)
+
+
+def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Linear interpolation of the points (xs increasing) at x, inside [xs[0], xs[-1]]."""
+    j = next(i for i, v in enumerate(xs) if v >= x)
+    if xs[j] == x or j == 0:
+        return ys[j]
+    w = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
+    return (1.0 - w) * ys[j - 1] + w * ys[j]
+
+
+def sequences_band(curves: list[Curve]) -> tuple[list, list, list]:
+    """The seeds' curves at common numbers of sampled sequences: (x, mean over seeds, 95% CI half-width).
+
+    A run that samples a varying number of sequences per step (DAPO's refills) reaches a step at another
+    count on each seed, and a run stopped by a sequence budget evaluates last at its own step: averaged
+    by step, such points hold one seed each. Here the grid is, for every step all seeds have, the mean
+    over seeds of its count, plus the last count every seed reached (min over seeds of its last count);
+    each seed's value at a grid point is the linear interpolation between its two nearest points (its
+    own counts), so every point is a mean over all the seeds, and nothing is drawn past the shortest
+    seed. Seeds counted alike (same count at each step) give their step means unchanged."""
+    pts = []
+    for values, seq in curves:
+        xy = sorted((seq[s], v) for s, v in values.items() if s in seq and math.isfinite(v))
+        if xy:
+            pts.append(([x for x, _ in xy], [y for _, y in xy]))
+    if not pts:
+        return [], [], []
+    steps = set.intersection(*(set(values) & set(seq) for values, seq in curves))
+    low, high = max(xs[0] for xs, _ in pts), min(xs[-1] for xs, _ in pts)
+    grid = sorted({sum(seq[s] for _, seq in curves) / len(curves) for s in steps} | {high})
+    grid = [x for x in grid if low <= x <= high]
+    means, halves = [], []
+    for x in grid:
+        m, h = _mean_half([_interp(x, xs, ys) for xs, ys in pts])
+        means.append(m)
+        halves.append(h)
+    return grid, means, halves
 
 
 def save_png(fig, path: Path) -> None:

@@ -27,8 +27,8 @@
   `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
   held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band =
   the 95% CI of that mean over seeds. The x axis is the cumulative number of sampled sequences when
-  every run's metrics.jsonl rows have `sampled_sequences`, else the optimizer step; its label says
-  which.
+  every run's metrics.jsonl rows have `sampled_sequences` (seeds averaged at common counts, each
+  interpolated between its own points), else the optimizer step; its label says which.
 
 `plot` returns the tables it drew (`Figures`, with the matplotlib figures, closed, for inspection), so
 a test can compare them with the md's statistics.
@@ -53,9 +53,9 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
     draw_curves,
     ema,
     mean_band,
-    on_sequences,
     save_png,
     seed_curves,
+    sequences_band,
 )
 from polgrad.results.findings import kl_metric
 from polgrad.results.health import failed_keys
@@ -291,14 +291,14 @@ def plot(
             if r.get("run_dir") and tuple(str(r.get(c, "")) for c in group_columns) == k
         ]
         per_config[label(k)] = seed_curves([d for d in dirs if d.is_dir()])
-    # against sampled sequences only when every configuration with curves counted them
-    counted = any(q for _, q in per_config.values())
-    counted = counted and all(q or not any(s.values()) for s, q in per_config.values())
+    # against sampled sequences only when every seed of every configuration with curves counted them
+    seeds = [q for per in per_config.values() for c in per.values() for _, q in c]
+    counted = bool(seeds) and all(q is not None for q in seeds)
     figs.x_axis = SEQUENCES if counted else STEPS
-    for lab, (per, sequences) in per_config.items():
-        figs.seeds[lab] = max((len(s) for s in per.values()), default=0)
-        bands = {name: mean_band(s) for name, s in per.items() if s}
-        figs.curves[lab] = {n: on_sequences(b, sequences) for n, b in bands.items()} if counted else bands
+    for lab, per in per_config.items():
+        figs.seeds[lab] = max((len(c) for c in per.values()), default=0)
+        band = sequences_band if counted else (lambda c: mean_band([v for v, _ in c]))
+        figs.curves[lab] = {name: band(c) for name, c in per.items() if c}
     if not any(figs.curves.values()):
         figs.note = (
             f"no learning curves: no run folder of {experiment} has metrics.jsonl or eval.jsonl "
