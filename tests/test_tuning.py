@@ -39,7 +39,12 @@ def fake_exp(
     return path
 
 
-DECL = "{'seeds': [10, 11], 'grid': {'fake_train.lr': [" + ", ".join(LRS) + "]}}"
+# both choices below are at an edge of the grid (0.5 the largest, 0.1 the smallest): the declaration
+# says why they may stand, else the evaluation is refused (test_a_choice_at_the_grids_edge_...)
+WHY = "the fake trainer's score is a hash of lr: nothing lies beyond the grid"
+BARE = "{'seeds': [10, 11], 'grid': {'fake_train.lr': [" + ", ".join(LRS) + "]}"
+DECL = BARE + f", 'at_edge': \"{WHY}\"}}"
+BARE += "}"
 
 
 def one_line_error(capsys) -> str:
@@ -71,7 +76,7 @@ def test_tuning_seeds_that_are_also_evaluation_seeds_are_refused_in_one_line(tmp
         ("[10, 11]", "must be a dict with the keys 'seeds', 'grid'"),
         (
             "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'metrics': 'kl'}",
-            "with the keys 'seeds', 'grid' (optional: 'metric', 'higher_is_better')",
+            "with the keys 'seeds', 'grid' (optional: 'metric', 'higher_is_better', 'at_edge')",
         ),
         (
             "{'seeds': [10], 'grid': {'fake_train.lr': [0.1]}, 'metric': 'eval_acc'}",
@@ -216,6 +221,49 @@ def test_the_md_has_the_tuning_section(tuned):
         assert f"`fake_train.lr = {lr}`: {means[('@fakekl.k1', lr)]:.4g}" in row
     assert (out / "exp_tuning.md").exists() and (out / "exp_tuning.csv").exists()
     assert "## Tuning" not in (out / "exp_tuning.md").read_text()
+
+
+def test_a_choice_at_the_grids_edge_blocks_the_evaluation_until_the_gin_says_why(
+    tmp_path, fake_trainer, capsys
+):
+    """Both configurations choose an edge value: without Sweep.tuning['at_edge'] the tuning stage runs
+    and is kept, no evaluation cell starts, and one line names each edge and the two ways out. With the
+    reason written, the same evaluation cells (the reason is not in their ids) run without any tuning
+    cell running again, and the md quotes the reason."""
+    path = fake_exp(tmp_path, BARE)
+    out = tmp_path / "results"
+    assert sweep.main([str(path), "--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the tuning stage's own report
+    assert err == (
+        f"error: {path}: the tuning stage chose a value at an edge of its grid for 2 of 2 configurations: "
+        "spec_a · fake_train.kl=@fakekl.k1 (fake_train.lr = 0.5, the largest), "
+        "spec_a · fake_train.kl=@fakekl.k2 (fake_train.lr = 0.1, the smallest); its best may lie beyond the "
+        "grid: extend Sweep.tuning['grid'] past that edge (the finished tuning cells are kept), or say why "
+        "the edge may stand in Sweep.tuning['at_edge'] = '...'"
+    )
+    assert not (out / "exp" / "runs").exists() or not any((out / "exp" / "runs").iterdir())
+    runs = out / "exp_tuning" / "runs"
+    starts = {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()}
+    assert len(starts) == 12
+    _, bare_cells = prepare(str(path))
+    path.write_text(path.read_text().replace(BARE, DECL))
+    _, cells = prepare(str(path))
+    assert [c.id for c in cells] == [c.id for c in bare_cells]
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    assert {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()} == starts
+    assert sorted(summaries(out / "exp")) == sorted(c.id for c in cells)
+    assert json.loads((out / "exp" / "experiment.json").read_text())["tuning"]["at_edge"] == WHY
+    assert f"The experiment keeps the edge (Sweep.tuning['at_edge']): {WHY}" in (out / "exp.md").read_text()
+
+
+@pytest.mark.parametrize("why", ["''", "'  '", "3"])
+def test_an_empty_or_non_text_edge_reason_is_one_line(tmp_path, capsys, why):
+    path = fake_exp(tmp_path, BARE[:-1] + f", 'at_edge': {why}}}")
+    assert sweep.main([str(path), "--results", str(tmp_path / "r"), "--dry-run"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {path}: line 7: Sweep.tuning['at_edge']: must be a sentence saying why"), (
+        err
+    )
 
 
 def test_a_rerun_runs_no_tuning_cell_again_and_keeps_the_choice(tuned):

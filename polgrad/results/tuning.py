@@ -43,34 +43,39 @@ def section(record: dict[str, Any] | None) -> list[str]:
         f"| configuration | chosen | mean {record['metric']} per value (tuning seeds) |",
         "|---|---|---|",
     ]
-    edges = []
+    at_edges = []
     for c in record["configurations"]:
         label = " · ".join(
             [c["config"]["spec"], *(f"{k}={v}" for k, v in c["config"].items() if k != "spec")]
         )
-        at_edge = _edges(record["grid"], c["chosen"])
+        at_edge = edges(record["grid"], c["chosen"])
         if at_edge:
-            edges.append(f"{label} ({', '.join(at_edge)})")
+            at_edges.append(f"{label} ({', '.join(at_edge)})")
         chosen = _values(c["chosen"]) + (f" ({c['note']})" if c.get("note") else "")
         chosen += " (at the grid's edge)" if at_edge else ""
         means = "; ".join(f"{_values(v['values'])}: {_mean(v)}" for v in c["values"])
         lines.append(f"| {label} | {chosen} | {means} |".replace("\n", " "))
-    if edges:
+    if at_edges:
         lines += [
             "",
-            f"{len(edges)} of {len(record['configurations'])} configurations chose a value at an edge of its "
-            f"numeric grid: {'; '.join(edges)}. Their best value may lie beyond the grid; a grid extended "
-            "past that edge would say.",
+            f"{len(at_edges)} of {len(record['configurations'])} configurations chose a value at an edge "
+            f"of its numeric grid: {'; '.join(at_edges)}. Their best value may lie beyond the grid; a grid "
+            "extended past that edge would say."
+            + (
+                f" The experiment keeps the edge (Sweep.tuning['at_edge']): {record['at_edge']}"
+                if record.get("at_edge")
+                else ""
+            ),
         ]
     return lines
 
 
 def edge_count(record: dict[str, Any] | None) -> int:
     """How many configurations of a tuning record chose a value at an edge of a numeric grid axis."""
-    return sum(bool(_edges(record["grid"], c["chosen"])) for c in (record or {}).get("configurations", []))
+    return sum(bool(edges(record["grid"], c["chosen"])) for c in (record or {}).get("configurations", []))
 
 
-def _edges(grid: dict[str, list[str]], chosen: dict[str, str]) -> list[str]:
+def edges(grid: dict[str, list[str]], chosen: dict[str, str]) -> list[str]:
     """'train.lr = 3e-05, the smallest' for each chosen value that is the smallest or largest of a
     numeric grid axis of at least 3 values (with 2 every choice is an edge, and says nothing)."""
     out = []

@@ -59,8 +59,8 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                      |                   | difference' needs a margin to be confirmed (an         |
 |                      |                   | equivalence test within ±margin)                       |
 | `tuning`             | `None`            | {'seeds': [ints], 'grid': {axis: values}[, 'metric':   |
-|                      |                   | m, 'higher_is_better': b]}: a tuning stage run first   |
-|                      |                   | (see "Tuning stage" below)                             |
+|                      |                   | m, 'higher_is_better': b, 'at_edge': why]}: a tuning   |
+|                      |                   | stage run first (see "Tuning stage" below)             |
 | `budget`             | `None`            | (unit, value per step): what every cell gets equally,  |
 |                      |                   | 'sampled_sequences', 'generated_tokens' (each sets the |
 |                      |                   | cells' prompts per step and stop) or 'optimizer_steps' |
@@ -154,7 +154,11 @@ learning rate for the others. `--dry-run` prints both stages' cells and says whi
 evaluation cells come from tuning. The choice is a function of the tuning CSV; a re-run skips the
 finished tuning cells. An evaluation cell's id hashes the declaration (a new grid: new cells); when
 the choice changes under evaluation cells that already ran (a tuning cell re-run or restarted), the
-sweep stops with one line naming them for `--restart`. The code: polgrad/sweep/tuning.py.
+sweep stops with one line naming them for `--restart`. A choice at an edge of a numeric axis of at
+least 3 values (its best may lie beyond the grid) blocks the evaluation cells, in one line naming
+each, until the grid is extended past that edge (finished tuning cells are kept) or `'at_edge'` says
+in a sentence why the edge may stand; the md quotes it. `'at_edge'` is not in the cell ids. The
+code: polgrad/sweep/tuning.py.
 
 ## Running
 

@@ -88,6 +88,8 @@ def run(
             return code
         restart = [i for i in restart if i not in ids]
         exp, cells = tuning.bind(exp, cells, Path(results_dir), restart)
+        if restart or any(not is_finished(runs / c.id) for c in cells):
+            tuning.check_edges(exp)  # an edge choice blocks the evaluation unless the gin says why
     exp_dir = Path(results_dir) / exp.name
     exp_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(exp_dir):

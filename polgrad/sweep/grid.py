@@ -78,12 +78,21 @@ def cell_id(
     return f"{prefix}-{digest}"
 
 
+# Sweep.tuning's keys that only say why (polgrad/sweep/tuning.py) and change no cell: not in the ids
+TUNING_NOTES = ("at_edge",)
+
+
+def _declaration(tuning):
+    """Sweep.tuning without `TUNING_NOTES`: writing one changes no cell id."""
+    return {k: v for k, v in tuning.items() if k not in TUNING_NOTES} if isinstance(tuning, dict) else tuning
+
+
 def expand(exp: Experiment) -> list[Cell]:
     """Every cell: specs × product of the axes × seeds, in that nesting order."""
     cells: list[Cell] = []
     fixed = [b.text for b in exp.fixed]
     # A tuning stage's values are bound later (polgrad/sweep/tuning.py); its declaration is in the id
-    tuned = [f"Sweep.tuning = {gin_text(exp.tuning)}"] if exp.tuning is not None else []
+    tuned = [f"Sweep.tuning = {gin_text(_declaration(exp.tuning))}"] if exp.tuning is not None else []
     for spec, spec_path in zip(exp.specs, exp.spec_paths, strict=True):
         for combo in itertools.product(*[values for _, values in exp.axes]):
             swept: list[tuple[str, str]] = []

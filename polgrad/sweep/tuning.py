@@ -19,7 +19,9 @@ the first declared; a value with an unstable or failed tuning run ranks last) is
 configuration's evaluation cells, and experiment.json records the choice (`Plan.record`; the md's
 Tuning section, polgrad/results/tuning.py). The choice is a function of the tuning CSV, whose finished cells a
 re-run skips; an evaluation cell's id hashes the declaration, so a new grid makes new cells, and a
-choice that changed under evaluation runs already started is refused in one line.
+choice that changed under evaluation runs already started is refused in one line. A choice at an
+edge of a numeric axis of 3 or more values blocks the evaluation (`check_edges`) unless the optional
+'at_edge' says why it may stand (not in the cell ids: grid.TUNING_NOTES).
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.checks import is_int
 from polgrad.errors import PolgradError, did_you_mean
+from polgrad.results.tuning import edges as grid_edges
 from polgrad.sweep.experiment import Experiment, _fail, _firsts, _read_grid
 from polgrad.sweep.grid import Cell, _slug, cell_id, format_cells
 from polgrad.sweep.validation import validate
 from polgrad.sweep.values import gin_text
 
 KEYS = ("seeds", "grid")  # required
-OPTIONAL = ("metric", "higher_is_better")  # the choice's metric and direction (default: the primary's)
+OPTIONAL = ("metric", "higher_is_better", "at_edge")  # the choice's metric and direction (default: the
+# primary's); why a choice at an edge of the grid may stand (else it blocks the evaluation: `check_edges`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Declared:
     axes: list[tuple[tuple[str, ...], list[Any]]]
     metric: str  # the choice ranks the grid values by their mean of this over the tuning seeds
     higher_is_better: bool
+    at_edge: str = ""  # why a choice at an edge of the grid may stand ('': it blocks the evaluation)
 
     @property
     def keys(self) -> list[str]:
@@ -103,6 +108,14 @@ def declared(exp: Experiment) -> Declared | None:
     higher = value.get("higher_is_better", exp.higher_is_better if metric == exp.primary_metric else True)
     if not isinstance(higher, bool):
         raise _fail(exp.file, f"{where}['higher_is_better']", "must be True or False")
+    at_edge = value.get("at_edge", "")
+    if not isinstance(at_edge, str) or ("at_edge" in value and not at_edge.strip()):
+        raise _fail(
+            exp.file,
+            f"{where}['at_edge']",
+            "must be a sentence saying why a choice at an edge of the grid may stand, got "
+            + gin_text(at_edge),
+        )
     seeds = value["seeds"]
     if (
         not isinstance(seeds, (list, tuple))
@@ -128,7 +141,7 @@ def declared(exp: Experiment) -> Declared | None:
         raise _fail(
             exp.file, f"{where}['grid']", f"'{swept[0]}' is also a Sweep.grid axis: tune it or sweep it"
         )
-    return Declared(list(seeds), axes, metric, higher)
+    return Declared(list(seeds), axes, metric, higher, at_edge.strip())
 
 
 def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_module: str):
@@ -248,7 +261,28 @@ def choose(exp: Experiment, rows: dict[str, dict[str, str]]) -> dict[str, Any]:
         "seeds": p.declared.seeds,
         "grid": {", ".join(keys): [gin_text(v) for v in vals] for keys, vals in p.declared.axes},
         "configurations": configurations,
+        **({"at_edge": p.declared.at_edge} if p.declared.at_edge else {}),
     }
+
+
+def check_edges(exp: Experiment) -> None:
+    """Refuse the evaluation when a configuration chose a value at an edge of a numeric grid axis (its
+    best may lie beyond the grid) and Sweep.tuning['at_edge'] does not say why that may stand."""
+    p: Plan = exp.tuning
+    if p.declared.at_edge or p.record is None:
+        return
+    at = [
+        f"{_label(tuple(c['config'].items()))} ({'; '.join(e)})"
+        for c in p.record["configurations"]
+        if (e := grid_edges(p.record["grid"], c["chosen"]))
+    ]
+    if at:
+        raise PolgradError(
+            f"{exp.file}: the tuning stage chose a value at an edge of its grid for {len(at)} of "
+            f"{len(p.record['configurations'])} configurations: {', '.join(at)}; its best may lie beyond the "
+            "grid: extend Sweep.tuning['grid'] past that edge (the finished tuning cells are kept), or say "
+            "why the edge may stand in Sweep.tuning['at_edge'] = '...'"
+        )
 
 
 def bind(
