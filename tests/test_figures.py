@@ -716,3 +716,84 @@ def test_an_accuracy_band_stops_at_0_and_1(tmp_path):
     lows = [min(p.vertices[:, 1].min() for p in c.get_paths()) for c in fills]
     assert lows and min(lows) >= 0.0  # no accuracy band below 0
     assert any(low == pytest.approx(0.0, abs=1e-12) for low in lows)  # and it was cut there
+
+
+# ------------------------------------------------------------------------------ layout: nothing overprints
+LONG = {  # overoptimization's four swept bindings, whose names squeezed its forest panels to slivers
+    "Algorithm.kl_coef": ["0.0", "0.1"],
+    "Algorithm.kl_controller": ["@kl_controller.fixed", "@kl_controller.adaptive"],
+    "train.rm_ensemble": ["1", "4"],
+    "train.rm_combine": ["@reward_ensemble.mean", "@reward_ensemble.worst"],
+}
+
+
+def _long_rows(n_configs: int, run_dirs: bool = False):
+    import itertools
+
+    combos = list(itertools.product(*LONG.values()))
+    combos = (combos * (1 + n_configs // len(combos)))[:n_configs]
+    rows = []
+    for i, combo in enumerate(combos):
+        binds = dict(zip(LONG, combo, strict=True)) | {"Algorithm.kl_coef": f"{0.01 * i:g}"}
+        for seed in range(3):
+            cid = f"c{i}-s{seed}"
+            rows.append(
+                {"cell_id": cid, "spec": "grpo", "seed": str(seed), "status": "ok"}
+                | binds
+                | {
+                    "eval_accuracy": str(0.3 + 0.01 * i + NOISE[(seed + i) % 8]),
+                    "kl_exact": str(0.1 + 0.01 * i),
+                }
+                | {"run_dir": f"e/runs/{cid}" if run_dirs else ""}
+            )
+    return rows
+
+
+def _px(fig):
+    """A renderer of the (closed) figure, laid out as saved."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def test_long_configuration_names_leave_every_forest_panel_its_width_and_no_text_overprints(tmp_path):
+    rows = _long_rows(6)
+    base = {k: rows[0][k] for k in ("spec", *LONG)}
+    figs = figures.plot(
+        tmp_path / "e.png", "e", rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
+    )
+    fig = figs.forest_figure
+    r = _px(fig)
+    panels, twins = _panels(figs), fig.axes[len(figs.metrics) :]
+    for ax in panels:  # the panel itself, not squeezed by the names beside it
+        assert ax.get_window_extent(r).width / fig.dpi >= 0.9 * figures.PANEL_IN
+    names = max(t.get_window_extent(r).x1 for t in panels[0].get_yticklabels() if t.get_text())
+    assert names <= panels[0].get_window_extent(r).x0  # the names end before the first panel
+    for i, tw in enumerate(twins):  # each panel's Δ and p text ends before the next panel (or the edge)
+        end = max(t.get_window_extent(r).x1 for t in tw.get_yticklabels() if t.get_text())
+        assert end <= (panels[i + 1].get_window_extent(r).x0 if i + 1 < len(panels) else fig.bbox.width)
+    assert min(ax.get_tightbbox(r).y1 for ax in fig.axes) < fig._suptitle.get_window_extent(r).y0
+
+
+def test_a_tall_forest_and_many_curves_panels_keep_their_titles_clear_of_the_figures_title(tmp_path):
+    """40 rows make a forest 18 in tall: with a fixed top margin its two-line title overprinted the
+    panels' titles; the curves' legend overprinted the first row of panels' titles the same way."""
+    rows = _long_rows(40)
+    base = {k: rows[0][k] for k in ("spec", *LONG)}
+    figs = figures.plot(
+        tmp_path / "e.png", "e", rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
+    )
+    fig = figs.forest_figure
+    r = _px(fig)
+    assert max(ax.get_tightbbox(r).y1 for ax in fig.axes) < fig._suptitle.get_window_extent(r).y0
+    rows = _long_rows(8, run_dirs=True)
+    _write_runs(tmp_path, rows)
+    figs = figures.plot(
+        tmp_path / "c.png", "c", rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
+    )
+    fig = figs.curves_figure
+    r = _px(fig)
+    above = min(fig._suptitle.get_window_extent(r).y0, *(lg.get_window_extent(r).y0 for lg in fig.legends))
+    assert max(ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible()) < above

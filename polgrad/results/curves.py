@@ -150,6 +150,19 @@ def save_png(fig, path: Path) -> None:
         plt.close(fig)
 
 
+def clear_top(fig, above, gap_px: float = 6.0) -> None:
+    """Lower the panels until nothing of theirs (titles, tick labels) reaches into the artists `above`
+    them (the suptitle, a legend): a tall figure's fixed top margin let the two overprint."""
+    for _ in range(3):  # the panels' titles move with their tops; a second pass settles any rounding
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        floor = min(a.get_window_extent(r).y0 for a in above if a is not None)
+        top = max(ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible())
+        if top <= floor - gap_px:
+            return
+        fig.subplots_adjust(top=fig.subplotpars.top - (top - floor + gap_px) / fig.bbox.height)
+
+
 # Series that cannot leave a range: a t-interval over 3 seeds near 0 accuracy reaches below 0, which
 # no accuracy can be; its band is cut at the range (the mean and the CI's inner side are unchanged).
 BOUNDED = {"eval accuracy": (0.0, 1.0)}
@@ -162,6 +175,9 @@ def band_limits(kind: str, mean: Sequence[float], half: Sequence[float]) -> tupl
         [max(m - h, low) for m, h in zip(mean, half, strict=True)],
         [min(m + h, high) for m, h in zip(mean, half, strict=True)],
     )
+
+
+TITLE_CHARS = 36  # a panel title's line at 9.5 pt: ~0.08 in a character, inside a 3.7 in column
 
 
 def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
@@ -231,7 +247,7 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
         n_seeds = figs.seeds.get(lab, 0)
         title = f"{lab} ({n_seeds} seed{'s' if n_seeds != 1 else ''})" if lab else ""
         # long labels (several swept bindings) wrap inside their panel's width
-        pair[0].set_title(textwrap.fill(title.replace(" · ", " ·\u00a0"), width=44), fontsize=9.5)
+        pair[0].set_title(textwrap.fill(title.replace(" · ", " ·\u00a0"), width=TITLE_CHARS), fontsize=9.5)
     for j in range(ncols):
         last = max(r for r in range(2 * nrows) if axes[r, j].get_visible())
         axes[last, j].set_xlabel(figs.x_axis, fontsize=9)
@@ -262,17 +278,18 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
         width=int(width * 10.5),
     )
     head = 0.2 * (title.count("\n") + 1)  # inches of title
-    fig.suptitle(title, fontsize=10.5, y=1 - 0.06 / height)
-    fig.legend(
+    sup = fig.suptitle(title, fontsize=10.5, y=1 - 0.06 / height)
+    legend = fig.legend(
         handles=handles,
         loc="upper center",
-        ncol=3 if len(handles) == 3 else 2,
+        ncol=1 if any(len(h.get_label()) > 60 for h in handles) else (3 if len(handles) == 3 else 2),
         fontsize=9,
         frameon=False,
         bbox_to_anchor=(0.5, 1 - (head + 0.1) / height),
     )
     fig.tight_layout()
-    # room for the title, the legend and the panels' own (possibly two-line) titles
+    # room for the title, the legend and the panels' own (possibly several-line) titles
     fig.subplots_adjust(top=1 - (head + 0.95) / height)
+    clear_top(fig, [sup, legend])
     save_png(fig, path)
     return fig

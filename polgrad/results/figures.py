@@ -50,6 +50,7 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
     EMA_SPAN,
     SEQUENCES,
     STEPS,
+    clear_top,
     draw_curves,
     ema,
     mean_band,
@@ -400,6 +401,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
     ncols = len(figs.metrics)
     height = 0.4 * max(n, 2) + 2.3
     fig, axes = plt.subplots(1, ncols, figsize=(5.4 * ncols + 1.6, height), sharey=True, squeeze=False)
+    twins = []  # each panel's right axis: its Δ and p text
     for ax, m in zip(axes[0], figs.metrics, strict=True):
         rows = {r["label"]: r for r in figs.forest if r["metric"] == m}
         notes = []
@@ -438,6 +440,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         ax.set_xlabel("\n".join(xlabel), fontsize=10)
         ax.set_title(m, fontsize=11)
         right = ax.twinx()
+        twins.append(right)
         right.set_ylim(ax.get_ylim())
         right.set_yticks([y for y, _, _ in ticks])
         right.set_yticklabels(
@@ -474,7 +477,29 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         + "right: Δ and the deciding p (Holm)",
         fontsize=11,
     )
+    _widen_for_labels(fig, twins, left)
     fig.tight_layout()
     fig.subplots_adjust(top=1 - 0.85 / height)
+    clear_top(fig, [fig._suptitle])
     save_png(fig, path)
     return fig
+
+
+PANEL_IN = 3.4  # a forest panel's own width, whatever the labels beside it take
+
+
+def _widen_for_labels(fig, twins, left) -> None:
+    """Make the figure as wide as its labels need: the configurations' names on the left and each
+    panel's Δ and p text on its right, measured, plus `PANEL_IN` per panel; a fixed width let long
+    names (overoptimization's four bindings) squeeze the panels to slivers with overprinted ticks."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+
+    def widest(labels) -> float:
+        return max((t.get_window_extent(r).width for t in labels if t.get_text()), default=0.0) / fig.dpi
+
+    right = max((widest(tw.get_yticklabels()) for tw in twins), default=0.0)
+    need = widest(left.get_yticklabels()) + len(twins) * (PANEL_IN + right + 0.35) + 0.6
+    w, h = fig.get_size_inches()
+    if need > w:
+        fig.set_size_inches(need, h)
