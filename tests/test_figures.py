@@ -797,3 +797,35 @@ def test_a_tall_forest_and_many_curves_panels_keep_their_titles_clear_of_the_fig
     r = _px(fig)
     above = min(fig._suptitle.get_window_extent(r).y0, *(lg.get_window_extent(r).y0 for lg in fig.legends))
     assert max(ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible()) < above
+
+
+def test_a_kl_primary_experiment_draws_its_kl_curves_in_a_row_of_their_own(tmp_path):
+    """kl_ablation's primary metric is kl_exact (the mean of its last steps' values): its curves show it
+    per step under the accuracy and reward rows, smoothed as the reward is; an accuracy-primary
+    experiment keeps its two rows."""
+    rows = _rows()
+    _write_runs(tmp_path, rows)
+    for r in rows:  # seed s logs kl_exact = 0.01 t + s/100 at step t
+        path = tmp_path / r["run_dir"] / "metrics.jsonl"
+        lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+        s = int(r["seed"])
+        path.write_text(
+            "".join(json.dumps(m | {"kl_exact": 0.01 * m["step"] + s / 100}) + "\n" for m in lines)
+        )
+    figs = _plot(tmp_path, rows, primary_metric="kl_exact", higher_is_better=False)
+    x, mean, _ = figs.curves["up"]["kl_exact"]
+    # EMA (a = 2/11) of 0.01 t: 0.01, then (2/11) 0.02 + (9/11) 0.01 = 0.01 + 0.02/11; the seeds' offsets
+    # s/100 pass through and average to 0.01
+    assert x == [1, 2, 3, 4] and mean[:2] == pytest.approx([0.02, 0.02 + 0.02 / 11], abs=1e-12)
+    labels = [a.get_ylabel() for a in figs.curves_figure.axes if a.get_ylabel()]
+    assert labels == [
+        "eval accuracy",
+        f"train reward\n(EMA span {figures.EMA_SPAN})",
+        "kl_exact\n(EMA span 10)",
+    ]
+    assert "kl_exact" in figs.drawn()["curves"]["series"]
+    plain = _plot(tmp_path, rows)
+    assert (
+        "kl_exact" not in plain.curves["up"]
+        and len([a for a in plain.curves_figure.axes if a.get_ylabel()]) == 2
+    )

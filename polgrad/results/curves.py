@@ -8,7 +8,8 @@ of sampled sequences when every run's metrics.jsonl rows have `sampled_sequences
 unit; 0 at step 0), else the optimizer step; the axis label says which (`SEQUENCES`, `STEPS`).
 Against sequences, the seeds are averaged at common counts (`sequences_band`: each seed interpolated
 between its own points), so a run whose seeds sample differently per step (DAPO) still draws means
-over all its seeds.
+over all its seeds. An experiment whose primary metric is logged per step (`STEP_METRICS`: kl_exact)
+gets a third row of curves, that metric smoothed as the train reward is.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ EMA_SPAN = 10  # steps; a = 2 / 11
 GOLD = "gold reward"  # a reward-model run's gold (its task verifier), drawn dashed over its train reward
 SEQUENCES = "sampled sequences (cumulative)"
 STEPS = "optimizer step"
+# per-step metrics (metrics.jsonl) that get a row of curves when they are the experiment's primary
+# metric: kl_ablation asks about kl_exact, which the accuracy and reward rows do not show
+STEP_METRICS = ("kl_exact", "kl")
 
 
 def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
@@ -50,11 +54,12 @@ def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
 Curve = tuple[dict[int, float], "dict[int, float] | None"]  # one seed's {step: value}, {step: sequences}
 
 
-def seed_curves(run_dirs: Sequence[Path]) -> dict[str, list[Curve]]:
+def seed_curves(run_dirs: Sequence[Path], extra: Sequence[str] = ()) -> dict[str, list[Curve]]:
     """Per kind, per seed: ({step: value}, {step: cumulative sampled sequences} or None when a metrics
     row lacks `sampled_sequences`; 0 at step 0). Kinds: smoothed train reward (EMA), eval accuracy
-    (eval.jsonl) and, for a run trained on a reward model, its smoothed gold reward (`GOLD`:
-    metrics.jsonl's `gold_reward_mean`, the task verifier's reward of the same samples). A seed's values
+    (eval.jsonl), for a run trained on a reward model its smoothed gold reward (`GOLD`:
+    metrics.jsonl's `gold_reward_mean`, the task verifier's reward of the same samples), and each
+    per-step metric of `extra` (`STEP_METRICS`, e.g. kl_exact), smoothed the same way. A seed's values
     and its counts stay paired: a seed without evaluations is left out of that kind only."""
     from polgrad.evaluation import read_evals
 
@@ -67,10 +72,13 @@ def seed_curves(run_dirs: Sequence[Path]) -> dict[str, list[Curve]]:
         if m:
             ys = ema([r["reward_mean"] for r in m])
             out["train reward"].append((dict(zip((int(r["step"]) for r in m), ys, strict=True)), seq))
-        g = [r for r in rows if isinstance(r.get("gold_reward_mean"), (int, float))]
-        if g:  # a run trained on a reward model: the task verifier's reward of the same samples
-            ys = ema([r["gold_reward_mean"] for r in g])
-            out.setdefault(GOLD, []).append((dict(zip((int(r["step"]) for r in g), ys, strict=True)), seq))
+        for kind, key in ((GOLD, "gold_reward_mean"), *((k, k) for k in extra)):
+            g = [r for r in rows if isinstance(r.get(key), (int, float))]
+            if g:  # GOLD: a run trained on a reward model, the task verifier's reward of the same samples
+                ys = ema([r[key] for r in g])
+                out.setdefault(kind, []).append(
+                    (dict(zip((int(r["step"]) for r in g), ys, strict=True)), seq)
+                )
         try:
             evals = read_evals(str(d))
         except ValueError:  # a torn last line of a run still writing
@@ -181,9 +189,10 @@ TITLE_CHARS = 36  # a panel title's line at 9.5 pt: ~0.08 in a character, inside
 
 
 def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
-    """Small multiples: per configuration (forest order) a pair of panels, held-out accuracy above and
-    train reward below (their scales differ: a reward model's scores are not in [0, 1]), against the
-    reference in grey. Panels of one kind share their y axis; all share the step axis."""
+    """Small multiples: per configuration (forest order) a column of panels, held-out accuracy above,
+    train reward below (their scales differ: a reward model's scores are not in [0, 1]) and, when
+    curves of a `STEP_METRICS` metric were read (the primary metric's), that metric at the bottom;
+    against the reference in grey. Panels of one kind share their y axis; all share the x axis."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -199,21 +208,23 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     panels = (
         [lab for lab in figs.order if lab in figs.curves] or [lab for lab in labels if lab != ref] or [ref]
     )
-    kinds = ("eval accuracy", "train reward")
+    step_kinds = [k for k in STEP_METRICS if any(k in c for c in figs.curves.values())]
+    kinds = ("eval accuracy", "train reward", *step_kinds)
+    per = len(kinds)  # panel rows per configuration
     ncols = min(4, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    height = 4.4 * nrows + 1.5
+    height = 2.2 * per * nrows + 1.5
     fig, axes = plt.subplots(
-        2 * nrows, ncols, figsize=(3.7 * ncols + 0.7, height), sharex=True, squeeze=False
+        per * nrows, ncols, figsize=(3.7 * ncols + 0.7, height), sharex=True, squeeze=False
     )
-    for row in range(2 * nrows):
+    for row in range(per * nrows):
         for ax in axes[row]:
-            ax.sharey(axes[row % 2, 0]) if ax is not axes[row % 2, 0] else None
+            ax.sharey(axes[row % per, 0]) if ax is not axes[row % per, 0] else None
     for i in range(len(panels), nrows * ncols):
-        for k in range(2):
-            axes[2 * (i // ncols) + k, i % ncols].set_visible(False)
+        for k in range(per):
+            axes[per * (i // ncols) + k, i % ncols].set_visible(False)
     for i, lab in enumerate(panels):
-        pair = [axes[2 * (i // ncols) + k, i % ncols] for k in range(2)]
+        pair = [axes[per * (i // ncols) + k, i % ncols] for k in range(per)]
         for ax, kind in zip(pair, kinds, strict=True):
             shown = [(ref, "0.45")] if ref and lab != ref else []
             for who, color in [*shown, (lab, "0.45" if lab == ref else "tab:blue")]:
@@ -242,14 +253,14 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
                 )
             if i % ncols == 0:
                 ax.set_ylabel(
-                    kind if kind == "eval accuracy" else f"train reward\n(EMA span {EMA_SPAN})", fontsize=9
+                    kind if kind == "eval accuracy" else f"{kind}\n(EMA span {EMA_SPAN})", fontsize=9
                 )
         n_seeds = figs.seeds.get(lab, 0)
         title = f"{lab} ({n_seeds} seed{'s' if n_seeds != 1 else ''})" if lab else ""
         # long labels (several swept bindings) wrap inside their panel's width
         pair[0].set_title(textwrap.fill(title.replace(" · ", " ·\u00a0"), width=TITLE_CHARS), fontsize=9.5)
     for j in range(ncols):
-        last = max(r for r in range(2 * nrows) if axes[r, j].get_visible())
+        last = max(r for r in range(per * nrows) if axes[r, j].get_visible())
         axes[last, j].set_xlabel(figs.x_axis, fontsize=9)
         axes[last, j].xaxis.set_tick_params(labelbottom=True)
     handles = [
@@ -273,7 +284,8 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     width = 3.7 * ncols + 0.7
     title = textwrap.fill(
         f"{experiment}: per configuration, held-out accuracy (top; step 0 = the start) and train reward "
-        f"(bottom; EMA of span {EMA_SPAN} steps, a = 2/{EMA_SPAN + 1}, per seed); line = mean over seeds, "
+        + (f"(middle) and {', '.join(step_kinds)} (bottom; both " if step_kinds else "(bottom; ")
+        + f"EMA of span {EMA_SPAN} steps, a = 2/{EMA_SPAN + 1}, per seed); line = mean over seeds, "
         "band = 95% CI of that mean over seeds (Student t)",
         width=int(width * 10.5),
     )

@@ -49,6 +49,7 @@ from polgrad.results.compare import ALPHA, Key, against, by_seed, leader
 from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' smoothing, re-exported)
     EMA_SPAN,
     SEQUENCES,
+    STEP_METRICS,
     STEPS,
     clear_top,
     draw_curves,
@@ -283,15 +284,17 @@ def plot(
         figs.tost_rows = tost_rows(predictions, kind, keys, group_columns, label)
     path = Path(path)
     figs.forest_figure = draw_forest(path, experiment, figs, primary_metric, higher_is_better)
-    # Learning curves of each configuration (and the reference) from its run folders.
+    # Learning curves of each configuration (and the reference) from its run folders; a per-step primary
+    # metric (kl_exact) gets its own row
     per_config = {}
+    extra = [primary_metric] if primary_metric in STEP_METRICS else []
     for k in keys:
         dirs = [
             Path(results_dir) / r["run_dir"]
             for r in ok
             if r.get("run_dir") and tuple(str(r.get(c, "")) for c in group_columns) == k
         ]
-        per_config[label(k)] = seed_curves([d for d in dirs if d.is_dir()])
+        per_config[label(k)] = seed_curves([d for d in dirs if d.is_dir()], extra)
     # against sampled sequences only when every seed of every configuration with curves counted them
     seeds = [q for per in per_config.values() for c in per.values() for _, q in c]
     counted = bool(seeds) and all(q is not None for q in seeds)
