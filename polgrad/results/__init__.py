@@ -47,9 +47,10 @@ Modules: provenance (where a row ran, and the check of a CSV's commits), store (
 metrics.jsonl), record (the CSV checked against the run folders, a row built from a run folder),
 stats (Student-t intervals, paired t and sign-flip tests, TOST, noncentral-t power), health (failed
 runs), compare, predictions and findings (paired comparisons, Holm, verdicts, the md's words),
-warm_starts (which warm starts the rows started from), figures and curves (forest plot and learning
-curves), report (leaderboard, markdown, write_report), tuning (the md's Tuning section: the values a
-sweep's tuning stage chose), studies (the plug-ins' interface and loader), __main__ (the CLI).
+warm_starts (which warm starts the rows started from), figures, curves and layout (forest plot,
+learning curves, room for the text around their panels), report (leaderboard, markdown,
+write_report), tuning (the md's Tuning section: the values a sweep's tuning stage chose), studies
+(the plug-ins' interface and loader), __main__ (the CLI).
 """
 
 from polgrad.io import atomic_write_text

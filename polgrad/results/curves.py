@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polgrad.io import atomic_path
+from polgrad.results.layout import clear_top
 from polgrad.results.stats import t_ppf
 from polgrad.results.store import read_metrics
 from polgrad.run_folder import RunFolder
@@ -156,19 +157,6 @@ def save_png(fig, path: Path) -> None:
             fig.savefig(tmp, dpi=110, bbox_inches="tight")  # long configuration labels stay inside
     finally:
         plt.close(fig)
-
-
-def clear_top(fig, above, gap_px: float = 6.0) -> None:
-    """Lower the panels until nothing of theirs (titles, tick labels) reaches into the artists `above`
-    them (the suptitle, a legend): a tall figure's fixed top margin let the two overprint."""
-    for _ in range(3):  # the panels' titles move with their tops; a second pass settles any rounding
-        fig.canvas.draw()
-        r = fig.canvas.get_renderer()
-        floor = min(a.get_window_extent(r).y0 for a in above if a is not None)
-        top = max(ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible())
-        if top <= floor - gap_px:
-            return
-        fig.subplots_adjust(top=fig.subplotpars.top - (top - floor + gap_px) / fig.bbox.height)
 
 
 # Series that cannot leave a range: a t-interval over 3 seeds near 0 accuracy reaches below 0, which

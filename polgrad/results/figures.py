@@ -51,7 +51,6 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
     SEQUENCES,
     STEP_METRICS,
     STEPS,
-    clear_top,
     draw_curves,
     ema,
     mean_band,
@@ -61,6 +60,7 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
 )
 from polgrad.results.findings import kl_metric
 from polgrad.results.health import failed_keys
+from polgrad.results.layout import PANEL_IN, clear_top, widen_for_labels  # noqa: F401 (PANEL_IN)
 from polgrad.results.predictions import margin_bands, tost_rows
 from polgrad.results.store import unread_columns
 
@@ -480,29 +480,9 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         + "right: Δ and the deciding p (Holm)",
         fontsize=11,
     )
-    _widen_for_labels(fig, twins, left)
+    widen_for_labels(fig, twins, left)
     fig.tight_layout()
     fig.subplots_adjust(top=1 - 0.85 / height)
     clear_top(fig, [fig._suptitle])
     save_png(fig, path)
     return fig
-
-
-PANEL_IN = 3.4  # a forest panel's own width, whatever the labels beside it take
-
-
-def _widen_for_labels(fig, twins, left) -> None:
-    """Make the figure as wide as its labels need: the configurations' names on the left and each
-    panel's Δ and p text on its right, measured, plus `PANEL_IN` per panel; a fixed width let long
-    names (overoptimization's four bindings) squeeze the panels to slivers with overprinted ticks."""
-    fig.canvas.draw()
-    r = fig.canvas.get_renderer()
-
-    def widest(labels) -> float:
-        return max((t.get_window_extent(r).width for t in labels if t.get_text()), default=0.0) / fig.dpi
-
-    right = max((widest(tw.get_yticklabels()) for tw in twins), default=0.0)
-    need = widest(left.get_yticklabels()) + len(twins) * (PANEL_IN + right + 0.35) + 0.6
-    w, h = fig.get_size_inches()
-    if need > w:
-        fig.set_size_inches(need, h)
