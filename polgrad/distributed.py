@@ -168,6 +168,7 @@ def setup(seed: int | None = None) -> DistInfo:
             # Destroyed before the interpreter tears down: a gloo group left to finalization can
             # abort the process (SIGABRT, "terminate called without an active exception") when its
             # worker threads outlive the interpreter (pytorch/pytorch#190489), failing a finished run.
+            # A run that ended well has already ended it with every rank (`finish`); this is for the rest.
             atexit.register(_destroy_group)
         else:
             tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
@@ -206,6 +207,20 @@ def _destroy_group() -> None:
     import torch.distributed as tdist
 
     if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def finish() -> None:
+    """End a launched run together: every rank waits at a barrier until all are done (rank 0 writes
+    the final model and summary after the others' last collective), then the group is destroyed.
+    A rank that left the others working and tore its gloo group down at exit could abort ("terminate
+    called without an active exception", SIGABRT) after a finished run, and its launcher then SIGTERMs
+    the rank still writing: a run whose files were all written failed its sweep cell. No-op without a
+    group of more than one rank."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.barrier()
         tdist.destroy_process_group()
 
 

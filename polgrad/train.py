@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    from polgrad import stopping
+    from polgrad import distributed, stopping
     from polgrad.errors import PolgradError, WriteError, is_write_failure, write_error
 
     out = args.out or os.path.join(
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             with stopping.on_signals():  # ^C / SIGTERM: finish the step, checkpoint it, stop
                 progress = not args.no_progress and sys.stderr.isatty()
                 summary = run(out, resume=args.resume, progress=progress)
+            distributed.finish()  # the ranks end together (rank 0 may still be writing the model)
     except stopping.Stopped as e:
         ckpt = os.path.join(RunFolder(out).checkpoints_of("policy"), f"step{e.step}")
         print(

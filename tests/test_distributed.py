@@ -453,3 +453,40 @@ def test_a_launched_process_group_is_destroyed_before_the_interpreter_exits(tmp_
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-2:] == ["up after setup: True", "up at exit: False"], proc.stdout
+
+
+def test_finish_holds_every_rank_until_all_are_done_then_ends_the_group(tmp_path):
+    """Rank 1 is done while rank 0 still works for 2 s (rank 0 writes the final model after the last
+    collective): rank 1 leaves `finish` only after rank 0 entered it, and both leave without a group.
+    A rank that tore its gloo group down alone at exit could abort after a finished run
+    (SIGABRT, 'terminate called without an active exception'), and its launcher then killed rank 0
+    in the middle of writing."""
+    import finish_worker
+    import torch.multiprocessing as mp
+
+    from polgrad.sweep.slots import free_port
+
+    mp.spawn(finish_worker.run, args=(2, free_port(), str(tmp_path), 2.0), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"finish{r}.json").read_text()) for r in (0, 1))
+    assert r1["entered"] < r0["entered"] - 1.0  # rank 1 came first, by most of rank 0's 2 s
+    assert r1["left"] >= r0["entered"] and not r0["up"] and not r1["up"]
+
+
+def test_a_finished_run_ends_through_finish(tmp_path, monkeypatch):
+    """polgrad.train's main calls distributed.finish after a run that ended well (a no-op at one rank)."""
+    from polgrad import distributed
+    from polgrad.train import main
+
+    calls = []
+    real = distributed.finish
+    monkeypatch.setattr(distributed, "finish", lambda: (calls.append(1), real())[1])
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [os.path.join(repo, "registry", "grpo.gin"), "--out", str(tmp_path / "run"), "--no-progress"]
+    for b in (
+        "train.steps = 1",
+        "train.prompts_per_step = 2",
+        "train.eval_every = 100",
+        "train.eval_size = 8",
+    ):
+        argv += ["--bind", b]
+    assert main(argv) == 0 and calls == [1]
