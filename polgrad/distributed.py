@@ -216,11 +216,16 @@ def finish() -> None:
     A rank that left the others working and tore its gloo group down at exit could abort ("terminate
     called without an active exception", SIGABRT) after a finished run, and its launcher then SIGTERMs
     the rank still writing: a run whose files were all written failed its sweep cell. No-op without a
-    group of more than one rank."""
+    group of more than one rank. The wait is the group's own timeout (torch's default: 30 min for
+    gloo, 10 min for NCCL): rank 0's last writes must end within it. A rank that failed never gets
+    here; its launcher stops the others (with gloo, a peer's exit also ends the barrier with an error)."""
     import torch.distributed as tdist
 
     if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
-        tdist.barrier()
+        if tdist.get_backend() == "nccl":
+            tdist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            tdist.barrier()
         tdist.destroy_process_group()
 
 
@@ -228,7 +233,8 @@ def finish() -> None:
 def session(seed: int | None = None) -> Iterator[DistInfo]:
     """`setup(seed)` for the duration of a run, leaving the process's environment as it found it: the
     variables setup writes (LOCAL_RANK, DS_ACCELERATOR) are restored on exit. The process group stays
-    up (setup is idempotent; a second run in the same process joins it)."""
+    up (setup is idempotent; a second run in the same process joins it) until `finish`, which
+    polgrad.train's main calls at the end of a launched run."""
     env = {k: os.environ.get(k) for k in ("LOCAL_RANK", "DS_ACCELERATOR")}
     try:
         yield setup(seed=seed)

@@ -455,6 +455,7 @@ def test_a_launched_process_group_is_destroyed_before_the_interpreter_exits(tmp_
     assert proc.stdout.splitlines()[-2:] == ["up after setup: True", "up at exit: False"], proc.stdout
 
 
+@pytest.mark.cpu_matrix  # two ranks (the marker's rule: what a test runs)
 def test_finish_holds_every_rank_until_all_are_done_then_ends_the_group(tmp_path):
     """Rank 1 is done while rank 0 still works for 2 s (rank 0 writes the final model after the last
     collective): rank 1 leaves `finish` only after rank 0 entered it, and both leave without a group.
@@ -479,9 +480,13 @@ def test_a_finished_run_ends_through_finish(tmp_path, monkeypatch):
 
     calls = []
     real = distributed.finish
-    monkeypatch.setattr(distributed, "finish", lambda: (calls.append(1), real())[1])
+    run = tmp_path / "run"
+    # when finish is called, the run has ended: its summary is written
+    monkeypatch.setattr(
+        distributed, "finish", lambda: (calls.append((run / "summary.json").exists()), real())[1]
+    )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    argv = [os.path.join(repo, "registry", "grpo.gin"), "--out", str(tmp_path / "run"), "--no-progress"]
+    argv = [os.path.join(repo, "registry", "grpo.gin"), "--out", str(run), "--no-progress"]
     for b in (
         "train.steps = 1",
         "train.prompts_per_step = 2",
@@ -489,4 +494,4 @@ def test_a_finished_run_ends_through_finish(tmp_path, monkeypatch):
         "train.eval_size = 8",
     ):
         argv += ["--bind", b]
-    assert main(argv) == 0 and calls == [1]
+    assert main(argv) == 0 and calls == [True]

@@ -555,9 +555,10 @@ def test_curves_run_against_sampled_sequences_when_the_runs_count_them(tmp_path)
     x, mean, _ = figs.curves["up"]["eval accuracy"]
     assert x == pytest.approx([0, 144, 256], abs=1e-12)
     assert mean == pytest.approx([0.31, 0.990500 / 3, 1.037556 / 3], abs=1e-6)
-    # train reward: steps 1..4 at 72 t, from seed 2's first count (80) to seed 0's last (256)
+    # train reward: steps 1..4 at 72 t, from seed 2's first count (80, which joins the grid) to seed 0's
+    # last (256)
     x, _, _ = figs.curves["up"]["train reward"]
-    assert x == pytest.approx([144, 216, 256], abs=1e-12)
+    assert x == pytest.approx([80, 144, 216, 256], abs=1e-12)
     bottom = [a for a in figs.curves_figure.axes if a.get_xlabel()]
     assert bottom and all(a.get_xlabel() == "sampled sequences (cumulative)" for a in bottom)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from polgrad import sweep
+from polgrad.errors import PolgradError
 from polgrad.sweep import prepare, tuning
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -235,11 +236,11 @@ def test_a_choice_at_the_grids_edge_blocks_the_evaluation_until_the_gin_says_why
     assert sweep.main([str(path), "--results", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the tuning stage's own report
     assert err == (
-        f"error: {path}: the tuning stage chose a value at an edge of its grid for 2 of 2 configurations: "
-        "spec_a · fake_train.kl=@fakekl.k1 (fake_train.lr = 0.5, the largest), "
+        f"error: {path}: line 7: Sweep.tuning: the tuning stage chose a value at an edge of its grid for "
+        "2 of 2 configurations: spec_a · fake_train.kl=@fakekl.k1 (fake_train.lr = 0.5, the largest), "
         "spec_a · fake_train.kl=@fakekl.k2 (fake_train.lr = 0.1, the smallest); its best may lie beyond the "
-        "grid: extend Sweep.tuning['grid'] past that edge (the finished tuning cells are kept), or say why "
-        "the edge may stand in Sweep.tuning['at_edge'] = '...'"
+        "grid: extend 'grid' past that edge (the finished tuning cells are kept), or add 'at_edge': "
+        "'why the edge may stand' to Sweep.tuning"
     )
     assert not (out / "exp" / "runs").exists() or not any((out / "exp" / "runs").iterdir())
     runs = out / "exp_tuning" / "runs"
@@ -412,3 +413,35 @@ def test_the_tuned_note_names_only_bindings_both_configurations_read():
     assert tuned_note(tuned, ("dpo",), ("grpo",)) == ""
     note = tuned_note(tuned, ("ppo",), ("grpo",))
     assert "(train.lr = 3e-5 against 1e-4; kl = 0.01 against 0.04)" in note
+
+
+def test_a_configuration_whose_tuning_runs_all_failed_is_not_called_an_edge_choice():
+    """Without a value that finished, the choice falls back to the first declared value (the smallest
+    here) with a note: a failed tuning stage, not a best value beyond the grid. The edge check names only
+    the configuration that chose an edge."""
+    from types import SimpleNamespace
+
+    decl = tuning.Declared([10], [(("fake_train.lr",), [0.1, 0.3, 0.5])], "eval_accuracy", True)
+    configs = [
+        {
+            "config": {"spec": "a"},
+            "chosen": {"fake_train.lr": "0.1"},
+            "note": "no value finished ok",
+            "values": [],
+        },
+        {"config": {"spec": "b"}, "chosen": {"fake_train.lr": "0.5"}, "note": "", "values": []},
+        {"config": {"spec": "c"}, "chosen": {"fake_train.lr": "0.3"}, "note": "", "values": []},
+    ]
+    record = {"grid": {"fake_train.lr": ["0.1", "0.3", "0.5"]}, "configurations": configs}
+    plan = tuning.Plan(decl, None, [], [], record)
+    exp = SimpleNamespace(file="e.gin", lines={}, tuning=plan)
+    with pytest.raises(PolgradError) as e:
+        tuning.check_edges(exp)
+    assert "for 1 of 3 configurations: b (fake_train.lr = 0.5, the largest);" in str(e.value)
+    record["configurations"] = [configs[0], configs[2]]
+    tuning.check_edges(exp)  # the fallback and an inner choice: nothing to refuse
+    from polgrad.results.tuning import edge_count, section
+
+    assert edge_count(record | {"seeds": [10], "metric": "m", "experiment": "x"}) == 0
+    lines = section(record | {"seeds": [10], "metric": "m", "experiment": "x"})
+    assert not any("at the grid's edge" in ln for ln in lines)

@@ -3,13 +3,14 @@
 Per configuration, against the experiment's reference in grey: train reward (metrics.jsonl
 `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
 held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band = the
-95% CI of that mean over seeds (Student t, n - 1 dof), per step. The x axis is the cumulative number
-of sampled sequences when every run's metrics.jsonl rows have `sampled_sequences` (the budget's
-unit; 0 at step 0), else the optimizer step; the axis label says which (`SEQUENCES`, `STEPS`).
-Against sequences, the seeds are averaged at common counts (`sequences_band`: each seed interpolated
-between its own points), so a run whose seeds sample differently per step (DAPO) still draws means
-over all its seeds. An experiment whose primary metric is logged per step (`STEP_METRICS`: kl_exact)
-gets a third row of curves, that metric smoothed as the train reward is.
+95% CI of that mean over seeds (Student t, n - 1 dof), per step (per common count, below). The x
+axis is the cumulative number of sampled sequences when every run's metrics.jsonl rows have
+`sampled_sequences` (the budget's unit; 0 at step 0), else the optimizer step; the axis label says
+which (`SEQUENCES`, `STEPS`). Against sequences, the seeds are averaged at common counts
+(`sequences_band`: each seed interpolated between its own points), so a run whose seeds sample
+differently per step (DAPO) still draws means over all its seeds. An experiment whose primary
+metric is logged per step (`STEP_METRICS`: kl_exact) gets a third row of curves, that metric
+smoothed as the train reward is.
 """
 
 from __future__ import annotations
@@ -124,24 +125,25 @@ def sequences_band(curves: list[Curve]) -> tuple[list, list, list]:
     A run that samples a varying number of sequences per step (DAPO's refills) reaches a step at another
     count on each seed, and a run stopped by a sequence budget evaluates last at its own step: averaged
     by step, such points hold one seed each. Here the grid is, for every step all seeds have, the mean
-    over seeds of its count, plus the last count every seed reached (min over seeds of its last count);
-    each seed's value at a grid point is the linear interpolation between its two nearest points (its
-    own counts), so every point is a mean over all the seeds, and nothing is drawn past the shortest
-    seed. Seeds counted alike (same count at each step) give their step means unchanged."""
-    pts = []
+    over seeds of its count, plus the first and the last count every seed covers (max over seeds of
+    its first count, min over seeds of its last); each seed's value at a grid point is the linear
+    interpolation between its two nearest points (its own counts), so every point is a mean over all
+    the seeds, and nothing is drawn before or past a seed's own range. Seeds counted alike (same count
+    at each step) give their step means unchanged. Seeds without a finite value are left out."""
+    seeds = []
     for values, seq in curves:
-        xy = sorted((seq[s], v) for s, v in values.items() if s in seq and math.isfinite(v))
+        xy = sorted((seq[s], v, s) for s, v in values.items() if s in seq and math.isfinite(v))
         if xy:
-            pts.append(([x for x, _ in xy], [y for _, y in xy]))
-    if not pts:
+            seeds.append(([x for x, _, _ in xy], [y for _, y, _ in xy], {s: x for x, _, s in xy}))
+    if not seeds:
         return [], [], []
-    steps = set.intersection(*(set(values) & set(seq) for values, seq in curves))
-    low, high = max(xs[0] for xs, _ in pts), min(xs[-1] for xs, _ in pts)
-    grid = sorted({sum(seq[s] for _, seq in curves) / len(curves) for s in steps} | {high})
+    steps = set.intersection(*(set(at) for _, _, at in seeds))
+    low, high = max(xs[0] for xs, _, _ in seeds), min(xs[-1] for xs, _, _ in seeds)
+    grid = sorted({sum(at[s] for _, _, at in seeds) / len(seeds) for s in steps} | {low, high})
     grid = [x for x in grid if low <= x <= high]
     means, halves = [], []
     for x in grid:
-        m, h = _mean_half([_interp(x, xs, ys) for xs, ys in pts])
+        m, h = _mean_half([_interp(x, xs, ys) for xs, ys, _ in seeds])
         means.append(m)
         halves.append(h)
     return grid, means, halves

@@ -472,7 +472,7 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
         tick.set_color(colour.get(lab, "black") if lab else "black")
     ref = f"the {figs.reference_kind} {figs.reference}" if figs.reference else "no reference"
     grouped = f"; grouped by {figs.factor.removeprefix('Algorithm.')}" if figs.factor else ""
-    fig.suptitle(
+    sup = fig.suptitle(
         f"{experiment}: each configuration − {ref}, paired by seed (mean, 95% CI)\n"
         f"rows in grid order{grouped}; filled = significant after Holm's correction (as in the md), "
         "hollow = not; "
@@ -483,6 +483,6 @@ def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher
     widen_for_labels(fig, twins, left)
     fig.tight_layout()
     fig.subplots_adjust(top=1 - 0.85 / height)
-    clear_top(fig, [fig._suptitle])
+    clear_top(fig, [sup])
     save_png(fig, path)
     return fig

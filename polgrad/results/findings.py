@@ -318,7 +318,7 @@ def sections(
     baseline: Key | None,
     predictions: Sequence[tuple[str, Key | None, str, str, float | None]] = (),
     tuned: dict[Key, dict[str, str]] | None = None,
-    at_edge: int = 0,
+    n_at_edge: int = 0,
     warm_start: bool = True,
 ) -> tuple[list[str], Key | None, bool]:
     """Markdown lines of the rules, leader, baseline, failed-runs and predictions sections and the
@@ -343,7 +343,7 @@ def sections(
         pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
         lines += pred_lines
     answer = _answer(
-        rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge, baseline
+        rows, group_columns, label, primary, higher_is_better, predictions, judged, n_at_edge, baseline
     )
     if not judged and clause:  # what the runs learned, too
         answer = f"{answer.removesuffix('.')}; {clause}."
@@ -432,15 +432,17 @@ def _predictions(rows, group_columns, label, baseline, predictions, findings, tu
     return lines + as_run(rows, group_columns, predictions, label, baseline), judged
 
 
-def _answer(rows, group_columns, label, primary, higher_is_better, predictions, judged, at_edge=0, base=None):
+def _answer(
+    rows, group_columns, label, primary, higher_is_better, predictions, judged, n_at_edge=0, base=None
+):
     """One sentence: the question answered, or why not and what would answer it (more seeds; and a
-    tuning grid extended past its edge where `at_edge` configurations chose an edge value). Of the
+    tuning grid extended past its edge where `n_at_edge` configurations chose an edge value). Of the
     configurations whose runs failed, those a judged prediction compares (its own or the baseline `base`)
     have verdicts on those runs as they ran; for the others it answers nothing."""
     edge = (
-        f" ({at_edge} configuration(s) chose a value at the tuning grid's edge, so a wider grid may change "
+        f" ({n_at_edge} configuration(s) chose a value at the tuning grid's edge, so a wider grid may change "
         "the tuned values compared)"
-        if at_edge
+        if n_at_edge
         else ""
     )
     failed = sorted(health.failed_keys(rows, group_columns))

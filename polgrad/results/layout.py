@@ -7,11 +7,12 @@ from __future__ import annotations
 def clear_top(fig, above, gap_px: float = 6.0) -> None:
     """Lower the panels until nothing of theirs (titles, tick labels) reaches into the artists `above`
     them (the suptitle, a legend): a tall figure's fixed top margin let the two overprint."""
+    above = [a for a in above if a is not None]
     for _ in range(3):  # the panels' titles move with their tops; a second pass settles any rounding
         fig.canvas.draw()
         r = fig.canvas.get_renderer()
-        floor = min(a.get_window_extent(r).y0 for a in above if a is not None)
-        top = max(ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible())
+        floor = min((a.get_window_extent(r).y0 for a in above), default=fig.bbox.height)
+        top = max((ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible()), default=0.0)
         if top <= floor - gap_px:
             return
         fig.subplots_adjust(top=fig.subplotpars.top - (top - floor + gap_px) / fig.bbox.height)

@@ -193,7 +193,7 @@ def markdown(
         baseline=base_key,
         predictions=preds,
         tuned={k: v for k, v in tuned.items() if k is not None},
-        at_edge=edge_count(tuning),
+        n_at_edge=edge_count(tuning),
         warm_start=not experiment.endswith(TUNING),  # a tuning grid's 3-seed cells: no verdict to give
     )
     lines = header(experiment, rows, question=question, command=command, budget=budget)

@@ -48,7 +48,7 @@ def section(record: dict[str, Any] | None) -> list[str]:
         label = " · ".join(
             [c["config"]["spec"], *(f"{k}={v}" for k, v in c["config"].items() if k != "spec")]
         )
-        at_edge = edges(record["grid"], c["chosen"])
+        at_edge = [] if c.get("note") else edges(record["grid"], c["chosen"])  # a fallback is no choice
         if at_edge:
             at_edges.append(f"{label} ({', '.join(at_edge)})")
         chosen = _values(c["chosen"]) + (f" ({c['note']})" if c.get("note") else "")
@@ -72,12 +72,16 @@ def section(record: dict[str, Any] | None) -> list[str]:
 
 def edge_count(record: dict[str, Any] | None) -> int:
     """How many configurations of a tuning record chose a value at an edge of a numeric grid axis."""
-    return sum(bool(edges(record["grid"], c["chosen"])) for c in (record or {}).get("configurations", []))
+    return sum(
+        bool(not c.get("note") and edges(record["grid"], c["chosen"]))
+        for c in (record or {}).get("configurations", [])
+    )
 
 
 def edges(grid: dict[str, list[str]], chosen: dict[str, str]) -> list[str]:
     """'train.lr = 3e-05, the smallest' for each chosen value that is the smallest or largest of a
-    numeric grid axis of at least 3 values (with 2 every choice is an edge, and says nothing)."""
+    numeric grid axis of at least 3 values (with 2 every choice is an edge, and says nothing). An axis
+    that zips several bindings (its values are tuples) has no order, and is not checked."""
     out = []
     for name, value in chosen.items():
         try:

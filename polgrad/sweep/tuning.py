@@ -267,21 +267,24 @@ def choose(exp: Experiment, rows: dict[str, dict[str, str]]) -> dict[str, Any]:
 
 def check_edges(exp: Experiment) -> None:
     """Refuse the evaluation when a configuration chose a value at an edge of a numeric grid axis (its
-    best may lie beyond the grid) and Sweep.tuning['at_edge'] does not say why that may stand."""
+    best may lie beyond the grid) and Sweep.tuning's 'at_edge' does not say why that may stand. A
+    configuration none of whose values finished took the first value by default (its `note`): that is
+    a failed tuning stage, which the tuning report names, not an edge choice."""
     p: Plan = exp.tuning
     if p.declared.at_edge or p.record is None:
         return
     at = [
         f"{_label(tuple(c['config'].items()))} ({'; '.join(e)})"
         for c in p.record["configurations"]
-        if (e := grid_edges(p.record["grid"], c["chosen"]))
+        if not c.get("note") and (e := grid_edges(p.record["grid"], c["chosen"]))
     ]
     if at:
+        where = f"line {exp.lines['tuning']}: Sweep.tuning" if "tuning" in exp.lines else "Sweep.tuning"
         raise PolgradError(
-            f"{exp.file}: the tuning stage chose a value at an edge of its grid for {len(at)} of "
+            f"{exp.file}: {where}: the tuning stage chose a value at an edge of its grid for {len(at)} of "
             f"{len(p.record['configurations'])} configurations: {', '.join(at)}; its best may lie beyond the "
-            "grid: extend Sweep.tuning['grid'] past that edge (the finished tuning cells are kept), or say "
-            "why the edge may stand in Sweep.tuning['at_edge'] = '...'"
+            "grid: extend 'grid' past that edge (the finished tuning cells are kept), or add 'at_edge': "
+            "'why the edge may stand' to Sweep.tuning"
         )
 
 
