@@ -22,7 +22,7 @@ from pathlib import Path
 
 from polgrad.io import atomic_path
 from polgrad.results.layout import clear_top
-from polgrad.results.stats import t_ppf
+from polgrad.results.stats import mean_ci
 from polgrad.results.store import read_metrics
 from polgrad.run_folder import RunFolder
 
@@ -103,11 +103,9 @@ def mean_band(series: list[dict[int, float]]) -> tuple[list, list, list]:
 
 
 def _mean_half(values: Sequence[float]) -> tuple[float, float]:
-    xs = [x for x in values if math.isfinite(x)]
-    n = len(xs)
-    mean = sum(xs) / n if n else math.nan
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-    return mean, (t_ppf(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else math.nan)
+    """(mean, 95% CI half-width) of the finite values: stats.mean_ci, NaN where it has no interval."""
+    mean, half, _ = mean_ci(values)
+    return mean, math.nan if half is None else half
 
 
 def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
