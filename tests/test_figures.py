@@ -759,12 +759,16 @@ def _px(fig):
     return canvas.get_renderer()
 
 
-def test_long_configuration_names_leave_every_forest_panel_its_width_and_no_text_overprints(tmp_path):
-    rows = _long_rows(6)
+def _plot_long(tmp_path, rows, name="e"):
+    """figures.plot of `_long_rows`, against their first configuration."""
     base = {k: rows[0][k] for k in ("spec", *LONG)}
-    figs = figures.plot(
-        tmp_path / "e.png", "e", rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
+    return figures.plot(
+        tmp_path / f"{name}.png", name, rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
     )
+
+
+def test_long_configuration_names_leave_every_forest_panel_its_width_and_no_text_overprints(tmp_path):
+    figs = _plot_long(tmp_path, _long_rows(6))
     fig = figs.forest_figure
     r = _px(fig)
     panels, twins = _panels(figs), fig.axes[len(figs.metrics) :]
@@ -781,19 +785,13 @@ def test_long_configuration_names_leave_every_forest_panel_its_width_and_no_text
 def test_a_tall_forest_and_many_curves_panels_keep_their_titles_clear_of_the_figures_title(tmp_path):
     """40 rows make a forest 18 in tall: with a fixed top margin its two-line title overprinted the
     panels' titles; the curves' legend overprinted the first row of panels' titles the same way."""
-    rows = _long_rows(40)
-    base = {k: rows[0][k] for k in ("spec", *LONG)}
-    figs = figures.plot(
-        tmp_path / "e.png", "e", rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
-    )
+    figs = _plot_long(tmp_path, _long_rows(40))
     fig = figs.forest_figure
     r = _px(fig)
     assert max(ax.get_tightbbox(r).y1 for ax in fig.axes) < fig._suptitle.get_window_extent(r).y0
     rows = _long_rows(8, run_dirs=True)
     _write_runs(tmp_path, rows)
-    figs = figures.plot(
-        tmp_path / "c.png", "c", rows, swept_columns=list(LONG), results_dir=tmp_path, baseline=base
-    )
+    figs = _plot_long(tmp_path, rows, "c")  # the same baseline: configuration 0 of either set
     fig = figs.curves_figure
     r = _px(fig)
     above = min(fig._suptitle.get_window_extent(r).y0, *(lg.get_window_extent(r).y0 for lg in fig.legends))
