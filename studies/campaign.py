@@ -1,12 +1,14 @@
 """Study: the results campaign's check: every committed results/*.csv comes from one tagged clean
 commit, with the protocol's seeds and warm starts (`python -m studies.campaign TAG [--results DIR]`).
 
-What it checks, per CSV directly under the results folder (pilots and other exploratory runs live in
-a sub-folder, results/pilots/, and are not the campaign's):
+What it checks, per CSV of each experiment folder (results/<name>/<name>.csv, its tuning stage's
+results/<name>/<name>_tuning/<name>_tuning.csv and its analyses' results/<name>/<name>_points.csv, ...;
+pilots and other exploratory runs live in results/pilots/, which holds no pilots.csv, and are not the
+campaign's):
 
 - **one commit**: every row's `git_commit` is the commit TAG names (its short or full sha), clean
   (no `-dirty`, no `git_diff`); a CSV without the column (an analysis CSV such as
-  overoptimization_points.csv) is checked through the sweep CSV it sits beside;
+  overoptimization_points.csv) is checked through the sweep CSV beside it;
 - **seeds**: in a sweep's CSV (one with results/<name>/experiment.json) that is not a tuning stage
   (`<name>_tuning`), every configuration (spec + swept columns) has at least `MIN_SEEDS` seeds whose
   run finished ok;
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polgrad.errors import DataError, PolgradError
+from polgrad.results.paths import META, csv_path, experiments, folder, stage_results
 from polgrad.results.provenance import DIRTY, TUNING
 from polgrad.results.record import FINISHED
 from polgrad.results.store import WARM_START, read_rows
@@ -113,6 +116,17 @@ def _design_problems(rows: Sequence[dict[str, str]], meta: dict) -> list[str]:
     return problems
 
 
+def _csvs(results: Path) -> list[Path]:
+    """The CSVs of every experiment folder under `results`: its own, its analyses', its tuning stage's."""
+    out = []
+    for name in experiments(results):
+        out += sorted(folder(name, results).glob(f"{name}*.csv"))
+        tuning = csv_path(f"{name}{TUNING}", stage_results(name, results))
+        if tuning.is_file():
+            out.append(tuning)
+    return out
+
+
 def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[str], list[str]]:
     """(problems, passes): one line per CSV of results_dir that breaks the campaign's rules, one per
     CSV that keeps them. Run in the repository whose history holds `tag`."""
@@ -122,7 +136,7 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
     results = Path(results_dir)
     problems, passes = [], []
     failed: set[str] = set()
-    paths = sorted(results.glob("*.csv"))
+    paths = _csvs(results)
     # the CSVs that record their commit first, then the analysis CSVs that rest on their sweep's
     for path in sorted(paths, key=lambda p: p.stem.endswith(ANALYSIS)):
         rows = read_rows(path)
@@ -135,15 +149,15 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
             found += _commit_problems(rows, sha)
         else:
             owner = next((path.stem.removesuffix(s) for s in ANALYSIS if path.stem.endswith(s)), None)
-            if owner is None or not (results / f"{owner}.csv").is_file():
+            if owner is None or not csv_path(owner, results).is_file():
                 found.append("no git_commit column and no sweep CSV beside it to vouch for it")
             elif owner in failed:
                 found.append(f"no git_commit column, and its sweep's {owner}.csv fails")
             else:
                 vouched = f" (no git_commit column: its sweep's {owner}.csv passes)"
-        meta_path = results / path.stem / "experiment.json"
+        meta_path = path.parent / META  # a sweep's CSV: its folder's experiment.json (not an analysis CSV's)
         design = []
-        if meta_path.is_file():
+        if path.stem == path.parent.name and meta_path.is_file():
             meta = json.loads(meta_path.read_text())
             found += _cells_problems(rows, meta)
             if not path.stem.endswith(TUNING):

@@ -18,14 +18,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from polgrad.results.compare import Comparison, against
 from polgrad.results.findings import kl_metric
+from polgrad.results.paths import csv_path, meta_path
 from polgrad.results.predictions import NO_DIFFERENCE, judge, prediction_delta
 from polgrad.results.predictions import delta_text as _delta
-from polgrad.results.store import csv_path, read_rows
+from polgrad.results.store import read_rows
 from polgrad.results.studies import Study
 from polgrad.results.verdicts import agreement, others
 
@@ -38,7 +38,7 @@ def partner(experiment: str) -> str:
 
 
 def _meta(experiment: str, results_dir: str | os.PathLike) -> dict[str, Any] | None:
-    path = Path(results_dir) / experiment / "experiment.json"
+    path = meta_path(experiment, results_dir)
     return json.loads(path.read_text()) if path.is_file() else None
 
 

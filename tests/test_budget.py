@@ -274,11 +274,11 @@ def test_experiment_json_the_csv_and_the_md_record_the_budget(tmp_path):
     meta = json.loads((out / exp.name / "experiment.json").read_text())
     assert meta["budget"]["unit"] == "sampled_sequences" and meta["budget"]["total"] == 64 * 4
     assert {c["spec"]: c["prompts_per_step"] for c in meta["cells"]} == {"spec_a": 8, "spec_b": 32}
-    with open(out / f"{exp.name}.csv", newline="") as fh:
+    with open(out / exp.name / f"{exp.name}.csv", newline="") as fh:
         rows = {r["spec"]: r for r in csv.DictReader(fh)}
     assert rows["spec_b"]["budget_note"] == "not sampled: 32 preference pairs per step"
     assert rows["spec_a"]["prompts_per_step"] == "8"
-    md = (out / f"{exp.name}.md").read_text()
+    md = (out / exp.name / f"{exp.name}.md").read_text()
     budget_lines = [line for line in md.splitlines() if line.startswith("**Budget.**")]
     assert budget_lines == [
         "**Budget.** equal sampled sequences, 64 per step × 4 steps = 256 per cell (a run stops once it has "
@@ -293,7 +293,9 @@ def test_experiment_json_the_csv_and_the_md_record_the_budget(tmp_path):
     (out / exp.name / "experiment.json").write_text(json.dumps(meta))
     write_report(exp.name, out)
     budget_lines = [
-        ln for ln in (out / f"{exp.name}.md").read_text().splitlines() if ln.startswith("**Budget.**")
+        ln
+        for ln in (out / exp.name / f"{exp.name}.md").read_text().splitlines()
+        if ln.startswith("**Budget.**")
     ]
     assert budget_lines == [
         "**Budget.** none declared (Sweep.budget) when these cells ran: nothing made the configurations "

@@ -34,18 +34,22 @@ def repo(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _write(results: Path, name: str, rows: list[dict[str, str]], sweep: bool = True) -> None:
-    with open(results / f"{name}.csv", "w", newline="") as f:
+def _write(
+    results: Path, name: str, rows: list[dict[str, str]], sweep: bool = True, folder: str = ""
+) -> None:
+    """results/<folder or name>/<name>.csv (and a sweep's experiment.json beside it)."""
+    where = results / (folder or name)
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / f"{name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     if sweep:
-        (results / name).mkdir()
         cells = [
             {"id": r["cell_id"], "spec": "grpo", "swept": {"x": r["x"]}, "seed": int(r["seed"])} for r in rows
         ]
         meta = {"swept_columns": ["x"], "cells": cells}
-        (results / name / "experiment.json").write_text(json.dumps(meta))
+        (where / "experiment.json").write_text(json.dumps(meta))
 
 
 def _rows(commit: str, seeds=range(10), configs=("p", "q"), warm=lambda s: f"w{s}") -> list[dict[str, str]]:
@@ -68,14 +72,18 @@ def _rows(commit: str, seeds=range(10), configs=("p", "q"), warm=lambda s: f"w{s
 def test_a_campaign_of_clean_rows_from_the_tag_passes(repo, capsys):
     sha = _git(repo, "rev-parse", "camp")
     _write(repo / "results", "exp", _rows(sha[:7]))
-    _write(repo / "results", "exp_tuning", _rows(sha[:7], seeds=range(100, 103)))  # 3 tuning seeds: fine
-    _write(repo / "results", "exp_points", [{"d": "0.1", "gold": "0.2"}], sweep=False)  # no commit column
+    tuning = _rows(sha[:7], seeds=range(100, 103))
+    _write(repo / "results", "exp_tuning", tuning, folder="exp/exp_tuning")  # 3 tuning seeds: fine
+    _write(
+        repo / "results", "exp_points", [{"d": "0.1", "gold": "0.2"}], sweep=False, folder="exp"
+    )  # no commit
     (repo / "results" / "pilots").mkdir()
     _write(repo / "results" / "pilots", "pilot", _rows("0123456", seeds=range(2)))  # not the campaign's
     assert main(["camp"]) == 0
     out = capsys.readouterr().out
-    assert f"ok results/exp.csv: 20 rows from {sha[:7]}" in out
-    assert "ok results/exp_points.csv: 1 row (no git_commit column: its sweep's exp.csv passes)" in out
+    assert f"ok results/exp/exp.csv: 20 rows from {sha[:7]}" in out
+    assert f"ok results/exp/exp_tuning/exp_tuning.csv: 6 rows from {sha[:7]}" in out
+    assert "ok results/exp/exp_points.csv: 1 row (no git_commit column: its sweep's exp.csv passes)" in out
     assert "all 3 CSVs of results from camp" in out and "pilot" not in out
 
 
@@ -91,26 +99,26 @@ def test_each_rule_broken_is_one_line_naming_the_csv_and_the_rerun(repo):
     mixed = _rows(sha[:7])
     mixed[0]["warm_start"] = "other"  # p-s0 and q-s0 started from different policies
     _write(results, "mixed", mixed)
-    _write(results, "few_points", [{"d": "0.1"}], sweep=False)
+    _write(results, "few_points", [{"d": "0.1"}], sweep=False, folder="few")
     problems, passes = campaign.check("camp", "results")
     by_csv = {line.split(":")[0]: line for line in problems}
     assert passes == [] and len(problems) == 6
-    assert f"1 row from {sha[:7]} with uncommitted edits" in by_csv["results/dirty.csv"]
-    assert f"20 rows from {head[:7]}" in by_csv["results/later.csv"]
-    assert "grpo · x=p declares 9 seeds (the protocol: ≥ 10)" in by_csv["results/few.csv"]
+    assert f"1 row from {sha[:7]} with uncommitted edits" in by_csv["results/dirty/dirty.csv"]
+    assert f"20 rows from {head[:7]}" in by_csv["results/later/later.csv"]
+    assert "grpo · x=p declares 9 seeds (the protocol: ≥ 10)" in by_csv["results/few/few.csv"]
     assert (
         "experiments/few.gin breaks the protocol: change it, tag a new campaign commit"
-        in by_csv["results/few.csv"]
+        in by_csv["results/few/few.csv"]
     )
-    assert "10 seeds share 1 warm starts" in by_csv["results/shared.csv"]
-    assert "seeds 0 started from more than one warm start" in by_csv["results/mixed.csv"]
-    assert "its sweep's few.csv fails" in by_csv["results/few_points.csv"]
-    assert by_csv["results/few_points.csv"].endswith(
+    assert "10 seeds share 1 warm starts" in by_csv["results/shared/shared.csv"]
+    assert "seeds 0 started from more than one warm start" in by_csv["results/mixed/mixed.csv"]
+    assert "its sweep's few.csv fails" in by_csv["results/few/few_points.csv"]
+    assert by_csv["results/few/few_points.csv"].endswith(
         "(python -m studies.overoptimization experiments/few.gin)"
     )
     assert (
         "rerun it from a clean clone of camp (python -m polgrad.sweep experiments/dirty.gin)"
-        in by_csv["results/dirty.csv"]
+        in by_csv["results/dirty/dirty.csv"]
     )
 
 
@@ -133,9 +141,9 @@ def test_every_declared_cell_must_have_finished_and_recorded_its_warm_start(repo
     problems, passes = campaign.check("camp", "results")
     by_csv = {line.split(":")[0]: line for line in problems}
     assert passes == [] and len(problems) == 3
-    assert "1 cells did not finish (p-s0)" in by_csv["results/failed.csv"]
-    assert "1 declared cells have no row (q-s9)" in by_csv["results/missing.csv"]
-    assert "18 rows record no warm start" in by_csv["results/partial.csv"]
+    assert "1 cells did not finish (p-s0)" in by_csv["results/failed/failed.csv"]
+    assert "1 declared cells have no row (q-s9)" in by_csv["results/missing/missing.csv"]
+    assert "18 rows record no warm start" in by_csv["results/partial/partial.csv"]
 
 
 def test_an_unknown_tag_is_one_line_and_exit_2(repo, capsys):

@@ -12,6 +12,7 @@ import pytest
 from polgrad.results import markdown
 from polgrad.results.compare import against, leader
 from polgrad.results.findings import LEADER_HEADING
+from polgrad.results.paths import experiments
 from polgrad.results.stats import holm, paired
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,8 +177,10 @@ def test_baseline_differences_are_holm_corrected_and_reported_as_findings():
 
 
 @pytest.mark.parametrize(
-    "path", sorted(p for p in (REPO / "results").glob("*.md") if p.name != "README.md"), ids=lambda p: p.name
-)  # every report (README.md is the index of them)
+    "path",
+    sorted(p for x in experiments(REPO / "results") for p in (REPO / "results" / x).rglob("*.md")),
+    ids=lambda p: p.name,
+)  # every report: each experiment's, its tuning stage's and its studies' (polgrad/results/paths.py)
 def test_committed_leaderboards_star_only_what_their_statistics_support(path):
     assert star_is_supported(path.read_text()), f"{path.name} shows a ★ its own p-values do not support"
 

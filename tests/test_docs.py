@@ -103,7 +103,13 @@ def test_the_run_folders_a_newcomer_makes_are_ignored_by_git():
     ignored: otherwise every later sweep row is recorded '-dirty' with the run's weights in its diff."""
     readme = (REPO / "README.md").read_text()
     out = re.search(r"python -m polgrad\.train \S+ .*--out (\S+)", readme).group(1)
-    for path in (f"{out}/metrics.jsonl", "results/runs/grpo-20260101-000000/final/model.safetensors"):
+    for path in (
+        f"{out}/metrics.jsonl",
+        "results/runs/grpo-20260101-000000/final/model.safetensors",
+        "results/my_idea/runs/c0/metrics.jsonl",  # a sweep's run folders, a tuning stage's inside it
+        "results/my_idea/my_idea_tuning/runs/c0/metrics.jsonl",
+        "results/my_idea/my_idea.csv.lock",
+    ):
         proc = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
         assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
 
@@ -122,3 +128,24 @@ def test_the_campaign_check_the_pages_give_first_names_a_commit_any_clone_has():
             ["git", "cat-file", "-e", f"{first}^{{commit}}"], cwd=REPO, capture_output=True
         )
         assert probe.returncode == 0, f"{page.name}: {first} is not a commit of this clone"
+
+
+def test_results_holds_one_folder_per_experiment_and_its_index_names_each():
+    """results/ has no loose report files: each experiment's CSV, md, figures and experiment.json sit
+    in its folder (polgrad/results/paths.py), and results/README.md links every experiment's md."""
+    from polgrad.results.paths import csv_path, experiments, md_path, meta_path
+
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True)
+    loose = [p for p in tracked.stdout.split() if p.count("/") == 1 and p != "results/README.md"]
+    assert loose == [], f"files at the top of results/, outside any experiment's folder: {loose}"
+    root = REPO / "results"
+    names = experiments(root)
+    assert len(names) >= 10 and "kl_ablation" in names, names
+    index = (root / "README.md").read_text()
+    for name in names:
+        assert (
+            csv_path(name, root).is_file()
+            and md_path(name, root).is_file()
+            and meta_path(name, root).is_file()
+        )
+        assert f"]({name}/{name}.md)" in index, f"results/README.md does not link {name}/{name}.md"

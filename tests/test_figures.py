@@ -229,17 +229,18 @@ def test_write_report_writes_both_figures_and_the_md_shows_them(tmp_path):
     rows = _rows()
     _write_runs(tmp_path, rows)
     cols = list(rows[0])
-    (tmp_path / "e.csv").write_text(
+    (tmp_path / "e").mkdir(exist_ok=True)
+    (tmp_path / "e" / "e.csv").write_text(
         ",".join(cols) + "\n" + "".join(",".join(r[c] for c in cols) + "\n" for r in rows)
     )
-    (tmp_path / "e").mkdir(exist_ok=True)
     meta = {"swept_columns": [], "primary_metric": "eval_accuracy", "baseline": {"spec": "base"}}
     meta["cells"] = [{"id": r["cell_id"]} for r in rows]
     (tmp_path / "e" / "experiment.json").write_text(json.dumps(meta))
     md, png = write_report("e", tmp_path)
     text = md.read_text()
     assert "![e](e.png)" in text and "![e_curves](e_curves.png)" in text
-    assert _is_png(png) and _is_png(tmp_path / "e_curves.png")
+    assert png == tmp_path / "e" / "e.png" and md == tmp_path / "e" / "e.md"
+    assert _is_png(png) and _is_png(tmp_path / "e" / "e_curves.png")
     drawn = json.loads((tmp_path / "e" / "figures.json").read_text())
     assert (
         drawn["curves"]["series"] == ["eval accuracy", "train reward"] and drawn["forest"]["png"] == "e.png"

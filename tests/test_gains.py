@@ -253,9 +253,9 @@ def test_a_replications_answer_is_about_the_replication(tmp_path, named):
     ]
     for name, seeds in (("x", range(10)), ("x_replication", range(20, 30))):
         rows = [dict(r, seed=str(int(r["seed"]) + seeds[0])) for r in _rows(base)]
-        with open(tmp_path / f"{name}.csv", "w") as f:
-            f.write(",".join(rows[0]) + "\n" + "".join(",".join(r.values()) + "\n" for r in rows))
         (tmp_path / name).mkdir()
+        with open(tmp_path / name / f"{name}.csv", "w") as f:
+            f.write(",".join(rows[0]) + "\n" + "".join(",".join(r.values()) + "\n" for r in rows))
         meta = {
             "swept_columns": ["Algorithm.kl"],
             "primary_metric": "eval_accuracy",
@@ -270,13 +270,13 @@ def test_a_replications_answer_is_about_the_replication(tmp_path, named):
         write_report(name, tmp_path)
     if not named:
         for name in ("x", "x_replication"):
-            md = (tmp_path / f"{name}.md").read_text()
+            md = (tmp_path / name / f"{name}.md").read_text()
             assert "## Replication" not in md and "As a replication of" not in md
         return
-    rep = (tmp_path / "x_replication.md").read_text().splitlines()
+    rep = (tmp_path / "x_replication" / "x_replication.md").read_text().splitlines()
     assert rep[-1].startswith("- **Answer.** As a replication of x: Of 1 predictions, 1 replicate.")
     assert "This run alone: Of 1 predictions, confirmed: 'a is lower'" in rep[-1]
-    orig = (tmp_path / "x.md").read_text()
+    orig = (tmp_path / "x" / "x.md").read_text()
     assert orig.splitlines()[-1].startswith("- **Answer.** Of 1 predictions, confirmed")
     # the recorded command named a folder of this machine: the md shows <dir>/ instead
     assert str(tmp_path) not in orig and f"--results <dir>/{tmp_path.name}`" in orig

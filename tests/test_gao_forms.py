@@ -13,6 +13,7 @@ from studies.overoptimization import fits as oo
 
 
 def _write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -72,9 +73,9 @@ def test_the_report_fits_gaos_two_forms_and_answers_from_them(tmp_path):
                 bon.append({"seed": seed, "train.rm_ensemble": ens, "n": n, "kl": d * d, "sqrt_kl": d,
                             "kl_bound": d * d, "proxy": d, "gold": d * (0.3 - bon_beta * d),
                             "git_commit": "abc1234"})  # fmt: skip
-    _write(tmp_path / "oo.csv", rows)
-    _write(tmp_path / "oo_points.csv", points)
-    _write(tmp_path / "oo_best_of_n.csv", bon)
+    _write(tmp_path / "oo" / "oo.csv", rows)
+    _write(tmp_path / "oo" / "oo_points.csv", points)
+    _write(tmp_path / "oo" / "oo_best_of_n.csv", bon)
     md = report(exp, tmp_path, bootstrap=20).read_text()
     section = md.split("## Gao et al.'s two forms")[1].split("## Sensitivity")[0]
     table = {

@@ -147,6 +147,7 @@ def _curve(spec, ds, *, gold):
 def _write(path, rows):
     import csv
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -214,11 +215,11 @@ def test_the_report_is_made_from_the_csvs_alone(tmp_path):
                     "git_commit": "abc1234",
                 }
             )
-    _write(tmp_path / "oo.csv", sweep_rows)
-    _write(tmp_path / "oo_points.csv", points)
-    _write(tmp_path / "oo_best_of_n.csv", bon)
+    _write(tmp_path / "oo" / "oo.csv", sweep_rows)
+    _write(tmp_path / "oo" / "oo_points.csv", points)
+    _write(tmp_path / "oo" / "oo_best_of_n.csv", bon)
     md = report(exp, tmp_path, bootstrap=50).read_text()
-    assert (tmp_path / "oo_gao.png").stat().st_size > 10_000
+    assert (tmp_path / "oo" / "oo_gao.png").stat().st_size > 10_000
     assert "| ppo · rm_ensemble 1 | 2 | 18 | 0.2 | 0.1 | 1 | 1 | [1, 1] | 5 | yes |" in md
     assert "| ppo · rm_ensemble 4 | 2 | 18 | 0.6 | 0.1 | 3 | 9 | [3, 3] | 5 | yes |" in md
     # each configuration's proxy minus its own start (1.1 single, -2.9 ensemble): both rise as d - 0.1;
@@ -254,13 +255,15 @@ def test_without_best_of_n_the_start_is_the_runs_first_step(tmp_path):
 
     exp = SimpleNamespace(name="oo", question="q?", swept_columns=["Algorithm.kl_coef"])
     points = _curve("ppo", (0.0, 0.5, 1.0, 2.0, 3.0, 4.0), gold=lambda d: 0.5 + d * (0.4 - 0.1 * d))
-    _write(tmp_path / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}])
-    _write(tmp_path / "oo_points.csv", points)
-    (tmp_path / "oo_best_of_n.csv").write_text("seed,n,kl,sqrt_kl,kl_bound,proxy,gold\n")
+    _write(
+        tmp_path / "oo" / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}]
+    )
+    _write(tmp_path / "oo" / "oo_points.csv", points)
+    (tmp_path / "oo" / "oo_best_of_n.csv").write_text("seed,n,kl,sqrt_kl,kl_bound,proxy,gold\n")
     md = report(exp, tmp_path, bootstrap=20).read_text()
     # gold start 0.5 (step 0) subtracted: d (0.4 - 0.1 d), peak at 2
     assert "the start used here: first step (" in md and "| ppo | 2 | 12 | 0.4 | 0.1 | 2 | 4 |" in md
-    _write(tmp_path / "oo_points.csv", [p for p in points if p["step"] != 0])
+    _write(tmp_path / "oo" / "oo_points.csv", [p for p in points if p["step"] != 0])
     with pytest.raises(
         PolgradError, match=r"oo_best_of_n\.csv: no best-of-1 row and no step-0 point for seed 0"
     ) as e:
@@ -290,7 +293,7 @@ def test_the_points_of_a_run_start_at_its_first_step(tmp_path):
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     _write(
-        tmp_path / "oo.csv",
+        tmp_path / "oo" / "oo.csv",
         [
             {
                 "cell_id": "c0",
@@ -310,12 +313,12 @@ def test_the_points_of_a_run_start_at_its_first_step(tmp_path):
             },
         ],
     )
-    pts = points_stage(exp, tmp_path, tmp_path / "oo_points.csv")
+    pts = points_stage(exp, tmp_path, tmp_path / "oo" / "oo_points.csv")
     assert [p["step"] for p in pts] == [0, 5, 10] and {p["cell_id"] for p in pts} == {"c0"}
     assert (pts[0]["d"], pts[0]["kl"], pts[0]["proxy"], pts[0]["gold"]) == (0.0, 0.0, 1.0, 0.5)
     # steps 1-5: kl (0 + 0.2 + 0.3 + 0.4 + 0.5) / 5 = 0.28, proxy mean 3
     assert pts[1]["kl"] == pytest.approx(0.28, abs=1e-12) and pts[1]["proxy"] == 3.0
-    assert (tmp_path / "oo_points.csv").read_text().count("\n") == 4  # header + 3 points
+    assert (tmp_path / "oo" / "oo_points.csv").read_text().count("\n") == 4  # header + 3 points
 
 
 def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
@@ -353,9 +356,9 @@ def test_with_ten_seeds_the_answer_groups_the_declared_verdicts(tmp_path):
                 )
             bon.append({"seed": seed, "train.rm_ensemble": ens, "n": 1, "kl": 0, "sqrt_kl": 0, "kl_bound": 0,
                         "proxy": 0.0, "gold": 0.0, "git_commit": "abc1234"})  # fmt: skip
-    _write(tmp_path / "oo.csv", rows)
-    _write(tmp_path / "oo_points.csv", points)
-    _write(tmp_path / "oo_best_of_n.csv", bon)
+    _write(tmp_path / "oo" / "oo.csv", rows)
+    _write(tmp_path / "oo" / "oo_points.csv", points)
+    _write(tmp_path / "oo" / "oo_best_of_n.csv", bon)
     md = report(exp, tmp_path, bootstrap=20).read_text()
     (answer,) = (ln for ln in md.splitlines() if ln.startswith("**Answer.**"))
     assert (
@@ -410,7 +413,7 @@ def test_the_analysis_rewrites_the_sweeps_md_when_the_sweep_has_one(tmp_path, mo
     calls = []
     exp = SimpleNamespace(name="oo", studies=["studies.overoptimization"], lines={})
     monkeypatch.setattr(cli, "load_experiment", lambda path: exp)
-    monkeypatch.setattr(cli, "report", lambda exp, results_dir, bootstrap: results_dir / "oo_gao.md")
+    monkeypatch.setattr(cli, "report", lambda exp, results_dir, bootstrap: results_dir / "oo" / "oo_gao.md")
     monkeypatch.setattr(cli, "write_report", lambda name, results_dir: calls.append((name, results_dir)))
     assert cli.main(["x.gin", "--results", str(tmp_path), "--report-only"]) == 0
     assert calls == []  # no sweep md to rewrite
@@ -433,7 +436,7 @@ def test_the_analysis_of_an_experiment_that_does_not_name_it_is_refused_in_one_l
     assert main([str(path), "--results", str(tmp_path), "--report-only"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {path}: Sweep.studies does not name"), err
-    assert not (tmp_path / "plain_gao.md").exists()
+    assert not (tmp_path / "plain" / "plain_gao.md").exists()
 
 
 def test_the_sensitivity_fit_places_a_maximum_before_the_first_trained_point_outside_the_points(tmp_path):
@@ -449,8 +452,10 @@ def test_the_sensitivity_fit_places_a_maximum_before_the_first_trained_point_out
     bon = [
         {"seed": s, "n": 1, "kl": 0, "sqrt_kl": 0, "kl_bound": 0, "proxy": 0.0, "gold": 0.0} for s in (0, 1)
     ]
-    _write(tmp_path / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}])
-    _write(tmp_path / "oo_points.csv", points)
-    _write(tmp_path / "oo_best_of_n.csv", bon)
+    _write(
+        tmp_path / "oo" / "oo.csv", [{"cell_id": "c0", "seed": 0, "status": "ok", "git_commit": "abc1234"}]
+    )
+    _write(tmp_path / "oo" / "oo_points.csv", points)
+    _write(tmp_path / "oo" / "oo_best_of_n.csv", bon)
     md = report(exp, tmp_path, bootstrap=20).read_text()
     assert "| grpo | 0.05 | 0.05 | 0.04 | 0.1 | 0.2 | no (smallest d > 0: 0.5) |" in md

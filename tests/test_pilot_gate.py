@@ -78,7 +78,8 @@ def _git(root: Path, *args: str) -> None:
 
 
 def _repo(tmp_path: Path, gate_text: str) -> Path:
-    """A git checkout holding an experiment (fake trainer, 2 seeds) gated on results/pilots/exp_pilot.csv."""
+    """A git checkout holding an experiment (fake trainer, 2 seeds) gated on
+    results/pilots/exp_pilot/exp_pilot.csv."""
     exp = tmp_path / "exp.gin"
     exp.write_text(
         f"include '{DATA / 'base_fake.gin'}'\nSweep.specs = ['{DATA / 'spec_a.gin'}']\n"
@@ -109,7 +110,7 @@ def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_pa
     exp = _repo(tmp_path, GATE)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "results"
-    pilot = tmp_path / "results" / "pilots" / "exp_pilot.csv"
+    pilot = tmp_path / "results" / "pilots" / "exp_pilot" / "exp_pilot.csv"
 
     def refused(text: str) -> None:
         assert cli.main([str(exp), "--results", str(out)]) == 2
@@ -117,10 +118,10 @@ def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_pa
         assert len(err) == 1 and text in err[0] and "the evaluation cells did not start" in err[0], err
         assert not (out / "exp" / "runs").exists()  # no cell ran
 
-    refused("results/pilots/exp_pilot.csv does not exist")
+    refused("results/pilots/exp_pilot/exp_pilot.csv does not exist")
     _write_pilot(pilot, {100: 0.1, 101: 0.2, 102: 0.3})
-    refused("results/pilots/exp_pilot.csv is not committed")
-    _git(tmp_path, "add", "results/pilots/exp_pilot.csv")
+    refused("results/pilots/exp_pilot/exp_pilot.csv is not committed")
+    _git(tmp_path, "add", "results/pilots/exp_pilot/exp_pilot.csv")
     _git(tmp_path, "commit", "-q", "-m", "pilot")
     # 0.1, 0.2, 0.3 (below) lie 3.46 standard errors above 0 and pass; -0.1, 0.2, 0.4 only 1.15:
     _write_pilot(pilot, {100: -0.1, 101: 0.2, 102: 0.4})
@@ -131,13 +132,19 @@ def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_pa
     _write_pilot(pilot, {100: 0.1, 101: 0.2, 102: 0.3})
     _git(tmp_path, "commit", "-q", "-am", "pilot that passes")
     assert cli.main([str(exp), "--results", str(out), "--dry-run"]) == 0
-    assert "pilot gate: results/pilots/exp_pilot.csv passes (eval_accuracy)" in capsys.readouterr().out
+    assert (
+        "pilot gate: results/pilots/exp_pilot/exp_pilot.csv passes (eval_accuracy)" in capsys.readouterr().out
+    )
     assert cli.main([str(exp), "--results", str(out)]) == 0
     capsys.readouterr()
     meta = json.loads((out / "exp" / "experiment.json").read_text())
     (c,) = meta["pilot_gate"]["conditions"]
-    assert meta["pilot_gate"]["pilot"] == "results/pilots/exp_pilot.csv" and c["passed"] and c["n"] == 3
-    md = (out / "exp.md").read_text()
+    assert (
+        meta["pilot_gate"]["pilot"] == "results/pilots/exp_pilot/exp_pilot.csv"
+        and c["passed"]
+        and c["n"] == 3
+    )
+    md = (out / "exp" / "exp.md").read_text()
     assert (
         "## Pilot gate" in md
         and "eval_accuracy at least 3 standard errors above 0" in md
@@ -218,12 +225,14 @@ def test_a_tuning_stage_is_not_gated_but_does_not_run_before_a_failing_gate(tmp_
     assert cli.main([str(exp), "--results", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "exp_pilot.csv does not exist" in err[-1] and "the evaluation cells did not start" in err[-1]
-    assert not (out / "exp_tuning" / "runs").exists() and not (out / "exp" / "runs").exists()
-    _write_pilot(tmp_path / "results" / "pilots" / "exp_pilot.csv", {100: 0.1, 101: 0.2, 102: 0.3})
+    assert not (out / "exp" / "exp_tuning" / "runs").exists() and not (out / "exp" / "runs").exists()
+    _write_pilot(
+        tmp_path / "results" / "pilots" / "exp_pilot" / "exp_pilot.csv", {100: 0.1, 101: 0.2, 102: 0.3}
+    )
     _git(tmp_path, "add", ".")
     _git(tmp_path, "commit", "-q", "-m", "pilot")
     assert cli.main([str(exp), "--results", str(out)]) == 0
     capsys.readouterr()
-    assert len(list((out / "exp_tuning" / "runs").iterdir())) == 4  # 2 values x 2 tuning seeds ran
-    assert "pilot_gate" not in json.loads((out / "exp_tuning" / "experiment.json").read_text())
+    assert len(list((out / "exp" / "exp_tuning" / "runs").iterdir())) == 4  # 2 values x 2 tuning seeds ran
+    assert "pilot_gate" not in json.loads((out / "exp" / "exp_tuning" / "experiment.json").read_text())
     assert json.loads((out / "exp" / "experiment.json").read_text())["pilot_gate"]["conditions"][0]["passed"]

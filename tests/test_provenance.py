@@ -37,10 +37,10 @@ EXPERIMENT = (
 # What a sweep of `exp` may rewrite in its results folder (the files the provenance check ignores;
 # experiment.json records the command, here with its --restart).
 OUTPUTS = {
-    "results/exp.csv",
-    "results/exp.md",
-    "results/exp.png",
-    "results/exp_curves.png",
+    "results/exp/exp.csv",
+    "results/exp/exp.md",
+    "results/exp/exp.png",
+    "results/exp/exp_curves.png",
     "results/exp/experiment.json",
 }
 
@@ -78,7 +78,7 @@ def make_repo(path: Path) -> Path:
 
 
 def rows(repo: Path) -> list[dict[str, str]]:
-    with open(repo / "results" / "exp.csv", newline="") as fh:
+    with open(repo / "results" / "exp" / "exp.csv", newline="") as fh:
         return list(csv.DictReader(fh))
 
 
@@ -92,7 +92,7 @@ def run_and_commit(repo: Path, monkeypatch) -> str:
 
 
 def test_a_run_from_a_clean_checkout_is_clean_although_the_sweep_rewrites_its_csv(tmp_path, monkeypatch):
-    """The restart rewrites the tracked results/exp.csv before its cell starts (and the sweep process
+    """The restart rewrites the tracked results/exp/exp.csv before its cell starts (and the sweep process
     has run cells before): the cell still records the commit it runs at, clean, and nothing tracked
     but the experiment's own outputs was rewritten."""
     repo = make_repo(tmp_path / "a")
@@ -100,7 +100,7 @@ def test_a_run_from_a_clean_checkout_is_clean_although_the_sweep_rewrites_its_cs
     cid = rows(repo)[0]["cell_id"]
     assert sweep.main(["experiments/exp.gin", "--restart", cid]) == 0
     changed = set(git(repo, "diff", "--name-only", "HEAD").split())
-    assert "results/exp.csv" in changed and changed <= OUTPUTS, changed
+    assert "results/exp/exp.csv" in changed and changed <= OUTPUTS, changed
     row = {r["cell_id"]: r for r in rows(repo)}[cid]
     assert row["git_commit"] == head
     assert row["git_diff"] == ""
@@ -142,9 +142,9 @@ def test_an_untracked_module_is_dirty_and_in_the_patch_an_ignored_file_is_not(tm
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         (repo / f).write_bytes(b"\x00ignored\n")
     monkeypatch.chdir(repo)
-    assert sweep.main(["experiments/exp.gin"]) == 0  # results/exp.csv, .md, results/exp/ untracked
+    assert sweep.main(["experiments/exp.gin"]) == 0  # results/exp/ (exp.csv, exp.md, ...) untracked
     assert [(r["git_commit"], r["git_diff"]) for r in rows(repo)] == [(head, "")] * 2
-    assert "?? results/exp.csv" in git(repo, "status", "--porcelain", "-uall")
+    assert "?? results/exp/exp.csv" in git(repo, "status", "--porcelain", "-uall")
 
     (repo / "src" / "new_module.py").write_text("def reward(x):\n    return 2 * x\n")
     index = git(repo, "rev-parse", "--git-path", "index")
@@ -177,7 +177,7 @@ def test_experiment_json_is_the_same_bytes_from_another_checkout_path(tmp_path, 
     git(tmp_path, "clone", "-q", str(a), str(b))
     monkeypatch.chdir(b)
     assert sweep.main([str(b / "experiments" / "exp.gin")]) == 0
-    assert git(b, "status", "--porcelain", "--", "results/exp").strip() == ""
+    assert git(b, "status", "--porcelain", "--", "results/exp/experiment.json").strip() == ""
     text = (b / "results" / "exp" / "experiment.json").read_text()
     assert str(tmp_path) not in text
     meta = json.loads(text)
@@ -187,15 +187,15 @@ def test_experiment_json_is_the_same_bytes_from_another_checkout_path(tmp_path, 
 
 
 def test_only_the_experiments_own_outputs_are_ignored(tmp_path, monkeypatch):
-    """cell_environment at a cell's start: every output of `exp` (and of its tuning stage) may
+    """cell_environment at a cell's start: every file of `exp`'s folder (its tuning stage's too) may
     differ; another experiment's file, even one whose name starts with `exp`, makes the tree dirty; a
     resumed cell's stale diff.patch goes when the tree is clean again."""
     repo = make_repo(tmp_path / "a")
     tracked = [
         *sorted(OUTPUTS),
-        "results/exp_tuning.csv",
-        "results/exp_tuning/experiment.json",
-        "results/expx.csv",
+        "results/exp/exp_tuning/exp_tuning.csv",
+        "results/exp/exp_tuning/experiment.json",
+        "results/expx/expx.csv",
     ]
     for f in tracked:
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
@@ -213,40 +213,38 @@ def test_only_the_experiments_own_outputs_are_ignored(tmp_path, monkeypatch):
     assert (env["git_commit"], env["git_diff"]) == (head, "")
     assert not (run_dir / "diff.patch").exists()
 
-    (repo / "results" / "expx.csv").write_text("another experiment's\n")
+    (repo / "results" / "expx" / "expx.csv").write_text("another experiment's\n")
     env = results.cell_environment(run_dir, "exp")
     assert env["git_commit"] == f"{head}-dirty"
     patch = (run_dir / "diff.patch").read_text()
-    assert patch.count("diff --git") == 1 and "results/expx.csv" in patch
+    assert patch.count("diff --git") == 1 and "results/expx/expx.csv" in patch
     assert env["git_diff"] == hashlib.sha256(patch.encode()).hexdigest()[:12]
 
 
-def test_the_outputs_of_the_studies_an_experiment_names_are_its_own(tmp_path, monkeypatch):
-    """An experiment whose experiment.json names a study (Sweep.studies): the files the study writes
-    beside the experiment's (studies/overoptimization: X_gao.md, X_points.csv, ...) may differ at a
-    cell's start; without the study they are another's files and the tree is dirty."""
+def test_a_tuning_cell_counts_the_whole_experiment_folder_as_its_own(tmp_path, monkeypatch):
+    """A tuning stage's folder sits inside its experiment's (results/exp/exp_tuning/): at a tuning
+    cell's start the evaluation's files beside it (experiment.json, written before the stage runs; the
+    CSV and md of an earlier sweep; a study's files) may differ too; another experiment's may not."""
     repo = make_repo(tmp_path / "a")
-    for f in ("results/exp_gao.md", "results/exp_points.csv", "results/exp/experiment.json"):
+    tracked = [*sorted(OUTPUTS), "results/exp/exp_gao.md", "results/exp/exp_tuning/exp_tuning.csv"]
+    for f in [*tracked, "results/expx/expx.csv"]:
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         (repo / f).write_text("committed\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "results")
     head = git(repo, "rev-parse", "--short", "HEAD")
     monkeypatch.chdir(repo)
-    monkeypatch.syspath_prepend(str(REPO))  # the study imports from the checkout, as from its root
-    run_dir = repo / "results" / "exp" / "runs" / "c0"
+    run_dir = repo / "results" / "exp" / "exp_tuning" / "runs" / "c0"
     run_dir.mkdir(parents=True)
-    meta = repo / "results" / "exp" / "experiment.json"
-    for f in ("results/exp_gao.md", "results/exp_points.csv"):
-        (repo / f).write_text("rewritten by the analysis\n")
-    meta.write_text(json.dumps({"studies": ["studies.overoptimization"]}))
-    env = results.cell_environment(run_dir, "exp")
+    for f in tracked:
+        (repo / f).write_text("rewritten by the sweep\n")
+    env = results.cell_environment(run_dir, "exp_tuning")
     assert (env["git_commit"], env["git_diff"]) == (head, "")
-    meta.write_text(json.dumps({"studies": []}))
-    env = results.cell_environment(run_dir, "exp")
+    (repo / "results" / "expx" / "expx.csv").write_text("another experiment's\n")
+    env = results.cell_environment(run_dir, "exp_tuning")
     assert env["git_commit"] == f"{head}-dirty"
     patch = (run_dir / "diff.patch").read_text()
-    assert "results/exp_gao.md" in patch and "results/exp_points.csv" in patch
+    assert patch.count("diff --git") == 1 and "results/expx/expx.csv" in patch
 
 
 def test_the_experiments_own_atomic_writes_in_flight_are_not_a_dirty_tree(tmp_path, monkeypatch):
@@ -261,16 +259,18 @@ def test_the_experiments_own_atomic_writes_in_flight_are_not_a_dirty_tree(tmp_pa
     run_dir = repo / "results" / "exp" / "runs" / "c0"
     run_dir.mkdir(parents=True)
     results_dir = repo / "results"
-    for name in (".exp.csv.k2j4x9.tmp", ".exp.md.a8b.tmp", ".exp_curves.png.z1.png", ".exp_tuning.csv.q.tmp"):
-        (results_dir / name).write_text("a write in flight\n")
+    for name in (".exp.csv.k2j4x9.tmp", ".exp.md.a8b.tmp", ".exp_curves.png.z1.png"):
+        (results_dir / "exp" / name).write_text("a write in flight\n")
+    (results_dir / ".exp.q1w2").write_text("the folder's own swap in flight\n")
     (results_dir / "exp.tmp-123-abc").mkdir()
     (results_dir / "exp.tmp-123-abc" / "x.txt").write_text("a folder swap in flight\n")
     env = results.cell_environment(run_dir, "exp")
     assert (env["git_commit"], env["git_diff"]) == (head, "")
-    (results_dir / ".expx.csv.k2j4x9.tmp").write_text("another experiment's\n")
+    (results_dir / "expx").mkdir()
+    (results_dir / "expx" / ".expx.csv.k2j4x9.tmp").write_text("another experiment's\n")
     env = results.cell_environment(run_dir, "exp")
     assert env["git_commit"] == f"{head}-dirty"
-    assert "results/.expx.csv.k2j4x9.tmp" in (run_dir / "diff.patch").read_text()
+    assert "results/expx/.expx.csv.k2j4x9.tmp" in (run_dir / "diff.patch").read_text()
 
 
 def test_an_untracked_file_that_vanishes_mid_check_is_listed_again_not_unknown(tmp_path, monkeypatch):
@@ -296,10 +296,10 @@ def test_the_check_command_passes_clean_rows_and_flags_dirty_and_foreign_commits
     repo = make_repo(tmp_path / "a")
     run_and_commit(repo, monkeypatch)
     ran_at = git(repo, "rev-parse", "--short", "HEAD~1")  # the cells ran before their results' commit
-    before = (repo / "results" / "exp.csv").read_text()
+    before = (repo / "results" / "exp" / "exp.csv").read_text()
     assert results.main(["exp", "--check-provenance"]) == 0
     assert capsys.readouterr().out == f"all 2 rows from clean commits: {ran_at}\n"
-    assert (repo / "results" / "exp.csv").read_text() == before  # the check writes nothing
+    assert (repo / "results" / "exp" / "exp.csv").read_text() == before  # the check writes nothing
 
     git(repo, "checkout", "-q", "-b", "side")  # a commit on another branch, not in main's history
     (repo / "src" / "code.py").write_text("x = 3\n")
@@ -312,7 +312,7 @@ def test_the_check_command_passes_clean_rows_and_flags_dirty_and_foreign_commits
     r1.update(git_commit=side)
     ghost = {**r1, "cell_id": "ghost", "git_commit": "deadbeef"}
     lost = {**r1, "cell_id": "lost", "git_commit": "", "git_diff": ""}
-    with open(repo / "results" / "exp.csv", "w", newline="") as fh:
+    with open(repo / "results" / "exp" / "exp.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         w.writerows([r0, r1, ghost, lost])
@@ -325,7 +325,7 @@ def test_the_check_command_passes_clean_rows_and_flags_dirty_and_foreign_commits
         "ghost: deadbeef: not a commit of this repository",
         "lost: -: no git_commit recorded",
     ]
-    assert err.startswith("error: 4 of 4 rows of results/exp.csv do not come from a clean commit")
+    assert err.startswith("error: 4 of 4 rows of results/exp/exp.csv do not come from a clean commit")
     assert err.count("\n") == 1
 
 
@@ -339,7 +339,7 @@ def test_the_check_command_outside_git_or_without_a_csv_is_one_line(tmp_path, mo
     monkeypatch.chdir(repo)
     assert results.main(["exp", "--check-provenance"]) == 2
     err = capsys.readouterr().err
-    missing = "results/exp.csv does not exist (run the sweep, or give --results DIR)"
+    missing = "results/exp/exp.csv does not exist (run the sweep, or give --results DIR)"
     assert err == f"error: --check-provenance: {missing}\n"
 
 

@@ -277,7 +277,7 @@ def test_sweep_on_two_nodes_without_shared_disk_survives_losing_a_node(tmp_path,
     assert rc == 0, err[-3000:]
     assert f"LOST    {victim}" in err
 
-    rows, expected = csv_rows(out / "cluster.csv"), csv_rows(local / "cluster.csv")
+    rows, expected = csv_rows(out / "cluster" / "cluster.csv"), csv_rows(local / "cluster" / "cluster.csv")
     assert len(rows) == 4, rows
     assert all(r["status"] == "ok" for r in rows), [(r["cell_id"], r["error"]) for r in rows]
     assert _metrics(rows) == _metrics(expected)  # per-cell results equal the undisturbed sweep's
@@ -346,7 +346,7 @@ def test_cells_spanning_two_nodes_equal_the_two_process_cells_of_one_node(tmp_pa
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         cluster.give_worker_the_warm_starts()
-    rows = csv_rows(out / "span.csv")
+    rows = csv_rows(out / "span" / "span.csv")
     assert len(rows) == 2
     for row in rows:
         assert (row["status"], row["world_size"], row["zero_stage"]) == ("ok", "2", "3"), row["error"]
@@ -422,7 +422,7 @@ def test_a_cell_spanning_two_nodes_starts_again_whole_when_one_node_dies(tmp_pat
     rc = sweep.wait(timeout=900)
     err = (tmp_path / "sweep.err").read_text()
     assert rc == 0, err[-3000:]
-    (row,) = csv_rows(out / "span_loss.csv")
+    (row,) = csv_rows(out / "span_loss" / "span_loss.csv")
     assert (row["status"], row["world_size"]) == ("ok", "2"), row["error"]
     run_dir = runs / row["cell_id"]
     attempts = _attempts(run_dir)

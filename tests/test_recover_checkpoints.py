@@ -216,7 +216,7 @@ def _invocations(run_dir: Path) -> list[tuple[bool, int]]:
 def _rows(out: Path) -> dict[str, dict]:
     import csv
 
-    with open(out / "exp.csv", newline="") as fh:
+    with open(out / "exp" / "exp.csv", newline="") as fh:
         return {r["cell_id"]: r for r in csv.DictReader(fh)}
 
 

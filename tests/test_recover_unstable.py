@@ -134,7 +134,7 @@ def test_an_unstable_cell_is_recorded_listed_apart_and_not_ranked(tmp_path, caps
     out = tmp_path / "r"
     assert sweep.main([str(path), "--results", str(out)]) == 0  # unstable cells are finished, not failed
     err = capsys.readouterr().err
-    with open(out / "exp.csv", newline="") as fh:
+    with open(out / "exp" / "exp.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     unstable = [r for r in rows if r["fake_train.lr"] == "0.1"]
     assert [r["status"] for r in unstable] == ["unstable", "unstable"]
@@ -144,7 +144,7 @@ def test_an_unstable_cell_is_recorded_listed_apart_and_not_ranked(tmp_path, caps
     for r in unstable:
         assert f"unstable {r['cell_id']}: unstable: 3 of 4 optimizer steps skipped" in err
 
-    md = (out / "exp.md").read_text()
+    md = (out / "exp" / "exp.md").read_text()
     assert "6 cells (4 finished, 2 unstable: listed below, not ranked, 0 failed)" in md
     section = md.split("## Unstable cells (not ranked)\n", 1)[1]
     assert all(f"`{r['cell_id']}`: unstable: 3 of 4 optimizer steps skipped" in section for r in unstable)

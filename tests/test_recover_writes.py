@@ -160,7 +160,7 @@ def test_disk_full_while_recording_a_cell_is_one_line_and_no_row_is_lost(
     tmp_path, monkeypatch, capsys, fake_trainer
 ):
     path, out = _experiment(tmp_path), tmp_path / "r"
-    csv_file = out / "exp.csv"
+    csv_file = out / "exp" / "exp.csv"
     real_fsync, seen = io.os.fsync, []
 
     def fsync(fd):  # the disk fills up while the second cell's row is written
@@ -202,12 +202,12 @@ def test_disk_full_while_writing_the_report_says_how_to_write_it(tmp_path, monke
     assert rc == 1
     (line,) = _error_lines(err)
     assert line == (
-        f"error: no space left on device while writing {out / 'exp.png'}; every cell is recorded in "
-        f"{out / 'exp.csv'}: free space, then write the report with python -m polgrad.results exp "
+        f"error: no space left on device while writing {out / 'exp' / 'exp.png'}; every cell is recorded in "
+        f"{out / 'exp' / 'exp.csv'}: free space, then write the report with python -m polgrad.results exp "
         f"--results {out}"
     )
-    assert len(_rows(out / "exp.csv")) == 3
-    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+    assert len(_rows(out / "exp" / "exp.csv")) == 3
+    assert not [p.name for p in (out / "exp").iterdir() if ".tmp" in p.name]
 
 
 def test_a_read_only_results_folder_is_one_line_for_the_sweep(tmp_path, monkeypatch, capsys, fake_trainer):

@@ -39,11 +39,11 @@ def _experiment(
                     "eval_accuracy": repr(0.3 + 0.01 * i + effect + noise),
                 }
             )
-    with open(tmp / f"{name}.csv", "w", newline="") as f:
+    (tmp / name).mkdir()
+    with open(tmp / name / f"{name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    (tmp / name).mkdir()
     meta = {
         "swept_columns": ["Algorithm.kl"],
         "primary_metric": "eval_accuracy",

@@ -121,13 +121,18 @@ def test_concurrent_upserts_lose_nothing(tmp_path):
 
 
 def test_load_returns_the_dataframe_and_a_one_line_error_when_missing(tmp_path):
-    results.upsert_row(tmp_path / "kl_ablation.csv", _row("c0"))
+    results.upsert_row(tmp_path / "kl_ablation" / "kl_ablation.csv", _row("c0"))
     df = results.load("kl_ablation", results_dir=tmp_path)
     assert list(df["cell_id"]) == ["c0"] and df["eval_accuracy"].iloc[0] == 0.5
     with pytest.raises(DataError) as err:
         results.load("nope", results_dir=tmp_path)
     msg = str(err.value)
-    assert "\n" not in msg and "nope" in msg and str(tmp_path / "nope.csv") in msg and "kl_ablation" in msg
+    assert (
+        "\n" not in msg
+        and "nope" in msg
+        and str(tmp_path / "nope" / "nope.csv") in msg
+        and "kl_ablation" in msg
+    )
 
 
 def test_environment_reports_versions_without_importing_them():
@@ -295,7 +300,8 @@ def test_the_cli_reports_a_missing_experiment_without_a_runpy_warning(tmp_path):
 def test_world_size_and_zero_stage_columns_and_a_csv_from_before_them(tmp_path):
     """A CSV written before world_size / zero_stage existed still loads; a new row adds the columns
     (blank in the old rows), and the md shows each group's values, "n/a" where no row has one."""
-    path = tmp_path / "e.csv"
+    path = tmp_path / "e" / "e.csv"
+    path.parent.mkdir()
     old = _row("old", **{"Algorithm.kl": "@kl.k1", "steps": 2})
     with open(path, "w", newline="") as fh:  # the header an older sweep wrote: no such columns
         writer = csv.DictWriter(fh, fieldnames=list(old))
@@ -336,17 +342,21 @@ def test_the_md_quotes_the_answer_of_the_experiments_own_analysis(tmp_path):
     analyses of these runs."""
     from polgrad.results.report import companions
 
-    (tmp_path / "kl_gao.md").write_text("# gao\n\n**Answer.** The gold peaks at d = 1.\n\n![x](x.png)\n")
-    (tmp_path / "kl_tuning.md").write_text("- **Answer.** lr 1e-4.\n")
-    (tmp_path / "kl_replication.md").write_text("- **Answer.** As a replication of kl: holds.\n")
-    (tmp_path / "kl_notes.md").write_text("no answer here\n")
-    for other in (
-        "kl_pilot_gao",
-        "kl_replication_gao",
-        "kl_ablation_gao",
-        "kl_pilot",
+    kl = tmp_path / "kl"  # the experiment's folder (polgrad/results/paths.py)
+    kl.mkdir()
+    (kl / "kl_gao.md").write_text("# gao\n\n**Answer.** The gold peaks at d = 1.\n\n![x](x.png)\n")
+    (kl / "kl_tuning.md").write_text("- **Answer.** lr 1e-4.\n")
+    (kl / "kl_replication.md").write_text("- **Answer.** As a replication of kl: holds.\n")
+    (kl / "kl_notes.md").write_text("no answer here\n")
+    (tmp_path / "kl_gao.md").write_text("**Answer.** outside the experiment's folder.\n")
+    (tmp_path / "kl_ablation").mkdir()
+    for folder, other in (
+        (kl, "kl_pilot_gao"),
+        (kl, "kl_replication_gao"),
+        (tmp_path / "kl_ablation", "kl_ablation_gao"),
+        (kl, "kl_pilot"),
     ):  # other runs' analyses
-        (tmp_path / f"{other}.md").write_text("**Answer.** not these runs.\n")
+        (folder / f"{other}.md").write_text("**Answer.** not these runs.\n")
     gao = ("_gao",)  # the analyses a study declares (studies/overoptimization: Study.answers)
     assert companions("kl_ablation", tmp_path, gao) == [("kl_ablation_gao.md", "not these runs.")]
     assert companions("kl", tmp_path) == []  # no study names an analysis: nothing is quoted

@@ -60,7 +60,7 @@ def _sweep(tmp_path: Path, lrs: str, seeds: str) -> tuple[Path, Path]:
 @pytest.fixture
 def swept(tmp_path):
     exp, out = _sweep(tmp_path, "0.1, 0.2, 0.3", "0, 1")
-    return exp, out, out / "exp.csv"
+    return exp, out, out / "exp" / "exp.csv"
 
 
 def _summaries(out: Path) -> dict[str, dict]:
@@ -118,7 +118,7 @@ def test_without_run_folders_an_incomplete_csv_is_refused_in_one_line(swept, cap
     _, out, csv_file = swept
     shutil.rmtree(out / "exp" / "runs")  # a fresh clone: the CSV is the only record
     header, rows = _rows(csv_file)
-    md_before = (out / "exp.md").read_text()
+    md_before = (out / "exp" / "exp.md").read_text()
     _write(csv_file, [c for c in header if c != PRIMARY], rows)
     assert results.main(["exp", "--results", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -132,7 +132,7 @@ def test_without_run_folders_an_incomplete_csv_is_refused_in_one_line(swept, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert f"the ok row of cell {rows[1]['cell_id']} has no {PRIMARY}" in err
-    assert (out / "exp.md").read_text() == md_before  # nothing written from a half-filled CSV
+    assert (out / "exp" / "exp.md").read_text() == md_before  # nothing written from a half-filled CSV
 
     rows[1][PRIMARY] = "0.5"  # complete in itself: the md is written from it
     _write(csv_file, header, rows)
@@ -153,7 +153,7 @@ def test_a_commit_landing_while_a_cell_runs_is_no_disagreement(tmp_path, monkeyp
 
     monkeypatch.setattr(results_pkg, "cell_environment", drifting)
     exp, out = _sweep(tmp_path, "0.1, 0.2", "0")
-    _, rows = _rows(out / "exp.csv")
+    _, rows = _rows(out / "exp" / "exp.csv")
     for r in rows:
         started = json.loads((out / r["run_dir"] / "cell.json").read_text())["environment"]
         assert r["git_commit"] == started["git_commit"], (r["git_commit"], started["git_commit"])
@@ -195,13 +195,13 @@ def test_without_run_folders_a_header_only_csv_is_refused(swept, capsys):
     shutil.rmtree(out / "exp" / "runs")
     header, rows = _rows(csv_file)
     _write(csv_file, header, [])
-    csv_before, md_before = csv_file.read_text(), (out / "exp.md").read_text()
+    csv_before, md_before = csv_file.read_text(), (out / "exp" / "exp.md").read_text()
     assert results.main(["exp", "--results", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     assert f"{csv_file}: 6 of 6 current cells (e.g. {rows[0]['cell_id']}) have no row" in err
     assert "re-run the sweep" in err and f"git checkout {csv_file}" in err
-    assert (out / "exp.md").read_text() == md_before and csv_file.read_text() == csv_before
+    assert (out / "exp" / "exp.md").read_text() == md_before and csv_file.read_text() == csv_before
 
 
 def test_without_run_folders_a_csv_missing_rows_gives_an_md_that_says_so(swept):
@@ -214,7 +214,7 @@ def test_without_run_folders_a_csv_missing_rows_gives_an_md_that_says_so(swept):
     _write(csv_file, header, rows[:4])
     csv_before = csv_file.read_text()
     assert results.main(["exp", "--results", str(out)]) == 0
-    md = (out / "exp.md").read_text()
+    md = (out / "exp" / "exp.md").read_text()
     assert "**Incomplete.** 2 of the experiment's 6 cells have no row in the CSV" in md
     assert "4 cells (4 " in md and csv_file.read_text() == csv_before
 

@@ -61,13 +61,11 @@ def test_same_reports_masks_the_date_and_reports_a_changed_number(tmp_path, caps
     changed; a number changed in the committed md is a difference, named with its line."""
     from benchmarks.same_reports import REPO, main
 
-    name = "ppo_on_add_tuning"
-    for ext in ("csv", "md"):
-        shutil.copy(REPO / "results" / f"{name}.{ext}", tmp_path / f"{name}.{ext}")
+    name = "ppo_on_add_tuning"  # a tuning stage: its folder sits in its experiment's
     shutil.copytree(
-        REPO / "results" / name, tmp_path / name, ignore=shutil.ignore_patterns("runs")
-    )  # its metadata
-    md = tmp_path / f"{name}.md"
+        REPO / "results" / "ppo_on_add", tmp_path / "ppo_on_add", ignore=shutil.ignore_patterns("runs")
+    )
+    md = tmp_path / "ppo_on_add" / name / f"{name}.md"
     dated = md.read_text()
     assert "UTC" in dated
     md.write_text(re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "1999-01-01 00:00 UTC", dated, count=1))

@@ -16,6 +16,7 @@ from scipy import integrate, stats
 from polgrad.errors import DataError
 from polgrad.results import markdown
 from polgrad.results.compare import RULE_BOTH, RULE_PERM, against, leader
+from polgrad.results.paths import experiments
 from polgrad.results.predictions import judge
 from polgrad.results.stats import Paired, paired, signflip_p
 
@@ -367,8 +368,22 @@ def test_the_md_ends_with_one_answer():
 # The over-optimisation analysis's own CSVs (python -m studies.overoptimization) are no sweep's
 ANALYSIS = ("_best_of_n", "_points")
 # The campaign's results, the pilots that planned them and the results it has not rerun yet
-COMMITTED = [p for d in ("", "pilots") for p in (REPO / "results" / d).glob("*.csv")]
+# (each in its experiment's folder, a tuning stage's inside it: polgrad/results/paths.py)
+COMMITTED = [
+    p
+    for root in (REPO / "results", REPO / "results" / "pilots")
+    for name in experiments(root)
+    for p in (root / name).rglob("*.csv")
+]
 SWEEP_CSVS = sorted(p for p in COMMITTED if not p.stem.endswith(ANALYSIS))
+
+
+def test_the_committed_csvs_are_found_in_their_experiments_folders():
+    names = {p.stem for p in SWEEP_CSVS}
+    assert {"kl_ablation", "algorithm_comparison_tuning", "overoptimization_pilot"} <= names, names
+    assert all(
+        p.stem == p.parent.name for p in SWEEP_CSVS
+    )  # results/X/X.csv, results/X/X_tuning/X_tuning.csv
 
 
 def test_the_analysis_csvs_sit_beside_their_sweeps_csv():
@@ -384,7 +399,7 @@ def test_the_committed_csvs_give_mds_without_tied_and_name_their_collapses(csv):
     named as failures; every md ends with its answer."""
     from polgrad.results.store import read_rows
 
-    meta = json.loads((csv.parent / csv.stem / "experiment.json").read_text())
+    meta = json.loads((csv.parent / "experiment.json").read_text())
     cells = {c["id"] for c in meta["cells"]}
     rows = [r for r in read_rows(csv) if r.get("cell_id") in cells]
     md = markdown(

@@ -324,7 +324,7 @@ def test_crashing_cell_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
     rc = sweep.main([str(path), "--results", str(out)])
     err = capsys.readouterr().err
     assert rc == 1
-    rows = {r["fake_train.crash_at"]: r for r in csv_rows(out / "crashy.csv")}
+    rows = {r["fake_train.crash_at"]: r for r in csv_rows(out / "crashy" / "crashy.csv")}
     assert set(rows) == {"None", "3", "1"}
     assert rows["None"]["status"] == "ok" and float(rows["None"]["eval_accuracy"]) > 0
     for at in ("3", "1"):
@@ -335,7 +335,7 @@ def test_crashing_cell_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
     assert f"failed {rows['3']['cell_id']}: boom at step 3" in err
     log = (out / "crashy" / "runs" / rows["3"]["cell_id"] / "stdout.log").read_text()
     assert "fake_train: steps 0..3" in log and "error: boom at step 3" in log  # stdout and stderr
-    md = (out / "crashy.md").read_text()
+    md = (out / "crashy" / "crashy.md").read_text()
     assert "## Failed cells" in md and "boom at step 1" in md
 
     # Re-run: the finished cell is skipped, the failed ones run again; the one that got past a
@@ -350,7 +350,7 @@ def test_crashing_cell_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
         (False, 0),
         (False, 0),
     ]
-    assert len(csv_rows(out / "crashy.csv")) == 3
+    assert len(csv_rows(out / "crashy" / "crashy.csv")) == 3
 
 
 def test_rerun_skips_finished_cells_and_results_are_deterministic(tmp_path):
@@ -361,9 +361,9 @@ def test_rerun_skips_finished_cells_and_results_are_deterministic(tmp_path):
     )
     out1, out2 = tmp_path / "r1", tmp_path / "r2"
     assert sweep.main([str(path), "--results", str(out1)]) == 0
-    first = (out1 / "det.csv").read_text()
+    first = (out1 / "det" / "det.csv").read_text()
     assert sweep.main([str(path), "--results", str(out1)]) == 0  # nothing left to do
-    assert (out1 / "det.csv").read_text() == first  # rows intact, not duplicated
+    assert (out1 / "det" / "det.csv").read_text() == first  # rows intact, not duplicated
     _, cells = sweep.prepare(str(path))
     for c in cells:
         assert len(invocations(out1 / "det" / "runs" / c.id)) == 1
@@ -376,7 +376,7 @@ def test_rerun_skips_finished_cells_and_results_are_deterministic(tmp_path):
 
     assert sweep.main([str(path), "--results", str(out2), "--parallel", "2"]) == 0
     metric_cols = ["cell_id", "spec", "fake_train.kl", "seed", *results.METRICS, "steps", "status"]
-    a, b = csv_rows(out1 / "det.csv"), csv_rows(out2 / "det.csv")
+    a, b = csv_rows(out1 / "det" / "det.csv"), csv_rows(out2 / "det" / "det.csv")
     assert [[r[c] for c in metric_cols] for r in a] == [[r[c] for c in metric_cols] for r in b]
     assert [r["cell_id"] for r in a] == [c.id for c in cells]  # expansion order, not finish order
 
@@ -423,7 +423,7 @@ def test_sigkill_mid_grid_then_rerun_resumes_without_duplicates(tmp_path):
         while True:  # wait for: one cell in the CSV, the next one past its first checkpoint
             assert time.monotonic() < deadline, "the sweep never reached the kill point"
             assert proc.poll() is None, "the sweep ended before it could be killed"
-            csv_file = out / "killed.csv"
+            csv_file = out / "killed" / "killed.csv"
             done = csv_rows(csv_file) if csv_file.exists() else []
             if len(done) == 1 and (runs / cells[1].id / "checkpoints" / "step_2.json").exists():
                 break
@@ -436,12 +436,12 @@ def test_sigkill_mid_grid_then_rerun_resumes_without_duplicates(tmp_path):
     killed_pid = invocations(runs / cells[1].id)[0]["pid"]
     time.sleep(0.2)
     assert not Path(f"/proc/{killed_pid}").exists() or "Z" in Path(f"/proc/{killed_pid}/stat").read_text()
-    before = csv_rows(out / "killed.csv")
+    before = csv_rows(out / "killed" / "killed.csv")
     assert [r["cell_id"] for r in before] == [cells[0].id]
 
     rerun = subprocess.run(cmd, env=sweep_env(), capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
-    after = csv_rows(out / "killed.csv")
+    after = csv_rows(out / "killed" / "killed.csv")
     assert [r["cell_id"] for r in after] == [c.id for c in cells]  # no duplicates, expansion order
     assert after[0] == before[0]  # the finished row is untouched
     assert all(r["status"] == "ok" for r in after)
@@ -480,12 +480,12 @@ def test_ray_executor_runs_cells_as_ray_tasks(tmp_path):
         timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = csv_rows(out / "on_ray.csv")
+    rows = csv_rows(out / "on_ray" / "on_ray.csv")
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     for r in rows:
         inv = invocations(out / r["run_dir"])
         assert len(inv) == 1 and inv[0]["omp"] == "1"  # threads = the task's num_cpus
-    assert (out / "on_ray.md").exists() and (out / "on_ray.png").exists()
+    assert (out / "on_ray" / "on_ray.md").exists() and (out / "on_ray" / "on_ray.png").exists()
 
 
 def test_ray_executor_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
@@ -606,7 +606,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
     grid = tmp_path / "fake_grid.gin"
     out = tmp_path / "results"
     assert sweep.main([str(grid), "--results", str(out), "--parallel", "2"]) == 0
-    rows = csv_rows(out / "fake_grid.csv")
+    rows = csv_rows(out / "fake_grid" / "fake_grid.csv")
     assert len(rows) == 16
     expected_cols = [
         "experiment",
@@ -645,7 +645,7 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
     assert list(rows[0]) == expected_cols
     assert {r["fake_train.kl"] for r in rows} == {"@fakekl.k1", "@fakekl.k2"}
 
-    md = (out / "fake_grid.md").read_text()
+    md = (out / "fake_grid" / "fake_grid.md").read_text()
     lines = md.splitlines()
     assert lines[0] == "# fake_grid"
     assert lines[2].startswith("Machine: ") and "python " in lines[2] and "torch " in lines[2]
@@ -681,14 +681,14 @@ def test_markdown_and_png_after_a_sweep(tmp_path, monkeypatch):
 
     import matplotlib.image
 
-    img = matplotlib.image.imread(out / "fake_grid.png")
+    img = matplotlib.image.imread(out / "fake_grid" / "fake_grid.png")
     assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
     assert img[..., :3].std() > 0.01  # not a blank canvas
 
     # The report can be rewritten from the CSV alone.
-    (out / "fake_grid.md").unlink()
+    (out / "fake_grid" / "fake_grid.md").unlink()
     assert results.main(["fake_grid", "--results", str(out)]) == 0
-    assert (out / "fake_grid.md").read_text().splitlines()[4:] == lines[4:]
+    assert (out / "fake_grid" / "fake_grid.md").read_text().splitlines()[4:] == lines[4:]
 
 
 def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
@@ -714,7 +714,7 @@ def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
         "table5_reference_policy",
         "table5_core_loss",
     ]
-    rows = {r["spec"]: r for r in csv_rows(out / "t5.csv")}
+    rows = {r["spec"]: r for r in csv_rows(out / "t5" / "t5.csv")}
     assert set(rows) == {"spec_a", "spec_t5"}
     header = list(rows["spec_t5"])
     assert all(c in header for c in table5_cols)
@@ -749,7 +749,7 @@ def test_cell_over_its_timeout_is_killed_and_recorded(tmp_path, capsys):
     start = time.monotonic()
     assert sweep.main([str(path), "--results", str(out)]) == 1
     assert time.monotonic() - start < 30
-    (row,) = csv_rows(out / "exp.csv")
+    (row,) = csv_rows(out / "exp" / "exp.csv")
     assert row["status"] == "failed" and row["error"] == "timed out after 1.5 s (Sweep.timeout_s)"
     # the cell's log says so too, last (the real trainer answers SIGTERM with 'interrupted; re-run
     # with --resume', which alone read as if someone had pressed ^C)

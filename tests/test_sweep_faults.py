@@ -70,7 +70,7 @@ def test_a_cell_killed_by_sigkill_is_recorded_as_such_and_a_progress_bar_is_neve
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out)]) == 1
     err = capsys.readouterr().err
-    rows = {r["fake_train.kill_signal"]: r for r in csv_rows(out / "oom.csv")}
+    rows = {r["fake_train.kill_signal"]: r for r in csv_rows(out / "oom" / "oom.csv")}
     killed = (
         "killed by SIGKILL, usually the kernel's out-of-memory killer (dmesg says so): "
         "run fewer cells at a time (a lower --parallel)"
@@ -81,7 +81,7 @@ def test_a_cell_killed_by_sigkill_is_recorded_as_such_and_a_progress_bar_is_neve
     assert f"failed {rows['9']['cell_id']}: {killed}" in err
     assert f"failed {rows['0']['cell_id']}: RuntimeError: boom at step 1" in err
     assert "Loading weights" not in "".join(r["error"] for r in rows.values())
-    md = (out / "oom.md").read_text()
+    md = (out / "oom" / "oom.md").read_text()
     assert killed in md and "Loading weights" not in md
     # the log keeps what the trainer wrote, bar included
     log = (out / "oom" / "runs" / rows["9"]["cell_id"] / "stdout.log").read_text()
@@ -148,7 +148,7 @@ def test_parallel_cells_are_lowered_to_what_fits_in_available_memory(tmp_path, c
         f"{2.5 * 1.5:.1f} GiB is available (MemAvailable): running 2 at a time"
     ) in err
     assert "3 to run (local, 2 at a time)" in err
-    assert [r["status"] for r in csv_rows(out / "exp.csv")] == ["ok"] * 3
+    assert [r["status"] for r in csv_rows(out / "exp" / "exp.csv")] == ["ok"] * 3
 
 
 def test_the_memory_estimate_is_the_finished_cells_peak_times_the_ranks(tmp_path):
@@ -222,7 +222,7 @@ def test_another_experiment_file_of_the_same_name_is_refused_and_nothing_is_writ
     assert sweep.main([str(a), "--results", str(out)]) == 0  # the same file: a resume
     a.write_text(a.read_text().replace("[0.1]", "[0.1, 0.2]"))  # the same file, its grid edited
     assert sweep.main([str(a), "--results", str(out)]) == 0
-    assert [r["fake_train.lr"] for r in csv_rows(out / "shared.csv")] == ["0.1", "0.2"]
+    assert [r["fake_train.lr"] for r in csv_rows(out / "shared" / "shared.csv")] == ["0.1", "0.2"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def test_two_rank_cell_runs_both_ranks_and_records_world_size(tmp_path, fake_tra
     path = fake_exp(tmp_path, launcher, "fake_train.zero_stage = 3\n")
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out)]) == 0
-    (row,) = csv_rows(out / "exp.csv")
+    (row,) = csv_rows(out / "exp" / "exp.csv")
     assert (row["status"], row["world_size"], row["zero_stage"]) == ("ok", "2", "3")
     run_dir = out / "exp" / "runs" / row["cell_id"]
     ranks = starts(run_dir)
@@ -143,7 +143,7 @@ def test_two_rank_cell_runs_both_ranks_and_records_world_size(tmp_path, fake_tra
     assert all(s["omp"] == str(max(1, results.cpu_count() // 2)) for s in ranks)  # cores split by rank
     cell = json.loads((run_dir / "cell.json").read_text())
     assert cell["ranks"] == 2 and cell["command"].count("--binding" if launcher == "deepspeed" else "--bind ")
-    md = (out / "exp.md").read_text()
+    md = (out / "exp" / "exp.md").read_text()
     assert "| world size | ZeRO stage |" in md and "| 2 | 3 |" in md
     assert_all_ended(s["pid"] for s in ranks)
 
@@ -157,7 +157,7 @@ def test_concurrent_deepspeed_cells_get_their_own_master_ports(tmp_path, fake_tr
     )
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out), "--parallel", "2"]) == 0
-    rows = csv_rows(out / "exp.csv")
+    rows = csv_rows(out / "exp" / "exp.csv")
     assert [(r["status"], r["world_size"]) for r in rows] == [("ok", "2"), ("ok", "2")]
     ports, spans = set(), []
     for r in rows:
@@ -181,7 +181,7 @@ def test_a_failing_rank_fails_the_cell_with_its_error(tmp_path, fake_trainer, la
     )
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out)]) == 1
-    (row,) = csv_rows(out / "exp.csv")
+    (row,) = csv_rows(out / "exp" / "exp.csv")
     assert row["status"] == "failed" and row["error"] == "boom at step 1 on rank 1", row
     assert row["world_size"] == "2"  # no summary: the ranks the sweep started
     run_dir = out / "exp" / "runs" / row["cell_id"]
@@ -198,7 +198,7 @@ def test_timeout_kills_every_rank_of_the_cell(tmp_path, fake_trainer, launcher):
     start = time.monotonic()
     assert sweep.main([str(path), "--results", str(out)]) == 1
     assert time.monotonic() - start < 100  # not the 120 s a step sleeps
-    (row,) = csv_rows(out / "exp.csv")
+    (row,) = csv_rows(out / "exp" / "exp.csv")
     assert row["status"] == "failed" and row["error"] == "timed out after 30 s (Sweep.timeout_s)"
     run_dir = out / "exp" / "runs" / row["cell_id"]
     ranks = starts(run_dir)
@@ -296,7 +296,7 @@ def test_zero3_cell_of_two_ranks_trains_through_the_sweep(tmp_path, launcher):
         timeout=360,
     )
     print(f"{launcher}: world size 2, ZeRO-3 cell through the sweep: {time.monotonic() - start:.1f} s")
-    (row,) = csv_rows(out / "ws2.csv")
+    (row,) = csv_rows(out / "ws2" / "ws2.csv")
     run_dir = out / "ws2" / "runs" / row["cell_id"]
     log = (run_dir / "stdout.log").read_text()
     assert proc.returncode == 0, (row["error"], log[-3000:])

@@ -165,7 +165,7 @@ def tuned(tmp_path, fake_trainer):
 
 def test_each_configuration_gets_its_best_mean_bound_in_its_evaluation_cells(tuned):
     path, out = tuned
-    means = _means(out / "exp_tuning")
+    means = _means(out / "exp" / "exp_tuning")
     best = {kl: max(LRS, key=lambda lr: means[(kl, lr)]) for kl in ("@fakekl.k1", "@fakekl.k2")}
     assert best == {"@fakekl.k1": "0.5", "@fakekl.k2": "0.1"}  # as the docstring works out by hand
     meta = json.loads((out / "exp" / "experiment.json").read_text())
@@ -177,7 +177,7 @@ def test_each_configuration_gets_its_best_mean_bound_in_its_evaluation_cells(tun
         config_gin = (out / "exp" / "runs" / s_id / "config.gin").read_text()
         assert f"fake_train.lr = {best[kl]}\n" in config_gin, config_gin
         assert cell["seed"] in (0, 1)
-    assert len(summaries(out / "exp")) == 4 and len(summaries(out / "exp_tuning")) == 12
+    assert len(summaries(out / "exp")) == 4 and len(summaries(out / "exp" / "exp_tuning")) == 12
 
 
 def test_a_kl_primary_experiment_tunes_by_its_declared_metric(tmp_path, fake_trainer, capsys):
@@ -192,7 +192,7 @@ def test_a_kl_primary_experiment_tunes_by_its_declared_metric(tmp_path, fake_tra
     assert "the value with the highest mean eval_accuracy over the tuning seeds [10, 11]" in dry, dry
     out = tmp_path / "results"
     assert sweep.main([str(path), "--results", str(out)]) == 0
-    acc, kl = _means(out / "exp_tuning"), _means(out / "exp_tuning", "kl")
+    acc, kl = _means(out / "exp" / "exp_tuning"), _means(out / "exp" / "exp_tuning", "kl")
     kls = ("@fakekl.k1", "@fakekl.k2")
     best = {k: max(LRS, key=lambda lr: acc[(k, lr)]) for k in kls}
     least_kl = {k: min(LRS, key=lambda lr: kl[(k, lr)]) for k in kls}
@@ -201,7 +201,7 @@ def test_a_kl_primary_experiment_tunes_by_its_declared_metric(tmp_path, fake_tra
     assert (meta["metric"], meta["higher_is_better"]) == ("eval_accuracy", True)
     chosen = {c["config"]["fake_train.kl"]: c["chosen"] for c in meta["configurations"]}
     assert chosen == {k: {"fake_train.lr": lr} for k, lr in best.items()}
-    md = (out / "exp.md").read_text().split("## Tuning\n", 1)[1]
+    md = (out / "exp" / "exp.md").read_text().split("## Tuning\n", 1)[1]
     assert "the value with the highest mean eval_accuracy over those seeds" in md, md
     # without 'metric' the same experiment tunes by its primary metric, the lowest mean kl
     capsys.readouterr()
@@ -211,17 +211,19 @@ def test_a_kl_primary_experiment_tunes_by_its_declared_metric(tmp_path, fake_tra
 
 def test_the_md_has_the_tuning_section(tuned):
     _, out = tuned
-    md = (out / "exp.md").read_text()
+    md = (out / "exp" / "exp.md").read_text()
     assert "\n## Tuning\n" in md, md
     section = md.split("## Tuning\n", 1)[1].split("\n## ", 1)[0]
     assert "on the tuning seeds 10, 11" in section and "`fake_train.lr` ∈ {0.1, 0.3, 0.5}" in section
-    means = _means(out / "exp_tuning")
+    means = _means(out / "exp" / "exp_tuning")
     row = next(ln for ln in section.splitlines() if ln.startswith("| spec_a · fake_train.kl=@fakekl.k1 |"))
     assert "| `fake_train.lr = 0.5` (at the grid's edge) |" in row  # the largest of 0.1, 0.3, 0.5
     for lr in LRS:
         assert f"`fake_train.lr = {lr}`: {means[('@fakekl.k1', lr)]:.4g}" in row
-    assert (out / "exp_tuning.md").exists() and (out / "exp_tuning.csv").exists()
-    assert "## Tuning" not in (out / "exp_tuning.md").read_text()
+    assert (out / "exp" / "exp_tuning" / "exp_tuning.md").exists() and (
+        out / "exp" / "exp_tuning" / "exp_tuning.csv"
+    ).exists()
+    assert "## Tuning" not in (out / "exp" / "exp_tuning" / "exp_tuning.md").read_text()
 
 
 def test_a_choice_at_the_grids_edge_blocks_the_evaluation_until_the_gin_says_why(
@@ -243,7 +245,7 @@ def test_a_choice_at_the_grids_edge_blocks_the_evaluation_until_the_gin_says_why
         "'why the edge may stand' to Sweep.tuning"
     )
     assert not (out / "exp" / "runs").exists() or not any((out / "exp" / "runs").iterdir())
-    runs = out / "exp_tuning" / "runs"
+    runs = out / "exp" / "exp_tuning" / "runs"
     starts = {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()}
     assert len(starts) == 12
     _, bare_cells = prepare(str(path))
@@ -254,7 +256,10 @@ def test_a_choice_at_the_grids_edge_blocks_the_evaluation_until_the_gin_says_why
     assert {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()} == starts
     assert sorted(summaries(out / "exp")) == sorted(c.id for c in cells)
     assert json.loads((out / "exp" / "experiment.json").read_text())["tuning"]["at_edge"] == WHY
-    assert f"The experiment keeps the edge (Sweep.tuning['at_edge']): {WHY}" in (out / "exp.md").read_text()
+    assert (
+        f"The experiment keeps the edge (Sweep.tuning['at_edge']): {WHY}"
+        in (out / "exp" / "exp.md").read_text()
+    )
 
 
 @pytest.mark.parametrize("why", ["''", "'  '", "3"])
@@ -270,7 +275,7 @@ def test_an_empty_or_non_text_edge_reason_is_one_line(tmp_path, capsys, why):
 def test_a_rerun_runs_no_tuning_cell_again_and_keeps_the_choice(tuned):
     path, out = tuned
     before = (out / "exp" / "experiment.json").read_text()
-    runs = out / "exp_tuning" / "runs"
+    runs = out / "exp" / "exp_tuning" / "runs"
     starts = {p.name: (p / "invocations.jsonl").read_text() for p in runs.iterdir()}
     assert len(starts) == 12
     assert sweep.main([str(path), "--results", str(out)]) == 0
@@ -284,9 +289,9 @@ def test_a_choice_that_changed_under_evaluation_runs_is_refused_until_they_resta
     cells of that configuration ran with lr 0.1, so the sweep stops in one line naming them; with
     --restart they run again with 0.3."""
     path, out = tuned
-    for cid in summaries(out / "exp_tuning"):
+    for cid in summaries(out / "exp" / "exp_tuning"):
         if "-k2-0.3-" in cid:
-            f = out / "exp_tuning" / "runs" / cid / "summary.json"
+            f = out / "exp" / "exp_tuning" / "runs" / cid / "summary.json"
             f.write_text(json.dumps({**json.loads(f.read_text()), "eval_accuracy": 0.999}))
     capsys.readouterr()
     assert sweep.main([str(path), "--results", str(out)]) == 2

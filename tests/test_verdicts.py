@@ -35,7 +35,7 @@ def _section_rows(md: Path, title: str) -> list[list[str]]:
 def test_the_committed_replication_table_is_what_comparing_the_two_mds_gives(capsys):
     """kl_ablation.md's Replication section is computed by the replication study from both CSVs; the
     compare command reads only the two mds. Same claims, same Δ and verdict texts, same agreement."""
-    study = {r[0]: r for r in _section_rows(RESULTS / "kl_ablation.md", "Replication")}
+    study = {r[0]: r for r in _section_rows(RESULTS / "kl_ablation" / "kl_ablation.md", "Replication")}
     assert len(study) == 4
     rc = results_cli.main(
         [
@@ -43,7 +43,7 @@ def test_the_committed_replication_table_is_what_comparing_the_two_mds_gives(cap
             "--results",
             str(RESULTS),
             "--compare-verdicts",
-            str(RESULTS / "kl_ablation_replication.md"),
+            str(RESULTS / "kl_ablation_replication" / "kl_ablation_replication.md"),
         ]
     )
     out = capsys.readouterr().out
@@ -57,7 +57,7 @@ def test_the_committed_replication_table_is_what_comparing_the_two_mds_gives(cap
     assert "Of 4 predictions, 4 agree." in out
     # read from each md's machine line (after the README's main command on another CPU, the first md
     # is that machine's)
-    a, b = (verdicts.read_md(RESULTS / f"{n}.md") for n in ("kl_ablation", "kl_ablation_replication"))
+    a, b = (verdicts.read_md(RESULTS / n / f"{n}.md") for n in ("kl_ablation", "kl_ablation_replication"))
     assert b.cpu.startswith("AMD EPYC") and ("Both ran on the same CPU type" in out) == (a.cpu == b.cpu)
 
 
@@ -156,7 +156,8 @@ def test_record_appends_which_cpu_the_verdicts_held_on(tmp_path, capsys):
 
 
 def test_an_md_without_predictions_or_missing_is_one_line(tmp_path, capsys):
-    shutil.copy(RESULTS / "kl_ablation.md", tmp_path / "kl_ablation.md")
+    (tmp_path / "kl_ablation").mkdir()
+    shutil.copy(RESULTS / "kl_ablation" / "kl_ablation.md", tmp_path / "kl_ablation" / "kl_ablation.md")
     (tmp_path / "plain.md").write_text("# kl_ablation\n\nno table here\n")
     for other, text in (
         (tmp_path / "plain.md", "plain.md: no Predictions table"),
@@ -176,8 +177,8 @@ def test_git_head_compares_the_rerun_with_the_committed_md(tmp_path, capsys):
     import subprocess
 
     results = tmp_path / "results"
-    results.mkdir()
-    md = _md(results / "exp.md", "AMD EPYC · AVX512", [("p", "a", "higher", "confirmed")])
+    (results / "exp").mkdir(parents=True)
+    md = _md(results / "exp" / "exp.md", "AMD EPYC · AVX512", [("p", "a", "higher", "confirmed")])
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
@@ -185,11 +186,11 @@ def test_git_head_compares_the_rerun_with_the_committed_md(tmp_path, capsys):
     _md(md, "Intel Xeon · AMX", [("p", "a", "higher", "not confirmed")])  # the rerun
     rc = results_cli.main(["exp", "--results", str(results), "--compare-verdicts", "git:HEAD"])
     out = capsys.readouterr().out
-    assert rc == 1 and "B: HEAD:results/exp.md (AMD EPYC · AVX512, abc1234" in out
+    assert rc == 1 and "B: HEAD:results/exp/exp.md (AMD EPYC · AVX512, abc1234" in out
     assert "| p | acc | +0.1 [0, 0.2] | not confirmed | +0.1 [0, 0.2] | confirmed | no |" in out
     rc = results_cli.main(["exp", "--results", str(results), "--compare-verdicts", "git:nope"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "git cannot show nope:results/exp.md" in err[0]
+    assert rc == 2 and len(err) == 1 and "git cannot show nope:results/exp/exp.md" in err[0]
 
 
 def test_an_intel_model_name_is_read_whole(tmp_path):

@@ -187,10 +187,10 @@ def fake_sweep(tmp_path: Path, warm_start: str | None) -> tuple[list[str], list[
     )
     out = tmp_path / "results"
     assert sweep.main([str(exp), "--results", str(out)]) == 0
-    with open(out / "exp.csv", newline="") as fh:
+    with open(out / "exp" / "exp.csv", newline="") as fh:
         reader = csv.DictReader(fh)
         rows = list(reader)
-    return list(reader.fieldnames or []), rows, (out / "exp.md").read_text()
+    return list(reader.fieldnames or []), rows, (out / "exp" / "exp.md").read_text()
 
 
 def paragraph(md: str) -> str:

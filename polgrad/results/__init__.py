@@ -27,7 +27,7 @@ cpu_count, finished_at. X/experiment.json records paths relative to the reposito
 from another checkout path rewrites it byte for byte.
 
     >>> import polgrad.results
-    >>> df = polgrad.results.load("kl_ablation")          # results/kl_ablation.csv as a DataFrame
+    >>> df = polgrad.results.load("kl_ablation")          # results/kl_ablation/kl_ablation.csv
 
 `python -m polgrad.results X [--results DIR]` rewrites X.md, X.png and X_curves.png from X.csv
 (and the run folders under X/runs/, for the curves). `python -m polgrad.results X --check-provenance`

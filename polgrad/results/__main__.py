@@ -1,4 +1,5 @@
-"""`python -m polgrad.results EXPERIMENT [--results DIR]`: rewrite a sweep's .md and figures from its CSV.
+"""`python -m polgrad.results EXPERIMENT [--results DIR]`: rewrite a sweep's .md and figures from its CSV
+(all in DIR/EXPERIMENT/; a tuning stage's are in its experiment's folder: `X_tuning --results results/X`).
 
 The CSV is checked first (polgrad.results.record.reconcile): rebuilt whole from the run folders when
 it disagrees with them (one line says so), refused in one line when it is incomplete and no run folder
@@ -17,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from polgrad.errors import DataError, PolgradError
 from polgrad.results import verdicts
 from polgrad.results.figures import curves_path
+from polgrad.results.paths import csv_path, md_path, png_path
 from polgrad.results.provenance import DIRTY, check, git_commit, repo_root
 from polgrad.results.record import reconcile
 from polgrad.results.report import experiment_meta, write_report
-from polgrad.results.store import csv_path, read_table
+from polgrad.results.store import read_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Rewrite a sweep's .md, .png (forest plot) and _curves.png.",
     )
     ap.add_argument("experiment", nargs="?", help="experiment name (the CSV's stem)")
-    ap.add_argument("--results", default="results", help="results folder (default: results)")
+    ap.add_argument(
+        "--results", default="results", help="results folder (default: results; for X_tuning: results/X)"
+    )
     ap.add_argument(
         "--check-provenance",
         action="store_true",
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_verdicts:
         try:
             return verdicts.main(
-                str(Path(args.results) / f"{args.experiment}.md"), args.compare_verdicts, args.record
+                str(md_path(args.experiment, args.results)), args.compare_verdicts, args.record
             )
         except PolgradError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if rebuilt:
             print(rebuilt, file=sys.stderr)
-        curves = curves_path(Path(args.results) / f"{args.experiment}.png")
+        curves = curves_path(png_path(args.experiment, args.results))
         before = curves.stat().st_mtime_ns if curves.exists() else None
         md, png = write_report(args.experiment, args.results)
     except PolgradError as e:
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_provenance(experiment: str, results_dir: str) -> int:
-    """0 when every row of results_dir/<experiment>.csv comes from a clean commit in the history of
+    """0 when every row of the experiment's CSV comes from a clean commit in the history of
     HEAD, 1 (one line per bad row and a summary) when not, 2 when there is nothing to check against."""
     path = csv_path(experiment, results_dir)
     try:

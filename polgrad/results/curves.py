@@ -1,4 +1,5 @@
-"""The learning curves of an experiment (results/<experiment>_curves.png), read from its run folders.
+"""The learning curves of an experiment (results/<experiment>/<experiment>_curves.png), read from its
+run folders.
 
 Per configuration, against the experiment's reference in grey: train reward (metrics.jsonl
 `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and

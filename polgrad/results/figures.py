@@ -1,6 +1,6 @@
 """The figures of one experiment, drawn to answer its question (Agg backend, PNG, written atomically).
 
-- results/<experiment>.png, a forest plot: each configuration's paired difference to the
+- results/<experiment>/<experiment>.png, a forest plot: each configuration's paired difference to the
   experiment's baseline (the leader by mean when the experiment names no baseline) in the primary
   metric and in the KL (kl_exact where the runs measured it), with its 95% CI and its deciding p
   (Holm-corrected, of the test the comparison's rule decides by: `Comparison.p_decision`).
@@ -22,8 +22,8 @@
   to the baseline), and the prediction's own row also carries its 90% CI as a thick bar inside the
   thin 95% one: the interval TOST at α = 0.05 compares with the band (inside it exactly when TOST
   confirms, before Holm's correction), where the 95% CI would show equivalence too rarely.
-- results/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one panel per
-  configuration, that configuration against the baseline: train reward (metrics.jsonl
+- results/<experiment>/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one
+  panel per configuration, that configuration against the baseline: train reward (metrics.jsonl
   `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
   held-out accuracy from eval.jsonl (step 0 = the starting policy); line = mean over seeds, band =
   the 95% CI of that mean over seeds. The x axis is the cumulative number of sampled sequences when
@@ -61,6 +61,7 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
 from polgrad.results.findings import kl_metric
 from polgrad.results.health import failed_keys
 from polgrad.results.layout import PANEL_IN, clear_top, widen_for_labels  # noqa: F401 (PANEL_IN)
+from polgrad.results.paths import runs_dir
 from polgrad.results.predictions import margin_bands, tost_rows
 from polgrad.results.store import unread_columns
 
@@ -229,7 +230,7 @@ def forest_table(rows, group_columns, metrics, reference, label, keys) -> tuple[
 
 
 def curves_path(path: str | os.PathLike) -> Path:
-    """results/<experiment>_curves.png beside results/<experiment>.png."""
+    """<experiment>_curves.png beside <experiment>.png."""
     p = Path(path)
     return p.with_name(f"{p.stem}_curves{p.suffix}")
 
@@ -306,7 +307,7 @@ def plot(
     if not any(figs.curves.values()):
         figs.note = (
             f"no learning curves: no run folder of {experiment} has metrics.jsonl or eval.jsonl "
-            f"under {Path(results_dir) / experiment / 'runs'}"
+            f"under {runs_dir(experiment, results_dir)}"
         )
         absent = not any((Path(results_dir) / r["run_dir"]).is_dir() for r in ok if r.get("run_dir"))
         if absent and curves_path(path).exists():  # drawn earlier from run folders this checkout lacks: kept

@@ -3,13 +3,13 @@ versions, hostname, CPU count (no heavy imports).
 
 A row is clean when `git diff HEAD` over the tracked files, and the untracked files that .gitignore does
 not ignore (a new module under polgrad/ changes results too), is empty once the experiment's own outputs
-are left out (`outputs`: results/X.csv, X.md, X.png, X_curves.png, the results/X/ folder, and the same
-for the tuning stage's results/X_tuning): the sweep rewrites those itself while it runs, so a run from
+are left out (`outputs`: the experiment's folder results/X/, which holds its CSV, report, figures and
+tuning stage): the sweep rewrites those itself while it runs, so a run from
 a clean checkout stays clean from its first cell to its last. Otherwise its git_commit is
 `<sha>-dirty` and its git_diff the first 12 hex digits of the sha256 of that diff, which the sweep saves
 as diff.patch in the cell's run folder (`cell_environment`, taken when the cell starts), untracked
 files as new files in it. Run folders and the model cache are ignored by the project's .gitignore
-(results/*/runs/, /.cache/), so they never count. `check` tells whether every row of a CSV comes
+(results/**/runs/, /.cache/), so they never count. `check` tells whether every row of a CSV comes
 from a clean commit in the history of this repository's HEAD (`python -m polgrad.results X
 --check-provenance`).
 """
@@ -33,18 +33,12 @@ from typing import Any
 
 from polgrad.io import atomic_path
 from polgrad.machine import cpu_label
-from polgrad.results.studies import load as load_studies
-from polgrad.results.studies import output_suffixes
+from polgrad.results import paths
 
 DIRTY = "-dirty"
 # The row column of the modules an experiment's gin imports, by content (module_digests)
 USER_MODULES = "user_modules"
-# The stages of an experiment whose outputs sit beside its own: results/<experiment><stage>.csv, ...
-TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X
-STAGES = ("", TUNING)
-# The files a sweep writes per stage, beside the folder results/<experiment><stage>/ (and those of the
-# experiment's studies: polgrad/results/studies.py, `Study.outputs`).
-OUTPUT_SUFFIXES = (".csv", ".md", ".png", "_curves.png")
+TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X (its folder: results/X/X_tuning/)
 # `git diff HEAD` in one format whatever the user's git configuration says. A binary file's content is
 # never in it ("Binary files ... differ"), only its blob hashes (--full-index: 40 hex digits), which
 # the git_diff column's hash covers: a changed binary changes the hash, not the patch's size.
@@ -125,17 +119,15 @@ def portable_command(argv: Sequence[str], root: str | os.PathLike | None = None)
     return " ".join(map(show, argv))
 
 
-def outputs(
-    experiment: str, results_dir: str | os.PathLike, study_suffixes: Sequence[str] = ()
-) -> list[Path]:
-    """What a sweep of `experiment` writes under `results_dir` (the provenance check ignores them), and
-    the files its studies write beside them (`study_suffixes`: their `Study.outputs`)."""
+def outputs(experiment: str, results_dir: str | os.PathLike) -> list[Path]:
+    """What a sweep of `experiment` writes under `results_dir`, which the provenance check ignores: its
+    folder (polgrad/results/paths.py), with its CSV, report, figures, experiment.json, run folders, its
+    studies' files and its tuning stage's folder. For a tuning stage (X_tuning in results/X/) it is the
+    evaluation's whole folder, which holds the stage's: the sweep writes results/X/experiment.json too."""
     results_dir = Path(results_dir)
-    paths = [results_dir / f"{experiment}{s}" for s in study_suffixes]
-    for stage in STAGES:
-        paths += [results_dir / f"{experiment}{stage}{s}" for s in OUTPUT_SUFFIXES]
-        paths.append(results_dir / f"{experiment}{stage}")
-    return paths
+    if experiment.endswith(TUNING) and results_dir.name == experiment.removesuffix(TUNING):
+        return [results_dir]
+    return [paths.folder(experiment, results_dir)]
 
 
 def git_state(
@@ -267,7 +259,7 @@ def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, A
     ours = run_dir.parent.name == "runs" and exp_dir.name == experiment
     meta_path = exp_dir / "experiment.json"
     meta = _recorded(meta_path) if ours else {}
-    ignore = outputs(experiment, exp_dir.parent, _study_outputs(meta, meta_path)) if ours else []
+    ignore = outputs(experiment, exp_dir.parent) if ours else []
     env = environment(ignore, diff_to=run_dir / "diff.patch")
     if meta.get("imports"):  # the user modules the experiment imports, by content (USER_MODULES)
         env[USER_MODULES] = module_digests(meta["imports"])
@@ -281,13 +273,6 @@ def _recorded(meta_path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
-
-
-def _study_outputs(meta: dict[str, Any], meta_path: Path) -> tuple[str, ...]:
-    """The output suffixes of the studies the sweep recorded in experiment.json (`meta`, read from
-    `meta_path`; none without any)."""
-    names = meta.get("studies", ())
-    return output_suffixes(load_studies(names, f"{meta_path}: studies", lambda: repo_root(meta_path.parent)))
 
 
 def module_names(imports: Iterable[str]) -> list[str]:

@@ -1,5 +1,5 @@
 """The report of one experiment: the grouped leaderboard, its markdown table, and `write_report`, which
-rewrites results/<experiment>.md and its figures (polgrad.results.figures) from the CSV."""
+rewrites results/<experiment>/<experiment>.md and its figures (polgrad.results.figures) from the CSV."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from polgrad.errors import DataError
 from polgrad.io import atomic_write_text
-from polgrad.results import gate
+from polgrad.results import gate, paths
 from polgrad.results.figures import FIGURES_JSON, curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.header import header
@@ -369,7 +369,7 @@ def _portable(command: str, results_dir: str | os.PathLike) -> str:
 
 
 def experiment_meta(experiment: str, results_dir: str | os.PathLike = "results") -> dict[str, Any]:
-    path = Path(results_dir) / experiment / "experiment.json"
+    path = paths.meta_path(experiment, results_dir)
     if not path.exists():
         raise DataError(f"no sweep metadata for '{experiment}': {path} does not exist (run the sweep first)")
     return json.loads(path.read_text())
@@ -379,13 +379,13 @@ def companions(
     experiment: str, results_dir: str | os.PathLike = "results", suffixes: Sequence[str] = ()
 ) -> list[tuple[str, str]]:
     """(file name, its Answer sentence) of each analysis md of `experiment`'s own runs beside its md in
-    `results_dir`: <experiment><suffix>.md for each of `suffixes` (its studies' `answers`: e.g.
+    its folder: <experiment><suffix>.md for each of `suffixes` (its studies' `answers`: e.g.
     overoptimization_gao.md, written by studies/overoptimization from the same CSV) that has a line
     starting "**Answer.**". By exact name, so a pilot's (X_pilot_gao.md), a replication's or another
     experiment's with a longer name is never quoted."""
     found = []
     for suffix in suffixes:
-        md = Path(results_dir) / f"{experiment}{suffix}.md"
+        md = paths.output(experiment, results_dir, f"{suffix}.md")
         if not md.is_file():
             continue
         answers = [
@@ -399,12 +399,13 @@ def companions(
 
 
 def write_report(experiment: str, results_dir: str | os.PathLike = "results") -> tuple[Path, Path]:
-    """Write results_dir/<experiment>.md, .png (forest plot) and _curves.png (learning curves) from the
+    """Write <experiment>.md, .png (forest plot) and _curves.png (learning curves) in the experiment's
+    folder (polgrad/results/paths.py) from the
     CSV, the sweep's experiment.json and the run folders; return the md's and the forest plot's paths."""
     meta = experiment_meta(experiment, results_dir)
     studies = load_studies(
         meta.get("studies", ()),
-        f"{Path(results_dir) / experiment / 'experiment.json'}: studies",
+        f"{paths.meta_path(experiment, results_dir)}: studies",
         lambda: repo_root(Path(results_dir).resolve()),
     )
     path = csv_path(experiment, results_dir)
@@ -413,7 +414,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
     all_rows = read_rows(path)
     current = {c["id"] for c in meta["cells"]}
     rows = [r for r in all_rows if r.get("cell_id") in current]
-    png_path = Path(results_dir) / f"{experiment}.png"
+    png_path = paths.png_path(experiment, results_dir)
     md = markdown(
         experiment,
         rows,
@@ -433,7 +434,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         companions=companions(experiment, results_dir, [x for s in studies for x in s.answers]),
         pilot_gate=meta.get("pilot_gate"),
     )
-    md_path = Path(results_dir) / f"{experiment}.md"
+    md_path = paths.md_path(experiment, results_dir)
     atomic_write_text(md_path, md)
     figs = plot(
         png_path,
@@ -447,7 +448,7 @@ def write_report(experiment: str, results_dir: str | os.PathLike = "results") ->
         cells=meta["cells"],
         predictions=meta.get("predictions", ()),
     )
-    drawn = Path(results_dir) / experiment / FIGURES_JSON
+    drawn = paths.folder(experiment, results_dir) / FIGURES_JSON
     try:  # a hand-edited or torn figures.json is rewritten, not trusted
         previous = json.loads(drawn.read_text()) if drawn.is_file() else None
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ from typing import Any
 
 from polgrad.errors import DataError, is_write_failure, write_error
 from polgrad.io import atomic_write_text
+from polgrad.results.paths import csv_path, experiments
 from polgrad.summary import LENGTH_KEYS, REWARD_MODEL_KEYS
 
 # The metrics a trainer's summary.json carries, in the order they appear in the CSV and the table.
@@ -94,10 +95,6 @@ BACK_COLUMNS = (
     "cpu",
     "finished_at",
 )
-
-
-def csv_path(experiment: str, results_dir: str | os.PathLike = "results") -> Path:
-    return Path(results_dir) / f"{experiment}.csv"
 
 
 @contextlib.contextmanager
@@ -219,12 +216,12 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:
 
 
 def load(experiment: str, results_dir: str | os.PathLike = "results"):
-    """The results of `experiment` (results_dir/<experiment>.csv) as a pandas DataFrame."""
+    """The results of `experiment` (results_dir/<experiment>/<experiment>.csv) as a pandas DataFrame."""
     import pandas as pd
 
     path = csv_path(experiment, results_dir)
     if not path.exists():
-        found = sorted(p.stem for p in Path(results_dir).glob("*.csv")) if Path(results_dir).is_dir() else []
+        found = experiments(results_dir)
         have = f"; results there: {', '.join(found)}" if found else ""
         raise DataError(
             f"no results for experiment '{experiment}': {path} does not exist "

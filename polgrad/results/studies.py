@@ -15,9 +15,9 @@ by name in its code (tests/test_layers.py checks it); a study may use anything o
 
 A study contributes, each optional:
 
-    outputs   suffixes of files it writes beside the experiment's (results/<name><suffix>): the
-              provenance check ignores them, as it ignores the experiment's own outputs
-    answers   suffixes of its own mds (results/<name><suffix>.md) whose "**Answer.**" line the
+    outputs   suffixes of files it writes in the experiment's folder (results/<name>/<name><suffix>;
+              like everything in that folder, the provenance check ignores them)
+    answers   suffixes of its own mds (results/<name>/<name><suffix>.md) whose "**Answer.**" line the
               experiment's md quotes after its own answer
     section   section(experiment, results_dir) -> lines: a section the experiment's md gets before
               its findings ([] for none); its last line, a one-sentence summary, also opens the
@@ -102,7 +102,3 @@ def _import(name: str, where: str, root: Root):
         except Exception as e:  # a study that raises on import: its error, in one line
             raise ConfigError(f"{where}: study '{name}' failed to import: {type(e).__name__}: {e}") from None
     raise AssertionError("unreachable")
-
-
-def output_suffixes(studies: Sequence[Study]) -> tuple[str, ...]:
-    return tuple(s for study in studies for s in study.outputs)

@@ -38,7 +38,7 @@ def section(record: dict[str, Any] | None) -> list[str]:
         f"evaluation seeds): the value with the {direction} mean {record['metric']} over those seeds (ties: "
         "the first value declared; a value with an unstable or failed tuning run is not ranked). A binding "
         "a configuration does not read (the KL coefficient without a KL term) is not tuned there. Grid: "
-        f"{grid}. The tuning runs: {record['experiment']}.md.",
+        f"{grid}. The tuning runs: {record['experiment']}/{record['experiment']}.md.",
         "",
         f"| configuration | chosen | mean {record['metric']} per value (tuning seeds) |",
         "|---|---|---|",

@@ -11,7 +11,7 @@ say what varies. Grid values are real gin values: `@kl.k3` is a reference, `'los
     import my_project.parts                  # optional: a user's own registered parts
     train.steps = 200                        # fixed bindings, in every cell
 
-    Sweep.name = 'kl_ablation'               # results/kl_ablation.{csv,md,png}; default: file stem
+    Sweep.name = 'kl_ablation'               # results/kl_ablation/; default: the file's stem
     Sweep.specs = ['registry/grpo.gin', 'registry/rloo.gin']     # algorithms to compare
     Sweep.grid = {
         'Algorithm.kl': [@kl.k1, @kl.k2, @kl.k3, @kl.abs],       # a component choice
@@ -72,9 +72,9 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 |                      |                   | 'abs')]: what a committed pilot (>= 3 seeds of its own)|
 |                      |                   | must show before the evaluation cells start; 'se': k   |
 |                      |                   | standard errors of its seeds; polgrad/results/gate.py  |
-| `pilot`              | `None`            | the pilot's CSV (default results/pilots/<name>_pilot.  |
-|                      |                   | csv); an experiment that includes this one does not    |
-|                      |                   | inherit either                                         |
+| `pilot`              | `None`            | the pilot's CSV (default results/pilots/<name>_pilot/  |
+|                      |                   | <name>_pilot.csv); an experiment that includes this one|
+|                      |                   | does not inherit either                                |
 
 Every cell runs in a fresh process as
 
@@ -138,7 +138,8 @@ read (allowed, e.g. a base-config binding of a part the spec does not use).
 declares tuned baselines (Henderson et al. 2018, "Deep RL that Matters"): the sweep first runs every
 configuration of the evaluation (spec + swept bindings) with every value of the tuning grid (axes as
 in `Sweep.grid`, zipped ones too) on the tuning seeds, as an experiment of its own named
-`<name>_tuning` (results/<name>_tuning.csv, .md and folder, with the same lock, skip and resume),
+`<name>_tuning` (its folder inside the experiment's: results/<name>/<name>_tuning/, with the same
+lock, skip and resume),
 then binds in each configuration's evaluation cells the value with the best mean tuning metric over
 the tuning seeds (ties: the first declared; a value with an unstable or failed tuning run ranks
 last) and records the choice in experiment.json and in the md's Tuning section (every value's mean).
@@ -197,11 +198,12 @@ and a cell whose node dies starts again on another from the checkpoints the driv
 bundles (`Sweep.placement`) and its ranks may land on different nodes. POLGRAD_TRAIN_MODULE (or the
 hidden `--train-module`) replaces `polgrad.train` by another module that obeys the same command line.
 
-Results (see polgrad.results): results/<name>.csv (one row per cell, written atomically as
-each cell ends), results/<name>.md (leaderboard), results/<name>.png (forest plot of the
-paired differences to the baseline), results/<name>_curves.png (learning curves), and
-results/<name>/runs/<cell-id>/ with config.gin, metrics.jsonl, summary.json, stdout.log (the
-trainer's stdout and stderr), cell.json (the cell and its exact command) and checkpoints/.
+Results (see polgrad.results), all in the experiment's folder results/<name>/
+(polgrad/results/paths.py): <name>.csv (one row per cell, written atomically as each cell ends),
+<name>.md (leaderboard), <name>.png (forest plot of the paired differences to the baseline),
+<name>_curves.png (learning curves), experiment.json, and runs/<cell-id>/ with config.gin,
+metrics.jsonl, summary.json, stdout.log (the trainer's stdout and stderr), cell.json (the cell and
+its exact command) and checkpoints/.
 When a trainer's summary.json carries a Table-5 row (`summary["table5"]`, a dict), its fields go
 into the CSV row as table5_method, table5_type, table5_reward_model, table5_value_function,
 table5_reference_policy and table5_core_loss. Its `world_size` and `zero_stage` go into the columns

@@ -24,6 +24,7 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
+from polgrad.results import paths
 from polgrad.sweep import budget, launch, memory, pilot_gate, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
@@ -67,7 +68,7 @@ def run(
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
     code = 0
-    runs = Path(results_dir) / exp.name / "runs"
+    runs = paths.runs_dir(exp.name, results_dir)
     if stage and exp.pilot_gate is not None and any(not is_finished(runs / c.id) for c in cells):
         pilot_gate.check(exp)  # before the tuning stage too: its cells are of no use if the gate fails
     if stage:  # stage 1, a sweep of its own; its failed cells count as worst in the choice
@@ -75,7 +76,7 @@ def run(
         code = run(
             stage.experiment,
             stage.cells,
-            results_dir=results_dir,
+            results_dir=paths.stage_results(exp.name, results_dir),
             parallel=parallel,
             executor=executor,
             train_module=train_module,
@@ -90,7 +91,7 @@ def run(
         exp, cells = tuning.bind(exp, cells, Path(results_dir), restart)
         if restart or any(not is_finished(runs / c.id) for c in cells):
             tuning.check_edges(exp)  # an edge choice blocks the evaluation unless the gin says why
-    exp_dir = Path(results_dir) / exp.name
+    exp_dir = paths.folder(exp.name, results_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
     with _sweep_lock(exp_dir):
         if restart or restart_failed:
@@ -132,7 +133,7 @@ def _check_own_folder(exp: Experiment, results_dir: Path) -> None:
     replace experiment.json's cells with its own, record its rows beside the first file's in the CSV
     and train into the same folder: one line instead, before anything is written. The same file
     re-run (a resume, an edited grid: its cells are recorded and the others' rows kept) passes."""
-    path = results_dir / exp.name / "experiment.json"
+    path = paths.meta_path(exp.name, results_dir)
     try:
         recorded = json.loads(path.read_text()).get("file")
     except (OSError, ValueError, AttributeError):
@@ -162,10 +163,10 @@ def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) 
 def _restart(exp: Experiment, cells: Sequence[Cell], results_dir: Path, ids, failed: bool) -> None:
     """Move the run folder of each cell to restart to runs/<cell>.old-<time> (nothing is deleted) and
     point its CSV row, if any, there: the old result stays in the CSV until the new run replaces it."""
-    csv_file = _results.csv_path(exp.name, results_dir)
+    csv_file = paths.csv_path(exp.name, results_dir)
     rows = {r.get("cell_id"): r for r in _results.read_rows(csv_file)}
     chosen = [c.id for c in cells if c.id in ids or (failed and rows.get(c.id, {}).get("status") == "failed")]
-    runs = results_dir / exp.name / "runs"
+    runs = paths.runs_dir(exp.name, results_dir)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     for cid in chosen:
         run_dir = runs / cid
@@ -237,19 +238,19 @@ def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome:
 def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_address, command) -> int:
     """Run the cells not finished yet, recording each in the CSV, then write the report; exit code."""
     launch.allow_trainers()
-    runs = results_dir / exp.name / "runs"
+    runs = paths.runs_dir(exp.name, results_dir)
     # the evaluation cells start only on a committed pilot that passes (a sweep with none left to run
     # checks nothing); the record of the check that let the first of them start is kept
     gate = None
     if exp.pilot_gate is not None:
-        gate = _previous_gate(results_dir / exp.name)
+        gate = _previous_gate(paths.folder(exp.name, results_dir))
         if any(not is_finished(runs / c.id) for c in cells):
             checked = pilot_gate.check(exp)
             gate = gate or checked
     runs.mkdir(parents=True, exist_ok=True)
     order = [c.id for c in cells]
     meta = _write_experiment_json(exp, cells, results_dir, command, gate)
-    csv_file = _results.csv_path(exp.name, results_dir)
+    csv_file = paths.csv_path(exp.name, results_dir)
     run_dirs = {c.id: runs / c.id for c in cells}
 
     def record(cell: Cell, outcome: dict[str, Any]) -> None:
@@ -273,7 +274,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
                 print(lowered, file=sys.stderr)
     print(
         f"{exp.name}: {len(cells)} cells, {skipped} already finished, {len(todo)} to run "
-        f"({executor}{f', {parallel} at a time' if parallel and todo else ''}); results in {results_dir}/",
+        f"({executor}{f', {parallel} at a time' if parallel and todo else ''}); results in {paths.folder(exp.name, results_dir)}/",
         file=sys.stderr,
     )
     progress = Progress(len(cells), skipped, exp.name)
@@ -306,7 +307,7 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
 def _previous_gate(exp_dir: Path) -> dict[str, Any] | None:
     """The pilot gate's record in the experiment.json of an earlier run of this sweep, if any."""
     try:
-        return json.loads((exp_dir / "experiment.json").read_text()).get("pilot_gate")
+        return json.loads((exp_dir / paths.META).read_text()).get("pilot_gate")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -339,7 +340,7 @@ def _write_experiment_json(exp, cells, results_dir: Path, command: str, gate=Non
         meta["studies"] = list(exp.studies)
     if _results.module_names(exp.imports):  # each row records their digests (user_modules)
         meta["imports"] = _results.module_names(exp.imports)
-    _results.atomic_write_text(results_dir / exp.name / "experiment.json", json.dumps(meta, indent=2) + "\n")
+    _results.atomic_write_text(paths.meta_path(exp.name, results_dir), json.dumps(meta, indent=2) + "\n")
     return meta
 
 

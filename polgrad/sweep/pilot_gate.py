@@ -1,7 +1,7 @@
 """Sweep.pilot_gate and Sweep.pilot: the sweep refuses an experiment's evaluation cells until a
 committed pilot CSV shows what the gin declares it must (the conditions: polgrad/results/gate.py).
 
-    Sweep.pilot = 'results/pilots/reasoning_gym_pilot.csv'   # default: results/pilots/<name>_pilot.csv
+    Sweep.pilot = 'results/pilots/reasoning_gym_pilot/reasoning_gym_pilot.csv'  # the default
     Sweep.pilot_gate = [('len_incorrect_change', {'spec': 'grpo'}, '>=', 3, 'se')]
 
 Read and checked with the experiment file (a one-line error naming the file, the line and the valid
@@ -26,6 +26,7 @@ from polgrad import results as _results
 from polgrad.checks import is_real
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.results import gate as _gate
+from polgrad.results.paths import csv_path
 from polgrad.results.provenance import _git
 from polgrad.results.store import read_rows
 
@@ -70,7 +71,7 @@ def read(file: str, pilot: Any, conditions: Any, name: str, read_config, where) 
     if not isinstance(pilot, (str, type(None))):
         raise ConfigError(f"{file}: {where('pilot')}: must be the path of the pilot's CSV, got {pilot!r}")
     root = _results.repo_root(Path(file).resolve().parent) or Path.cwd()
-    path = Path(pilot) if pilot is not None else Path("results") / "pilots" / f"{name}_pilot.csv"
+    path = Path(pilot) if pilot is not None else csv_path(f"{name}_pilot", Path("results") / "pilots")
     return Gate(path if path.is_absolute() else root / path, out)
 
 

@@ -8,20 +8,20 @@ chosen on tuning seeds, then bound in its evaluation cells (Henderson et al. 201
 `declared` checks the declaration: 'seeds' (ints) disjoint from `Sweep.seeds`, 'grid' axes as in
 `Sweep.grid` (zipped axes too) on bindings no `Sweep.grid` axis varies. `plan` expands stage 1: every
 configuration of the evaluation (spec + swept bindings) × the tuning grid × the tuning seeds, as an
-experiment of its own, `<name>_tuning` (results/<name>_tuning.csv, .md and folder; the sweep's own
-lock, skip and resume). An axis is tuned only in the configurations that read its bindings (the dry
-run's reads, polgrad/sweep/reads.py: `Algorithm.kl_coef` is not read when `Algorithm.kl = None`);
-there its first value stands, marked not read. `bind` makes stage 2: per configuration, the grid
-value with the best mean tuning metric over the tuning seeds (optional 'metric', default the primary
-metric, and 'higher_is_better', default `Sweep.higher_is_better` for the primary metric and True for
-another: a KL-primary experiment tunes by accuracy, not by the learning rate that moves least; ties:
-the first declared; a value with an unstable or failed tuning run ranks last) is bound in that
-configuration's evaluation cells, and experiment.json records the choice (`Plan.record`; the md's
-Tuning section, polgrad/results/tuning.py). The choice is a function of the tuning CSV, whose finished cells a
-re-run skips; an evaluation cell's id hashes the declaration, so a new grid makes new cells, and a
-choice that changed under evaluation runs already started is refused in one line. A choice at an
-edge of a numeric axis of 3 or more values blocks the evaluation (`check_edges`) unless the optional
-'at_edge' says why it may stand (not in the cell ids: grid.TUNING_NOTES).
+experiment of its own, `<name>_tuning` (its folder inside the experiment's:
+results/<name>/<name>_tuning/; the sweep's own lock, skip and resume). An axis is tuned only in the
+configurations that read its bindings (the dry run's reads, polgrad/sweep/reads.py: `Algorithm.kl_coef`
+is not read when `Algorithm.kl = None`); there its first value stands, marked not read. `bind` makes
+stage 2: per configuration, the grid value with the best mean tuning metric over the tuning seeds
+(optional 'metric', default the primary metric, and 'higher_is_better', default `Sweep.higher_is_better`
+for the primary metric and True for another: a KL-primary experiment tunes by accuracy, not by the
+learning rate that moves least; ties: the first declared; a value with an unstable or failed tuning run
+ranks last) is bound in that configuration's evaluation cells, and experiment.json records the choice
+(`Plan.record`; the md's Tuning section, polgrad/results/tuning.py). The choice is a function of the
+tuning CSV, whose finished cells a re-run skips; an evaluation cell's id hashes the declaration, so a new
+grid makes new cells, and a choice that changed under evaluation runs already started is refused in one
+line. A choice at an edge of a numeric axis of 3 or more values blocks the evaluation (`check_edges`)
+unless the optional 'at_edge' says why it may stand (not in the cell ids: grid.TUNING_NOTES).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.checks import is_int
 from polgrad.errors import PolgradError, did_you_mean
+from polgrad.results import paths
 from polgrad.results.tuning import edges as grid_edges
 from polgrad.sweep.experiment import Experiment, _fail, _firsts, _read_grid
 from polgrad.sweep.grid import Cell, _slug, cell_id, format_cells
@@ -202,7 +203,7 @@ def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_mo
         baseline={**exp.baseline, **first_values},
         predictions=[],
         question=f"Tuning stage of {exp.name}: which value of {', '.join(decl.keys)} does each configuration "
-        f"do best with on the tuning seeds? (the evaluation binds it: results/{exp.name}.md, 'Tuning')",
+        f"do best with on the tuning seeds? (the evaluation binds it: ../{exp.name}.md, 'Tuning')",
         tuning=None,
         studies=[],  # a study reads the evaluation's runs, not the tuning grid's
         pilot_gate=None,  # the gate stands before the evaluation cells, not the tuning stage's
@@ -295,7 +296,10 @@ def bind(
     `restart`: evaluation cells about to start over, which may take a new choice."""
     p: Plan = exp.tuning
     rows = {
-        r.get("cell_id", ""): r for r in _results.read_rows(_results.csv_path(p.experiment.name, results_dir))
+        r.get("cell_id", ""): r
+        for r in _results.read_rows(
+            paths.csv_path(p.experiment.name, paths.stage_results(exp.name, results_dir))
+        )
     }
     record = choose(exp, rows)
     chosen = {tuple(c["config"].items()): c["chosen"] for c in record["configurations"]}
@@ -317,7 +321,7 @@ def _with(cell: Cell, tuned: Sequence[str], seed_binding: str, seed: int) -> tup
 def _check_unchanged(exp: Experiment, cells: Sequence[Cell], chosen: dict, results_dir: Path) -> None:
     """Refuse a choice that differs from the one the configuration's started evaluation cells ran with."""
     try:
-        before = json.loads((results_dir / exp.name / "experiment.json").read_text()).get("tuning") or {}
+        before = json.loads(paths.meta_path(exp.name, results_dir).read_text()).get("tuning") or {}
     except (OSError, ValueError):
         return
     for c in before.get("configurations", []):
@@ -325,7 +329,7 @@ def _check_unchanged(exp: Experiment, cells: Sequence[Cell], chosen: dict, resul
         if key not in chosen or chosen[key] == c["chosen"]:
             continue
         started = [x.id for x in cells if (("spec", x.spec_name), *x.swept) == key]
-        started = [i for i in started if (results_dir / exp.name / "runs" / i).exists()]
+        started = [i for i in started if (paths.runs_dir(exp.name, results_dir) / i).exists()]
         if started:
             raise PolgradError(
                 f"{exp.file}: the tuning stage now chooses {_text(chosen[key])} for {_label(key)} "
@@ -363,7 +367,7 @@ def format_stages(exp: Experiment, cells: Sequence[Cell]) -> str:
             f"The evaluation cells' {', '.join(p.declared.keys)} come from tuning: per configuration, the "
             f"value with the {'highest' if p.declared.higher_is_better else 'lowest'} mean "
             f"{p.declared.metric} over the tuning seeds "
-            f"{gin_text(p.declared.seeds)} (results/{p.experiment.name}.csv)"
+            f"{gin_text(p.declared.seeds)} (results/{exp.name}/{p.experiment.name}/{p.experiment.name}.csv)"
             + (f"; not tuned where not read: {'; '.join(untuned)}" if untuned else ""),
         ]
     )

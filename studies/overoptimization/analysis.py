@@ -3,12 +3,12 @@ analysis of a finished (or resumed) sweep of that experiment (studies/overoptimi
 
     1. best-of-n: for each seed, the warm start of its cells sampled `--samples` times on each of the
        first `--prompts` held-out prompts and ranked by the seed's single reward model (best_of_n.py)
-       -> results/<name>_best_of_n.csv (a seed already there is not redone)
+       -> results/<name>/<name>_best_of_n.csv (a seed already there is not redone)
     2. points: every ok cell's metrics.jsonl cut into windows of WINDOW steps
-       -> results/<name>_points.csv (needs the run folders results/<name>/runs/)
+       -> results/<name>/<name>_points.csv (needs the run folders results/<name>/runs/)
     3. the report from those two CSVs and the sweep's CSV alone: Gao-style fits of the gold (and proxy)
        minus its start against d = sqrt(KL) per family, their peaks with seed-bootstrap CIs, the
-       declared predictions' verdicts -> results/<name>_gao.md and results/<name>_gao.png
+       declared predictions' verdicts -> results/<name>/<name>_gao.md and _gao.png
 
 `--report-only` redoes step 3 from the committed CSVs (no run folders, no model).
 """
@@ -27,13 +27,13 @@ from typing import Any
 
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.io import atomic_path
+from polgrad.results.paths import csv_path, meta_path, output
 from polgrad.results.provenance import environment, outputs
 from polgrad.results.report import write_report
 from polgrad.results.store import read_metrics, read_rows
 from polgrad.run_folder import RunFolder
 from polgrad.sweep.experiment import Experiment, load_experiment
 from polgrad.sweep.grid import expand
-from studies.overoptimization import STUDY
 from studies.overoptimization import fits as oo
 from studies.overoptimization.columns import KL_COLUMNS
 from studies.overoptimization.columns import rm_columns as _rm_columns
@@ -64,10 +64,13 @@ def _rm_cells(exp: Experiment, seed: int) -> dict[tuple[str, ...], Any]:
     return out
 
 
-def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) -> list[dict[str, Any]]:
+def best_of_n_stage(
+    exp: Experiment, results_dir: Path, *, prompts: int, samples: int
+) -> list[dict[str, Any]]:
     """Best-of-n rows of every seed and reward-model configuration (the proxy the runs of that
-    configuration train on; the same samples, seeded by the seed, for every configuration). Rows already
-    in `path` are kept and not redone."""
+    configuration train on; the same samples, seeded by the seed, for every configuration), in
+    <name>_best_of_n.csv of the experiment's folder. Rows already there are kept and not redone."""
+    path = output(exp.name, results_dir, "_best_of_n.csv")
     import gin
 
     from polgrad.config import build, parse_config
@@ -80,7 +83,7 @@ def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) 
         for key, cell in _rm_cells(exp, seed).items():
             if (seed, *key) in done:
                 continue
-            env = environment(ignore=outputs(exp.name, path.parent, STUDY.outputs))
+            env = environment(ignore=outputs(exp.name, results_dir))
             what = ", ".join(f"{c} = {v}" for c, v in zip(columns, key, strict=True))
             print(f"best-of-n: seed {seed}, {what} ({prompts} prompts x {samples} samples)", file=sys.stderr)
             gin.clear_config()
@@ -100,7 +103,7 @@ def best_of_n_stage(exp: Experiment, path: Path, *, prompts: int, samples: int) 
 
 def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[str, Any]]:
     """The points of every ok cell of the sweep's CSV, from its run folder's metrics.jsonl."""
-    cells = [r for r in read_rows(results_dir / f"{exp.name}.csv") if r.get("status") == "ok"]
+    cells = [r for r in read_rows(csv_path(exp.name, results_dir)) if r.get("status") == "ok"]
     swept = exp.swept_columns
     rows = []
     for r in cells:
@@ -108,7 +111,7 @@ def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[st
         if not metrics:
             raise PolgradError(
                 f"{results_dir / r['run_dir']}: no metrics.jsonl; the points need the sweep's run folders "
-                "(or use --report-only with the committed results/<name>_points.csv)"
+                "(or use --report-only with the committed results/<name>/<name>_points.csv)"
             )
         base = {"cell_id": r["cell_id"], "spec": r["spec"], "seed": int(r["seed"])}
         base.update({c: r.get(c, "") for c in swept})
@@ -129,22 +132,22 @@ def _num(row: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP) -> Path:
-    """results/<name>_gao.md and .png from the three CSVs alone."""
+    """results/<name>/<name>_gao.md and .png from the three CSVs alone."""
     name = exp.name
     points = [
         _num(r, "d", "kl", "proxy", "gold", "seed", "step")
-        for r in read_rows(results_dir / f"{name}_points.csv")
+        for r in read_rows(output(name, results_dir, "_points.csv"))
     ]
     for p in points:
         p["seed"] = int(p["seed"])
     bon = [
         _num(r, "n", "kl", "sqrt_kl", "kl_bound", "proxy", "gold", "seed")
-        for r in read_rows(results_dir / f"{name}_best_of_n.csv")
+        for r in read_rows(output(name, results_dir, "_best_of_n.csv"))
     ]
-    sweep_rows = read_rows(results_dir / f"{name}.csv")
+    sweep_rows = read_rows(csv_path(name, results_dir))
     if not points:
         raise PolgradError(
-            f"{results_dir / f'{name}_points.csv'}: no points; run without --report-only first"
+            f"{output(name, results_dir, '_points.csv')}: no points; run without --report-only first"
         )
     fam_cols = _rm_columns(exp)
     kl_cols = [c for c in exp.swept_columns if c in KL_COLUMNS]
@@ -228,7 +231,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     gao = gao_forms(
         bon, init, rm_key, rm_label, by_family, starts, curves, family_of, bon_curves, gold_fits, bootstrap
     )
-    png = results_dir / f"{name}{oo.SUFFIX}.png"
+    png = output(name, results_dir, f"{oo.SUFFIX}.png")
     title = f"{name}: gold and proxy against sqrt(KL), {len(seeds)} seeds"
     oo.draw(png, title, curves, family_of, gold_fits, bon_curves, rl_fits=gao.rl, bon_fits=gao.bon)
     md = markdown(
@@ -245,7 +248,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
         bootstrap,
         gao,
     ).replace("{START}", " and ".join(sorted(set(start_of.values()))))
-    path = results_dir / f"{name}{oo.SUFFIX}.md"
+    path = output(name, results_dir, f"{oo.SUFFIX}.md")
     with atomic_path(path, suffix=".md") as tmp:
         tmp.write_text(md)
     return path
@@ -309,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m studies.overoptimization",
         description="After a sweep of an experiment trained on a learned reward model: best-of-n per seed, "
         "the runs' gold and proxy against sqrt(KL), Gao-style fits with seed-bootstrap CIs, "
-        "results/<name>_gao.md and .png (see the module docstring).",
+        "results/<name>/<name>_gao.md and .png (see the module docstring).",
     )
     parser.add_argument("experiment", help="experiment gin file, e.g. experiments/overoptimization.gin")
     parser.add_argument("--results", default="results", help="results folder (default: results)")
@@ -333,12 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         results_dir = Path(args.results)
         if not args.report_only:
-            best_of_n_stage(
-                exp, results_dir / f"{exp.name}_best_of_n.csv", prompts=args.prompts, samples=args.samples
-            )
-            points_stage(exp, results_dir, results_dir / f"{exp.name}_points.csv")
+            best_of_n_stage(exp, results_dir, prompts=args.prompts, samples=args.samples)
+            points_stage(exp, results_dir, output(exp.name, results_dir, "_points.csv"))
         path = report(exp, results_dir, bootstrap=args.bootstrap)
-        if (results_dir / exp.name / "experiment.json").exists():  # its md quotes this one's answer
+        if meta_path(exp.name, results_dir).exists():  # its md quotes this one's answer
             write_report(exp.name, results_dir)
     except PolgradError as err:
         print(f"error: {err}", file=sys.stderr)

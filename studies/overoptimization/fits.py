@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from studies.overoptimization import SUFFIX as SUFFIX  # results/<experiment>_gao.md and .png
+from studies.overoptimization import SUFFIX as SUFFIX  # results/<experiment>/<experiment>_gao.md and .png
 
 WINDOW = 5  # steps per point: 60-step runs give 12 points each
 BOOTSTRAP = 2000  # resamples of the seeds

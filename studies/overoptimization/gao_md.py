@@ -1,4 +1,4 @@
-"""The md of the over-optimisation analysis (results/<experiment>_gao.md), from what
+"""The md of the over-optimisation analysis (results/<experiment>/<experiment>_gao.md), from what
 studies/overoptimization/analysis.py computed: best-of-n, the declared fits, Gao et al.'s two forms,
 the free-intercept sensitivity, the last windows, the runs that over-optimised, the declared
 predictions' verdicts and the Answer."""
