@@ -272,9 +272,10 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
             parallel, lowered = memory.fit(exp.name, parallel, run_dirs.values(), exp.processes_per_cell)
             if lowered:
                 print(lowered, file=sys.stderr)
+    at_a_time = f", {parallel} at a time" if parallel and todo else ""
     print(
         f"{exp.name}: {len(cells)} cells, {skipped} already finished, {len(todo)} to run "
-        f"({executor}{f', {parallel} at a time' if parallel and todo else ''}); results in {paths.folder(exp.name, results_dir)}/",
+        f"({executor}{at_a_time}); results in {paths.folder(exp.name, results_dir)}/",
         file=sys.stderr,
     )
     progress = Progress(len(cells), skipped, exp.name)
