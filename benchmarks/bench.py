@@ -94,7 +94,7 @@ TRL, which has no hooks, by wrapping its own functions inside the worker (`_gene
 time_update, ...) are reported too.
 
 The numbers are the machine's: 2 shared cores, so the bench never asserts a timing;
-tests/test_bench.py checks the machinery and the loss identities only.
+tests/project/test_bench.py checks the machinery and the loss identities only.
 """
 
 from __future__ import annotations

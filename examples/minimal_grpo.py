@@ -3,7 +3,7 @@
 No gin, no DeepSpeed, none of the trainer's strategies: a warm-started tiny policy, a frozen copy as
 the reference, and a loop that samples a group of responses per prompt, scores them with the task,
 and takes one AdamW step on GRPO's loss. `grpo_loss` is the whole algorithm; the trainer computes
-the same number from registry/grpo.gin (tests/test_examples.py checks it on a batch of the trainer's).
+the same number from registry/grpo.gin (tests/project/test_examples.py checks it on a batch of the trainer's).
 
     python examples/minimal_grpo.py --steps 20
 

@@ -11,7 +11,7 @@ files bind and reference them as before. At build every part is read once from g
 `registry.Bound`: its hyperparameters are gin's values at that moment (a macro evaluated, a
 default filled in), and the run calls that object, never gin. With polgrad.config,
 polgrad.train_config, polgrad.resume_config, the entry points and the sweep's planner, this is the
-configuration layer: the only code under polgrad/ that imports gin (tests/test_layers.py).
+configuration layer: the only code under polgrad/ that imports gin (tests/project/test_layers.py).
 Importing polgrad.config imports this module; `import polgrad` alone does not make the parts gin
 configurables.
 """

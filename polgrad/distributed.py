@@ -23,7 +23,7 @@ gradient the optimizer must see is dL/dθ. DeepSpeed 0.19 by default divides twi
    W * g_r is sum_r g_r. For W a power of two the multiplication and DeepSpeed's division are exact.
 
 So at the optimizer step every rank's gradient is dL/dθ up to float summation order, and gradient
-clipping (`gradient_clipping`) clips the norm of that true gradient. tests/test_distributed.py
+clipping (`gradient_clipping`) clips the norm of that true gradient. tests/loop/test_distributed.py
 checks both against a plain-PyTorch AdamW step on the summed loss (world size 1 at stages 0-3,
 world size 2 under torchrun at stages 0, 2 and 3).
 Do not call `loss.backward()` on a loss computed from engine outputs: DeepSpeed 0.19 hooks the
@@ -65,7 +65,7 @@ with bf16 as its low-precision type (fp32 copies of every parameter, static loss
 Gradients are bf16 in the module and accumulate over micro-batches in bf16 (DeepSpeed's default
 `grad_accum_dtype`); they are cast to fp32 before clipping and the AdamW step. polgrad casts
 logits to fp32 before every log-softmax and computes ratios, KL and losses in float64
-(polgrad/rollout/hf.py, polgrad/trainer.py); tests/test_bf16.py checks the dtypes, the loss
+(polgrad/rollout/hf.py, polgrad/trainer.py); tests/models/test_bf16.py checks the dtypes, the loss
 against fp32 and that a bf16 run learns.
 
 The shared-memory comm op. `deepspeed.init_distributed` JIT-compiles `deepspeed_shm_comm` on CPU (a

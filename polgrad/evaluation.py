@@ -178,7 +178,7 @@ def exact_kl(
     each token from (the HF samplers keep it when asked and drop it from a stale rollout, so it is
     `policy`'s own). Then only the reference runs a forward, and the KL equals the two-forward one up
     to the float difference between a KV-cached decode and one full forward
-    (tests/test_evaluation.py; in bf16 that rounding is ~1e-6 per token, so a step-1 KL is not
+    (tests/loop/test_evaluation.py; in bf16 that rounding is ~1e-6 per token, so a step-1 KL is not
     exactly 0), and `policy` is not called. Without it, `policy` runs a no-grad forward.
 
     Memory: where both models' output projections can be fused and the logits exceed one chunk

@@ -14,7 +14,7 @@ A training run (`python -m polgrad.train ... --out DIR`, or a sweep's cell) writ
     model/                  the policy's config + tokenizer and the spec's name (what polgrad.export needs)
     final/                  the result as a model (polgrad/export.py)
 
-Nothing else in polgrad spells these names (tests/test_layers.py checks it): code that reads or
+Nothing else in polgrad spells these names (tests/project/test_layers.py checks it): code that reads or
 writes a run's file asks `RunFolder(path)` for it.
 """
 

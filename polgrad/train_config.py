@@ -84,7 +84,7 @@ class TrainConfig:
     max_staleness: the one setting of asynchronous rollouts. 0 (default) is the synchronous loop;
     k > 0 starts a producer thread that samples the next batches while the trainer updates, step s
     from the weights of step max(s - k, 0) (polgrad/producer.py; the producer at k = 0 would be the
-    synchronous loop bit for bit, tests/test_async_rollouts.py). Either backend; every ZeRO stage
+    synchronous loop bit for bit, tests/rollout/test_async_rollouts.py). Either backend; every ZeRO stage
     (under ZeRO-3 the producer snapshots the gathered weights) and any world size (each rank's
     producer samples its own prompts; the ranks' versions are checked equal). max_staleness above
     train.steps is an error, and

@@ -44,7 +44,7 @@ many groups. Groups never straddle ranks, so group statistics (GRPO's mean and s
 leave-one-out) are rank-local; every statistic of the whole batch (whitening, batch std, the
 aggregators' denominators, the KL the controller reads, every logged metric) is reduced over the
 ranks (polgrad.collective), so with one epoch of one minibatch a step at world size W is the
-step at world size 1 on the concatenated batch (tests/test_data_parallel.py, ZeRO 0-3; with
+step at world size 1 on the concatenated batch (tests/loop/test_data_parallel.py, ZeRO 0-3; with
 several minibatches each rank shuffles its own rows into them, so the minibatches differ).
 With filters, every rank keeps the same number of groups (the fewest any rank has), so all
 ranks run the same optimizer steps.
@@ -63,7 +63,7 @@ producer, and says whether π_old is recomputed: polgrad/sampling.py), the
 reference (none, frozen, frozen with full logits: polgrad/reference.py), the critic (none, own
 engine with its warm-up, in the policy's engine: polgrad/critic.py), the scorer (the task's
 verifier, or a reward model with the gold beside it) and the baseline (none, ReMax's greedy one).
-tests/test_layers.py counts the step's branches on optional roles: there are none.
+tests/project/test_layers.py counts the step's branches on optional roles: there are none.
 
 Phases are announced through `polgrad.hooks` (sample, reward, old_logp, ref, values, advantage,
 policy_fwd, loss, backward, optim, sync, eval, checkpoint) so tools can time them.

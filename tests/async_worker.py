@@ -1,6 +1,6 @@
-"""`python -m polgrad.train` for tests/test_async_ranks.py, run under torchrun; `--force-async` first
+"""`python -m polgrad.train` for tests/loop/test_async_ranks.py, run under torchrun; `--force-async` first
 makes train.max_staleness = 0 run the producer (the synchronous loop otherwise), as
-tests/test_async_rollouts.py forces it in one process.
+tests/rollout/test_async_rollouts.py forces it in one process.
 
     torchrun --standalone --nproc_per_node 2 tests/async_worker.py [--force-async] CONFIG ... --out DIR
 """

@@ -111,7 +111,7 @@ def _no_leaked_launcher_env():
     """TRL's accelerate (the bench's in-process numerics) writes RANK and WORLD_SIZE into os.environ;
     a later test's subprocess would take them for a launcher's and wait for an env:// rendezvous
     (MASTER_ADDR) that never comes. Each test ends with the launcher variables it started with.
-    polgrad's own runs restore what they write (distributed.session; tests/test_layers.py checks it),
+    polgrad's own runs restore what they write (distributed.session; tests/project/test_layers.py checks it),
     and a test that calls distributed.setup directly leaves LOCAL_RANK=0, which this also undoes."""
     before = {k: os.environ.get(k) for k in LAUNCHER_VARS}
     yield

@@ -6,7 +6,7 @@ global batch of `global_batch()`, this rank taking its contiguous share, and wri
 ``OUT/stage{S}_rank{R}.json`` with the step losses, the reduced gradient of the first step, the
 parameters after the last step and, under ZeRO-3, each parameter's full and local sizes. A last
 step with a NaN loss on one rank only must then be skipped by all ranks.
-tests/test_distributed.py imports the helpers below to compute the plain-PyTorch reference.
+tests/loop/test_distributed.py imports the helpers below to compute the plain-PyTorch reference.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ N_SEQ, PROMPT_LEN, SEQ_LEN, VOCAB = 8, 4, 12, 128
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-2, 0.01, 1.0
 # Adam's eps: with the default 1e-8, coordinates whose true gradient is ~0 (the key biases: softmax
 # is invariant to them) turn float-summation noise into updates of up to lr; 1e-4 keeps the
-# comparison with the reference well conditioned (tests/test_distributed.py).
+# comparison with the reference well conditioned (tests/loop/test_distributed.py).
 EPS = 1e-4
 STEPS = 3
 # ZeRO-3 keeps parameters below this many elements whole on every rank (DeepSpeed default 1e5):

@@ -1,4 +1,4 @@
-"""Worker of tests/test_data_parallel.py: one trainer step at world size 2, and its world-size-1 twin.
+"""Worker of tests/loop/test_data_parallel.py: one trainer step at world size 2, and its world-size-1 twin.
 
     torchrun --standalone --nproc_per_node 2 tests/dp_worker.py OUT CASES   # the ranks
     python tests/dp_worker.py OUT CASES --reference                         # world size 1

@@ -1,4 +1,4 @@
-"""Worker for tests/test_distributed.py's test of `distributed.finish`: two gloo ranks, rank 0 still
+"""Worker for tests/loop/test_distributed.py's test of `distributed.finish`: two gloo ranks, rank 0 still
 busy (as when it writes the final model) when rank 1 is done; each writes when it entered and left
 `finish` and whether its group was gone after it."""
 

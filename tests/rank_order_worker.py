@@ -1,4 +1,4 @@
-"""Two gloo ranks for tests/test_rank_zero_first.py: the order `collective.rank_zero_first` imposes,
+"""Two gloo ranks for tests/loop/test_rank_zero_first.py: the order `collective.rank_zero_first` imposes,
 and a checkpoint written by rank 1 (`models.loading.save_model_dir`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker of tests/test_advantage_ranks.py: the batch-statistics estimators on one rank's half.
+"""Worker of tests/components/test_advantage_ranks.py: the batch-statistics estimators on one rank's half.
 
 `run(rank, world, store, out)` joins a gloo group of 2 through the file `store`, takes its share of
 `global_batch()` (whole groups: group statistics are rank-local) and writes the advantages of every

@@ -1,4 +1,4 @@
-"""Worker of tests/test_dynamic_sampling.py's two-rank test: DAPO's refill on two gloo ranks.
+"""Worker of tests/loop/test_dynamic_sampling.py's two-rank test: DAPO's refill on two gloo ranks.
 
 `run(rank, world, store, out)` joins a gloo group of 2 through the file `store`, replaces
 `trainer.collect` by the scripted rounds of its rank (`ROUNDS[rank]`: 3 groups of 2 rows per

@@ -1,4 +1,4 @@
-"""Two gloo ranks take the producer's snapshot of a module (tests/test_async_ranks.py): with the same
+"""Two gloo ranks take the producer's snapshot of a module (tests/loop/test_async_ranks.py): with the same
 weights, or with rank 1's moved by `shift` (ranks that diverged). Writes out/rank<r>.txt: 'ok' or the
 error's text."""
 

@@ -18,7 +18,7 @@ any trust region, and there its gradient is zero. Padding (mask 0) may hold any 
 or nan: it is selected out (torch.where, which passes no gradient to the unselected side) before
 any nonlinearity, so value and gradient stay clean.
 
-The parts rely on that selection to skip work (tests/test_clip.py checks the outcome): on padding
+The parts rely on that selection to skip work (tests/components/test_clip.py checks the outcome): on padding
 the log-ratio is exactly 0, so ρ = 1 and approx_kl = e^0 - 1 - 0 = 0, and A = 0, so the clip
 indicators (A < 0 / A > 0; for cispo ρ = 1 outside [1-ε_low, 1+ε_high], which cannot be) are
 already 0 there and need no second select. A metric that can be non-zero on padding (an IS weight

@@ -13,14 +13,14 @@ http://joschu.net/blog/kl-approx.html; in his notation r = π_ref/π_θ = e^{-x}
     full                   exact per-token KL from the full log-softmax over the vocabulary
 
 Gradients matter as much as values when the KL is placed in the loss. At one position, with y ~ π_θ
-(current policy), E[∇k2] = E[x ∇log π_θ(y)] = ∇KL(π_θ || π_ref), the reverse KL (score-function
-identity, E[∇log π_θ] = 0), while E[∇k1] = E[∇log π_θ] = 0 and E[∇k3] = E[(1 - e^{-x}) ∇log π_θ] =
-∇KL(π_ref || π_θ), the forward KL. Over a sequence these hold per position with the prefix
-distribution held fixed: Σ_t k2_t as a loss gives the gradient of Σ_t KL(π_θ(·|prefix) || π_ref(·|prefix))
-for fixed prefixes, which misses the sequence-level KL's term through the prefix distribution and in
-general differs from ∇KL_seq(π_θ || π_ref) (tests/test_kl_gradients.py proves both statements exactly).
-The straight-through variants `k1_st`, `k3_st`, `abs_st` therefore keep the forward value of their
-estimator (what is logged / folded into rewards) and take the gradient of k2:
+(current policy), E[∇k2] = E[x ∇log π_θ(y)] = ∇KL(π_θ || π_ref), the reverse KL (score-function identity,
+E[∇log π_θ] = 0), while E[∇k1] = E[∇log π_θ] = 0 and E[∇k3] = E[(1 - e^{-x}) ∇log π_θ] = ∇KL(π_ref ||
+π_θ), the forward KL. Over a sequence these hold per position with the prefix distribution held fixed:
+Σ_t k2_t as a loss gives the gradient of Σ_t KL(π_θ(·|prefix) || π_ref(·|prefix)) for fixed prefixes,
+which misses the sequence-level KL's term through the prefix distribution and in general differs from
+∇KL_seq(π_θ || π_ref) (tests/components/test_kl_gradients.py proves both statements exactly). The
+straight-through variants `k1_st`, `k3_st`, `abs_st` therefore keep the forward value of their estimator
+(what is logged / folded into rewards) and take the gradient of k2:
 value = k2 + sg[est - k2].
 """
 
@@ -42,7 +42,7 @@ def _log_ratio(where: str, logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tens
 
     Every sample-based estimator maps x = 0 to exactly 0 (k1, k2, k3, abs and their straight-through
     forms, with or without k3's guards), so its result is already zero on padding and needs no
-    second select; the padding tests in tests/test_kl.py check value and gradient there."""
+    second select; the padding tests in tests/components/test_kl.py check value and gradient there."""
     check_bt(where, mask, logp=logp, ref_logp=ref_logp)
     diff = logp - ref_logp
     return zero_pad(mask > 0, diff)
@@ -129,7 +129,7 @@ def k3(
     """k3 = e^{-x} - 1 + x = (r - 1) - log r with r = π_ref/π_θ: unbiased, >= 0, low variance near π_ref.
 
     Variance: for π_θ near π_ref, Var[k1] ≈ 2 KL while Var[k3] = O(KL^2); far apart e^{-x} is heavy
-    where π_ref >> π_θ and k3 can be noisier than k1 (tests/test_kl.py has such a pair).
+    where π_ref >> π_θ and k3 can be noisier than k1 (tests/components/test_kl.py has such a pair).
 
     Source: Schulman 2020 "Approximating KL divergence" (k3); verl `kl_penalty='low_var_kl'`.
     Numerical guards, as in verl: x is clamped to [-max_log_ratio, max_log_ratio] before the exp

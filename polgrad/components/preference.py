@@ -97,7 +97,7 @@ def ipo(
     response's tokens, per the kind's contract). TRL's `loss_type="ipo"` first divides each side's
     log-ratio by its completion length (`completion_mask.sum(1).clamp(min=1)`; a choice its
     comment says the IPO authors confirmed), so with the same beta the two agree only when the
-    log-ratios passed here are TRL's length-averaged ones (tests/test_preference.py checks that).
+    log-ratios passed here are TRL's length-averaged ones (tests/components/test_preference.py checks that).
 
     Shapes: chosen_logratio [P], rejected_logratio [P] -> loss [P], chosen_reward [P],
     rejected_reward [P] (beta * logratio, detached, as TRL logs them for every loss).

@@ -20,7 +20,7 @@ Cost and gain (benchmarks/bench.py `--only compile`, results/bench/profile.md): 
 tens of seconds at the first step, paid once per process, and each step is then faster by the
 fraction the bench reports; a run shorter than the break-even step loses time, which is why it is
 off by default. The compiled path agrees with the eager one to float tolerance (inductor fuses and
-reorders float operations), not bit for bit (tests/test_compile.py); the eager path is untouched.
+reorders float operations), not bit for bit (tests/models/test_compile.py); the eager path is untouched.
 """
 
 from __future__ import annotations

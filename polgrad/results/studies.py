@@ -11,7 +11,7 @@ studies/) with a module-level `STUDY = Study(...)`. An experiment names the stud
 the dry run imports each (a name that does not import, or a module without a Study, is one line
 naming the file and the binding), the sweep records the names in results/<name>/experiment.json,
 and every report of the experiment imports them again from there. The library never imports a study
-by name in its code (tests/test_layers.py checks it); a study may use anything of the library.
+by name in its code (tests/project/test_layers.py checks it); a study may use anything of the library.
 
 A study contributes, each optional:
 

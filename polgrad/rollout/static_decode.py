@@ -15,7 +15,7 @@ and decodes with
 
 The arithmetic is that of the HF layer (RMSNorm in fp32 then cast, rotate_half RoPE scaled by the
 rotary's attention_scaling, softmax(QK^T/sqrt(d)) V, SwiGLU), so the logits equal the HF forward's up
-to float reassociation (tests/test_rollout.py compares them step by step, teacher-forced).
+to float reassociation (tests/rollout/test_rollout.py compares them step by step, teacher-forced).
 The prompt is prefilled by the HF forward itself and its K/V copied into the static cache.
 
 When. `StaticDecoder.unsupported(model)` returns why the lean path cannot be used (another
