@@ -194,7 +194,12 @@ def _autouse(body: list[ast.stmt]) -> set[str]:
     }
 
 
-def _uses_fake_trainer(func: ast.FunctionDef, marks: list[ast.expr], autouse: set[str]) -> bool:
+def _uses_fake_trainer(
+    func: ast.FunctionDef, marks: list[ast.expr], autouse: set[str], scope: dict[str, ast.AST] | None = None
+) -> bool:
+    """Whether `func` runs on the fake trainer: it takes the `fake_trainer` fixture, directly, by a mark,
+    autouse, or through a fixture of its module (`scope`) that takes it (test_sweep_multiprocess's
+    fake_ranks)."""
     params = {a.arg for a in func.args.args}
     used = {
         s.value
@@ -204,7 +209,16 @@ def _uses_fake_trainer(func: ast.FunctionDef, marks: list[ast.expr], autouse: se
         for s in c.args
         if isinstance(s, ast.Constant)
     }
-    return "fake_trainer" in params | used | autouse
+    names = params | used | autouse
+    if "fake_trainer" in names:
+        return True
+    scope = scope or {}
+    return any(
+        isinstance(scope.get(n), ast.FunctionDef)
+        and scope[n] is not func
+        and _uses_fake_trainer(scope[n], [], set(), {k: v for k, v in scope.items() if k != n})
+        for n in params | used
+    )
 
 
 def _definitions(body: list[ast.stmt]) -> dict[str, ast.AST]:
@@ -262,7 +276,7 @@ def unmarked(source: str, filename: str = "tests/test_x.py") -> dict[str, str]:
 
     found = {}
     for func, scopes, marks, autouse in _tests(tree):
-        if _marked([*marks, *func.decorator_list]) or _uses_fake_trainer(func, marks, autouse):
+        if _marked([*marks, *func.decorator_list]) or _uses_fake_trainer(func, marks, autouse, scopes[-1]):
             continue
         settings, runs = [], []
         for node in _reach(func, scopes, facts):
@@ -334,11 +348,21 @@ def test_the_marker_on_the_test_its_class_or_its_module_counts(source):
         HEAD + "def test_t(fake_trainer):\n    subprocess.run(['Sweep.processes_per_cell = 2'])\n",
         HEAD + "@pytest.fixture(autouse=True)\ndef fake_trainer():\n    pass\n\n\n"
         "def test_t():\n    subprocess.run(['Sweep.processes_per_cell = 2'])\n",
+        HEAD + "@pytest.fixture\ndef ranks(fake_trainer):\n    pass\n\n\n"
+        "def test_t(ranks):\n    subprocess.run(['Sweep.processes_per_cell = 2'])\n",
         # one rank, ZeRO-2, fp32
         HEAD + "def test_t():\n    mp.spawn(work, nprocs=1)\n"
         "    run(['train.zero_stage = 2', 'train.bf16 = False'], bf16=False, zero_stage=2)\n",
     ],
-    ids=["refused", "prose", "dry run", "fake trainer", "autouse fake trainer", "plain settings"],
+    ids=[
+        "refused",
+        "prose",
+        "dry run",
+        "fake trainer",
+        "autouse fake trainer",
+        "fixture on it",
+        "plain settings",
+    ],
 )
 def test_what_runs_no_cpu_matrix_setting_is_not_flagged(source):
     assert unmarked(source) == {}

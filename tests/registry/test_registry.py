@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import gin
 import pytest
@@ -85,7 +87,8 @@ def test_every_builtin_part_has_a_docstring_with_a_source():
 
 
 def _test_text() -> str:
-    return "\n".join(open(os.path.join(TESTS, f)).read() for f in os.listdir(TESTS) if f.endswith(".py"))
+    """Every .py file under tests/ (its folders too), one text."""
+    return "\n".join(p.read_text() for p in sorted(Path(TESTS).rglob("*.py")))
 
 
 def test_every_registered_name_is_exercised_by_a_test():
@@ -274,7 +277,12 @@ def test_every_registered_part_passes_the_checks():
         contract.check_meta(e.kind, e.full_name, e.where, e.meta)
         contract.check_signature(e.kind, e.full_name, e.where, inspect.unwrap(e.fn))
     assert registry.lookup("kl", "sweeptest_k1")
-    from test_user_module import USER_MODULE
+    spec = importlib.util.spec_from_file_location(
+        "t_user_module_text", Path(TESTS) / "loop" / "test_user_module.py"
+    )
+    user = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(user)  # its module text (the file is not on sys.path when run alone)
+    USER_MODULE = user.USER_MODULE
 
     ns: dict = {"__name__": "t_user_module"}
     exec(compile(USER_MODULE.replace('"median_baseline"', '"t_user_copy"'), "user_module", "exec"), ns)
