@@ -275,3 +275,17 @@ def leader(
     worse = [(c.test.mean < 0) if higher_is_better else (c.test.mean > 0) for c in judged]
     starred = bool(judged) and all(c.significant and w for c, w in zip(judged, worse, strict=True))
     return best, comps, starred
+
+
+def p_text(x: float) -> str:
+    """A p-value as the md prints it: 2 significant digits, '<1e-4' below, '–' for none."""
+    return "–" if x is None or math.isnan(x) else (f"{x:.2g}" if x >= 1e-4 else "<1e-4")
+
+
+def rule_text(c: Comparison, label) -> str:
+    """The rule that decides `c`, as the md names it (or why it is not tested)."""
+    if c.identical_to is not None:
+        return f"identical to {label(c.identical_to)}: not tested"
+    if c.test.n < 2:
+        return "not tested (n < 2)"
+    return c.rule + (f" ({c.reason})" if c.reason else "")

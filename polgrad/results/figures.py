@@ -1,27 +1,27 @@
 """The figures of one experiment, drawn to answer its question (Agg backend, PNG, written atomically).
 
-- results/<experiment>/<experiment>.png, a forest plot: each configuration's paired difference to the
-  experiment's baseline (the leader by mean when the experiment names no baseline) in the primary
-  metric and in the KL (kl_exact where the runs measured it), with its 95% CI and its deciding p
-  (Holm-corrected, of the test the comparison's rule decides by: `Comparison.p_decision`).
-  These are the md's numbers: `polgrad.results.compare.against`, one Holm family per metric, as in
-  the md's "Paired differences to the baseline" table. Rows are in grid order (the order of the
-  sweep's cells in experiment.json: the swept values as declared), never sorted by the difference,
-  grouped (`grouping`) by the first column (spec, then the swept bindings) whose values nest the grid
-  (one contiguous run per value: off_policy's staleness, the outer loop of a product; kl_ablation's
-  placement in its list of tuples) under a bold group label and a separator line, unless every group
-  would be one row; the baseline has no row (it is the zero line, drawn on every panel). A marker is filled
-  when the difference is significant after the md's Holm correction (`Comparison.significant`),
-  hollow otherwise; its colour never encodes the sign (one neutral colour, or one colour per
-  within-group label that recurs in several groups, e.g. off_policy's correction at each staleness).
-  A label names only the swept bindings the configuration reads (the CSV's `not_read` leaves the
-  others out). Every panel says which way is better: the primary metric by the experiment's
-  `higher_is_better`, a KL "lower = closer to reference", held-out accuracy "higher is better".
-  A 'no difference' prediction's equivalence margin (experiment.json `predictions`, `margin`) is a
-  shaded band ±margin on its metric's panel (against the baseline only: the margin is a difference
-  to the baseline), and the prediction's own row also carries its 90% CI as a thick bar inside the
-  thin 95% one: the interval TOST at α = 0.05 compares with the band (inside it exactly when TOST
-  confirms, before Holm's correction), where the 95% CI would show equivalence too rarely.
+- results/<experiment>/<experiment>.png, a forest plot (drawn by polgrad.results.forest): each
+  configuration's paired difference to the experiment's baseline (the leader by mean when the experiment
+  names no baseline) in the primary metric and in the KL (kl_exact where the runs measured it), with its
+  95% CI and its deciding p (Holm-corrected, of the test the comparison's rule decides by:
+  `Comparison.p_decision`). These are the md's numbers: `polgrad.results.compare.against`, one Holm
+  family per metric, as in the md's "Paired differences to the baseline" table. Rows are in grid order
+  (the order of the sweep's cells in experiment.json: the swept values as declared), never sorted by the
+  difference, grouped (`grouping`) by the first column (spec, then the swept bindings) whose values nest
+  the grid (one contiguous run per value: off_policy's staleness, the outer loop of a product;
+  kl_ablation's placement in its list of tuples) under a bold group label and a separator line, unless
+  every group would be one row; the baseline has no row (it is the zero line, drawn on every panel). A
+  marker is filled when the difference is significant after the md's Holm correction
+  (`Comparison.significant`), hollow otherwise; its colour never encodes the sign (one neutral colour, or
+  one colour per within-group label that recurs in several groups, e.g. off_policy's correction at each
+  staleness). A label names only the swept bindings the configuration reads (the CSV's `not_read` leaves
+  the others out). Every panel says which way is better: the primary metric by the experiment's
+  `higher_is_better`, a KL "lower = closer to reference", held-out accuracy "higher is better". A 'no
+  difference' prediction's equivalence margin (experiment.json `predictions`, `margin`) is a shaded band
+  ±margin on its metric's panel (against the baseline only: the margin is a difference to the baseline),
+  and the prediction's own row also carries its 90% CI as a thick bar inside the thin 95% one: the
+  interval TOST at α = 0.05 compares with the band (inside it exactly when TOST confirms, before Holm's
+  correction), where the 95% CI would show equivalence too rarely.
 - results/<experiment>/<experiment>_curves.png (drawn by polgrad.results.curves), small multiples: one
   panel per configuration, that configuration against the baseline: train reward (metrics.jsonl
   `reward_mean`) smoothed per seed by an exponential moving average of span `EMA_SPAN` steps, and
@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,33 +53,16 @@ from polgrad.results.curves import (  # noqa: F401 (ema, EMA_SPAN: the curves' s
     draw_curves,
     ema,
     mean_band,
-    save_png,
     seed_curves,
     sequences_band,
 )
 from polgrad.results.findings import kl_metric
+from polgrad.results.forest import draw_forest
 from polgrad.results.health import failed_keys
-from polgrad.results.layout import PANEL_IN, clear_top, widen_for_labels  # noqa: F401 (PANEL_IN)
+from polgrad.results.layout import PANEL_IN  # noqa: F401 (re-exported: the figures' panel width)
 from polgrad.results.paths import runs_dir
 from polgrad.results.predictions import margin_bands, tost_rows
 from polgrad.results.store import unread_columns
-
-KL_METRICS = ("kl", "kl_exact")  # lower = closer to the reference policy, not "better"
-NEUTRAL = "0.2"  # the markers' colour where no label recurs across groups
-# (no green: the equivalence margin's band is green)
-PALETTE = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:cyan", "tab:olive")
-
-
-def direction(metric: str, primary: str, higher_is_better: bool) -> str:
-    """The panel's reading direction: a KL is closer to the reference when lower (whatever the
-    experiment ranks by); the primary metric follows `higher_is_better`; accuracy is better higher;
-    any other metric (a prediction's, e.g. a response length) has no better side: '' ."""
-    if metric in KL_METRICS:
-        return "← lower = closer to reference"
-    if metric == primary:
-        return "higher is better →" if higher_is_better else "← lower is better"
-    return "higher is better →" if metric == "eval_accuracy" else ""
-
 
 FIGURES_JSON = "figures.json"  # results/<experiment>/figures.json: what each PNG shows (Figures.drawn)
 
@@ -341,149 +323,3 @@ def _twin(c, label) -> str:
     if c.identical_to is None:
         return ""
     return "the reference" if c.identical_to == c.reference else label(c.identical_to)
-
-
-def _right_text(r: dict[str, Any]) -> str:
-    """A row's right-hand text: Δ and the deciding p; for the same runs as another configuration,
-    which (not tested); and whether the comparison involves collapsed runs."""
-    if r.get("twin"):
-        return f"{_fmt(r['mean'])}  same runs as {r['twin']}"
-    return f"{_fmt(r['mean'])}  {_p(r['p_holm'])}" + ("  failed runs" if r.get("failed") else "")
-
-
-def _fmt(x: float) -> str:
-    return "–" if x is None or math.isnan(x) else f"{x:+.3g}"
-
-
-def _p(x: float) -> str:
-    return "p –" if x is None or math.isnan(x) else ("p<1e-4" if x < 1e-4 else f"p={x:.2g}")
-
-
-def _layout(figs: Figures) -> tuple[list[tuple[float, str, str]], list[float]]:
-    """Top to bottom: (y, text, label) per tick, label "" for a group's header; and the y of the
-    separators between groups. A group of one configuration has no header (its row names it whole)."""
-    ticks: list[tuple[str, str]] = []
-    seps: list[int] = []
-    for name, labels in figs.groups:
-        if ticks:
-            seps.append(len(ticks))
-        if name and len(labels) > 1:
-            ticks.append((name, ""))
-        ticks += [(figs.shown.get(lab, lab), lab) for lab in labels]
-    n = len(ticks)
-    return [(n - 1 - i, text, lab) for i, (text, lab) in enumerate(ticks)], [n - i - 0.5 for i in seps]
-
-
-def _colours(figs: Figures) -> dict[str, str]:
-    """One colour per row text that recurs in two or more groups (the inner factor, e.g. the
-    correction at each staleness); every other row neutral. Never the sign of the difference."""
-    counts: dict[str, int] = {}
-    for _, labels in figs.groups:
-        for text in dict.fromkeys(figs.shown.get(lab, lab) for lab in labels):
-            counts[text] = counts.get(text, 0) + 1
-    # in the order of the largest group (off_policy: ppo, tis, icepop as declared, though the
-    # staleness-0 group lacks the baseline's ppo)
-    largest = [figs.shown.get(lab, lab) for lab in max((g for _, g in figs.groups), key=len, default=[])]
-    recurring = [t for t, c in counts.items() if c > 1]
-    recurring.sort(key=lambda t: largest.index(t) if t in largest else len(largest))
-    if len(recurring) > len(PALETTE):
-        recurring = []
-    colour = dict(zip(recurring, PALETTE, strict=False))
-    return {lab: colour.get(figs.shown.get(lab, lab), NEUTRAL) for lab in figs.order}
-
-
-def draw_forest(path: Path, experiment: str, figs: Figures, primary: str, higher_is_better: bool):
-    """One panel per metric, one row per configuration (grid order, grouped): Δ = configuration −
-    reference, paired by seed, 95% CI bar, the deciding p (Holm) on the right; filled marker where
-    `significant`, hollow otherwise; the zero line, and the equivalence margins as shaded bands.
-    Returns the figure (closed)."""
-    import matplotlib.pyplot as plt
-
-    ticks, seps = _layout(figs)
-    n = len(ticks)
-    colour = _colours(figs)
-    ncols = len(figs.metrics)
-    height = 0.4 * max(n, 2) + 2.3
-    fig, axes = plt.subplots(1, ncols, figsize=(5.4 * ncols + 1.6, height), sharey=True, squeeze=False)
-    twins = []  # each panel's right axis: its Δ and p text
-    for ax, m in zip(axes[0], figs.metrics, strict=True):
-        rows = {r["label"]: r for r in figs.forest if r["metric"] == m}
-        notes = []
-        for margin, claim in figs.margins.get(m, []):
-            ax.axvspan(-margin, margin, color="tab:green", alpha=0.13, lw=0, zorder=0)
-            notes.append(f"shaded: ±{margin:g} equivalence margin ('{claim}')")
-        tost = figs.tost_rows.get(m, set())  # the predicted configurations: the interval TOST uses
-        if tost:
-            notes.append(
-                "thick bar: the 'no difference' prediction's 90% CI, within the band exactly when its TOST "
-                "at α = 0.05 confirms before Holm's correction (the md's verdict is after it)"
-            )
-        ax.axvline(0.0, color="0.35", lw=1.0, zorder=1)
-        for y in seps:
-            ax.axhline(y, color="0.75", lw=0.8, zorder=1)
-        for y, _, lab in ticks:
-            r = rows.get(lab)
-            if r is None:
-                continue
-            c = colour.get(lab, NEUTRAL)
-            if not math.isnan(r["low"]):
-                ax.plot([r["low"], r["high"]], [y, y], color=c, lw=2.0, zorder=2)
-            if lab in tost and not math.isnan(r["low_tost"]):
-                ax.plot(
-                    [r["low_tost"], r["high_tost"]], [y, y], color=c, lw=5.0, zorder=2, gid=f"tost|{m}|{lab}"
-                )
-            face = c if r["significant"] else "white"
-            shape = "X" if r.get("failed") else "o"  # a comparison resting on collapsed runs
-            ax.plot([r["mean"]], [y], shape, ms=7, zorder=3, color=c, markerfacecolor=face, gid=f"{m}|{lab}")
-        ax.set_ylim(-0.7, max(n, 1) - 0.3)
-        ax.grid(axis="x", alpha=0.3)
-        ax.locator_params(axis="x", nbins=6)  # a narrow panel's tick labels must not run together
-        xlabel = [f"Δ {m} (configuration − {figs.reference_kind or 'reference'})"]
-        xlabel += [d for d in [direction(m, primary, higher_is_better)] if d]
-        xlabel += [textwrap.fill(t, 60) for t in notes]
-        ax.set_xlabel("\n".join(xlabel), fontsize=10)
-        ax.set_title(m, fontsize=11)
-        right = ax.twinx()
-        twins.append(right)
-        right.set_ylim(ax.get_ylim())
-        right.set_yticks([y for y, _, _ in ticks])
-        right.set_yticklabels(
-            [
-                "" if not lab else (_right_text(rows[lab]) if lab in rows else "– (no values)")
-                for _, _, lab in ticks
-            ],
-            fontsize=8.5,
-        )
-        right.tick_params(length=0)
-        if not n:
-            ax.text(
-                0.5,
-                0.5,
-                "nothing to compare: fewer than two configurations",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                fontsize=10,
-            )
-    left = axes[0][0]
-    left.set_yticks([y for y, _, _ in ticks])
-    left.set_yticklabels([text for _, text, _ in ticks], fontsize=9.5)
-    for tick, (_, _, lab) in zip(left.get_yticklabels(), ticks, strict=True):
-        tick.set_fontweight("normal" if lab else "bold")
-        tick.set_color(colour.get(lab, "black") if lab else "black")
-    ref = f"the {figs.reference_kind} {figs.reference}" if figs.reference else "no reference"
-    grouped = f"; grouped by {figs.factor.removeprefix('Algorithm.')}" if figs.factor else ""
-    sup = fig.suptitle(
-        f"{experiment}: each configuration − {ref}, paired by seed (mean, 95% CI)\n"
-        f"rows in grid order{grouped}; filled = significant after Holm's correction (as in the md), "
-        "hollow = not; "
-        + ("✕ = involves collapsed runs; " if any(r.get("failed") for r in figs.forest) else "")
-        + "right: Δ and the deciding p (Holm)",
-        fontsize=11,
-    )
-    widen_for_labels(fig, twins, left)
-    fig.tight_layout()
-    fig.subplots_adjust(top=1 - 0.85 / height)
-    clear_top(fig, [sup])
-    save_png(fig, path)
-    return fig

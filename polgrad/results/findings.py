@@ -13,8 +13,8 @@ from the reference are flagged. With fewer than 2 seeds paired no test exists, a
 no statistics are possible; where seeds were dropped for runs that are not ok, it names that cause
 (`drop_cause`) instead of advising more seeds. Each finding names its Holm family: all comparisons
 with the baseline in a metric, or the declared predictions.
-The findings end with one **Answer.** sentence: the question answered, or why it cannot be and what
-would answer it.
+The findings end with one **Answer.** sentence (polgrad.results.answer): the question answered, or why it
+cannot be and what would answer it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from polgrad.results import gains, health
+from polgrad.results.answer import answer as _answer
+from polgrad.results.answer import drop_cause
+from polgrad.results.answer import span_text as _span
 from polgrad.results.compare import (
     ALPHA,
     NORMALITY_ALPHA,
@@ -40,9 +43,11 @@ from polgrad.results.compare import (
     missing_values,
     ranking_seeds,
 )
-from polgrad.results.predictions import as_run, judge, prediction_delta
+from polgrad.results.compare import p_text as _p
+from polgrad.results.compare import rule_text as _rule
 from polgrad.results.predictions import delta_text as _delta
 from polgrad.results.predictions import num as _num
+from polgrad.results.predictions import section as predictions_section
 from polgrad.results.stats import min_signflip_p
 from polgrad.results.tuning import tuned_note, tuned_values
 
@@ -55,26 +60,6 @@ _SEE = f"(see {health.HEADING[3:]})"
 def kl_metric(rows: Sequence[dict[str, Any]]) -> str:
     """The exact KL where the runs measured it, else the sampled estimate."""
     return "kl_exact" if any(str(r.get("kl_exact", "")).strip() for r in rows) else "kl"
-
-
-def _p(x: float) -> str:
-    return "–" if x is None or math.isnan(x) else (f"{x:.2g}" if x >= 1e-4 else "<1e-4")
-
-
-def _rule(c: Comparison, label) -> str:
-    if c.identical_to is not None:
-        return f"identical to {label(c.identical_to)}: not tested"
-    if c.test.n < 2:
-        return "not tested (n < 2)"
-    return c.rule + (f" ({c.reason})" if c.reason else "")
-
-
-def _span(xs: Sequence[float]) -> str:
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return "–"
-    lo, hi = min(xs), max(xs)
-    return _num(lo) if _num(lo) == _num(hi) else f"{_num(lo)} to {_num(hi)}"
 
 
 def _undetected(comps: Sequence[Comparison], cause: str = "") -> str:
@@ -94,26 +79,6 @@ def _undetected(comps: Sequence[Comparison], cause: str = "") -> str:
             + (f"with the seeds left: {cause}" if cause else "without more seeds")
         )
     return text
-
-
-def drop_cause(rows: Sequence[dict[str, Any]], group_columns: Sequence[str], label) -> str:
-    """'k of n seeds were dropped because configuration X was not ok in them (...)', or ''."""
-    dropped = dropped_seeds(rows, group_columns)
-    if not dropped:
-        return ""
-    n = len({str(r.get("seed", "")) for r in rows})
-    bad: dict[Key, list[str]] = {}
-    for seed, rs in dropped.items():
-        for r in rs:
-            bad.setdefault(health.config_key(r, group_columns), []).append(seed)
-    who = " and ".join(
-        f"{label(k)} (seed{'s' if len(ss) > 1 else ''} {', '.join(ss)})" for k, ss in bad.items()
-    )
-    return (
-        f"{len(dropped)} of {n} seeds were dropped because configuration{'s' if len(bad) > 1 else ''} "
-        f"{who} {'were' if len(bad) > 1 else 'was'} not ok in them (see Seeds dropped from every "
-        "comparison): runs that finish ok in those seeds would decide this, not more seeds of the same runs"
-    )
 
 
 def rules_lines(
@@ -340,7 +305,9 @@ def sections(
     findings += gain_findings
     judged = []
     if baseline is not None and predictions:
-        pred_lines, judged = _predictions(rows, group_columns, label, baseline, predictions, findings, tuned)
+        pred_lines, judged = predictions_section(
+            rows, group_columns, label, baseline, predictions, findings, tuned
+        )
         lines += pred_lines
     answer = _answer(
         rows, group_columns, label, primary, higher_is_better, predictions, judged, n_at_edge, baseline
@@ -384,113 +351,3 @@ def _untested(k: int) -> str:
     if not k:
         return "."
     return f"; {k} other{'s' if k > 1 else ''} with fewer than 2 paired seeds could not be tested."
-
-
-def _predictions(rows, group_columns, label, baseline, predictions, findings, tuned=None):
-    fams: dict[str, dict[Key, Comparison]] = {}
-    for _, _key, metric, _, _ in predictions:
-        if metric not in fams:
-            fams[metric] = {c.other: c for c in against(rows, group_columns, metric, baseline)}
-    comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in predictions]
-    judged = judge(predictions, comps)
-    m = judged[0].m if judged else 0
-    family = f"Holm over the declared predictions, one family of {m}"
-    tost = f"{1 - 2 * ALPHA:.0%} CI (TOST)"
-    lines = [
-        "",
-        "## Predictions",
-        "",
-        f"Each prediction is about a configuration − the baseline ({label(baseline)}), α = {ALPHA}. The "
-        f"tested predictions are one Holm family of {m}, the declared predictions only (directional and "
-        "equivalence predictions together; not the family of all comparisons with the baseline above). A "
-        "'no difference' prediction is confirmed only by an equivalence test (two one-sided tests) within "
-        "the margin the experiment declared, refuted only when the difference lies significantly beyond "
-        "that margin, and otherwise undecided; a significant difference inside the margin is reported as "
-        f"both. Each p below is the deciding one of the comparison's rule. A 'no difference' row shows the "
-        f"{tost} that the equivalence test at α = {ALPHA} uses (within ±margin exactly when TOST "
-        "confirms); the others the 95% CI.",
-        "",
-        f"| prediction | configuration | metric | expected | Δ [95% CI; {tost} for 'no difference'] | "
-        "p difference (Holm) | "
-        "p equivalence (Holm) | p beyond margin (Holm) | decided by | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (claim, key, metric, expected, margin), c, j in zip(predictions, comps, judged, strict=True):
-        where = label(key) if key is not None else "(no such configuration)"
-        delta, rule = prediction_delta(c, margin), (_rule(c, label) if c else "–")
-        lines.append(
-            f"| {claim} | {where} | {metric} | {expected} | {delta} | {_p(j.p_difference)} | "
-            f"{_p(j.p_equivalence)} | {_p(j.p_outside)} | {rule} | {j.verdict} |"
-        )
-        decided = j.verdict.startswith(("confirmed", "refuted"))
-        note = tuned_note(tuned, key, baseline) if c and key is not None and decided else ""
-        findings.append(
-            f"Prediction '{claim}': {j.verdict}"
-            + (f" (Δ {metric} = {delta}; {family})." if c else ".")
-            + note
-        )
-    return lines + as_run(rows, group_columns, predictions, label, baseline), judged
-
-
-def _answer(
-    rows, group_columns, label, primary, higher_is_better, predictions, judged, n_at_edge=0, base=None
-):
-    """One sentence: the question answered, or why not and what would answer it (more seeds; and a
-    tuning grid extended past its edge where `n_at_edge` configurations chose an edge value). Of the
-    configurations whose runs failed, those a judged prediction compares (its own or the baseline `base`)
-    have verdicts on those runs as they ran; for the others it answers nothing."""
-    edge = (
-        f" ({n_at_edge} configuration(s) chose a value at the tuning grid's edge, so a wider grid may change "
-        "the tuned values compared)"
-        if n_at_edge
-        else ""
-    )
-    failed = sorted(health.failed_keys(rows, group_columns))
-    names = "; ".join(label(k) for k in failed)
-    configs = {health.config_key(r, group_columns) for r in rows if r.get("status") == "ok"}
-    if failed and set(failed) >= configs:
-        what = health.what_would_answer(rows, group_columns)
-        return (
-            f"**Answer.** This experiment cannot answer its question, because runs of every configuration "
-            f"failed ({names}; see {health.HEADING[3:]}), so their differences compare failures: {what}; "
-            "more seeds of these runs would only count the collapses."
-        )
-    compared = {k for p in predictions if p[1] is not None for k in (p[1], base)} if judged else set()
-    tail = health.answer_tail(failed, compared, label)
-    if judged:
-        groups: dict[str, list[str]] = {}
-        for (claim, *_), j in zip(predictions, judged, strict=True):
-            word = j.verdict.split(" ")[0].removesuffix(";")
-            word = "not decided" if word in ("undecided", "not", "untested") else word
-            groups.setdefault(word, []).append(f"'{claim}'")
-        text = f"**Answer.** Of {len(judged)} predictions, " + "; ".join(
-            f"{word}: {', '.join(cs)}" for word, cs in groups.items()
-        )
-        cause = drop_cause(rows, group_columns, label)
-        if "not decided" in groups:
-            text += f"; {cause}" if cause else f", and more paired seeds would decide the rest{edge}"
-        fragile = sum("rests on the t-test's normality" in j.verdict for j in judged)
-        if fragile:
-            text += (
-                f" ({fragile} of these verdicts rest on the t-test's normality alone: the sign-flip "
-                "test does not reach α with these seeds, and only more seeds could let it decide them)"
-            )
-        return text + tail + "."
-    best, comps, starred = leader(rows, group_columns, primary, higher_is_better)
-    if best is None:
-        return "**Answer.** None: no configuration has a finished run" + tail + "."
-    if starred:
-        twins = "".join(f" (the same runs as {label(c.other)})" for c in comps if c.identical_to == best)
-        word = "highest" if higher_is_better else "lowest"
-        return f"**Answer.** {label(best)}{twins} has the significantly {word} {primary}" + tail + "."
-    cause = drop_cause(rows, group_columns, label)
-    reach = [
-        c.mde for c in comps if c.identical_to is None and c.test.n >= 2 and c.reachable and not c.significant
-    ]
-    now = f" (now it detects differences ≥ {_span(reach)} at {POWER:.0%} power)" if reach else ""
-    seeds = f"more paired seeds would be needed{now}{edge}, the detectable difference shrinking about as 1/√n"
-    return (
-        f"**Answer.** This design cannot say which configuration is best in {primary}: the leader "
-        f"{label(best)} is not significantly {'higher' if higher_is_better else 'lower'} than every "
-        f"other, and {cause or seeds}{tail}."
-    )

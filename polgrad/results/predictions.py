@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polgrad.results.compare import ALPHA, POWER, RULE_T, Comparison, Key, decide
+from polgrad.results.compare import ALPHA, POWER, RULE_T, Comparison, Key, against, decide, p_text, rule_text
 from polgrad.results.stats import holm, min_signflip_p
+from polgrad.results.tuning import tuned_note
 
 NO_DIFFERENCE = "no difference"
 
@@ -251,3 +252,51 @@ def tost_rows(predictions, reference_kind: str, keys, group_columns, label) -> d
                 if all(row.get(c) == str(v) for c, v in p["config"].items()):
                     out.setdefault(str(p["metric"]), set()).add(label(k))
     return out
+
+
+def section(rows, group_columns, label, baseline, predictions, findings, tuned=None):
+    """The md's Predictions section: one Holm family of the declared predictions against the baseline,
+    each judged (`judge`); appends one finding per prediction to `findings`; returns (lines, judged)."""
+    fams: dict[str, dict[Key, Comparison]] = {}
+    for _, _key, metric, _, _ in predictions:
+        if metric not in fams:
+            fams[metric] = {c.other: c for c in against(rows, group_columns, metric, baseline)}
+    comps = [fams[m].get(k) if k is not None else None for _, k, m, _, _ in predictions]
+    judged = judge(predictions, comps)
+    m = judged[0].m if judged else 0
+    family = f"Holm over the declared predictions, one family of {m}"
+    tost = f"{1 - 2 * ALPHA:.0%} CI (TOST)"
+    lines = [
+        "",
+        "## Predictions",
+        "",
+        f"Each prediction is about a configuration − the baseline ({label(baseline)}), α = {ALPHA}. The "
+        f"tested predictions are one Holm family of {m}, the declared predictions only (directional and "
+        "equivalence predictions together; not the family of all comparisons with the baseline above). A "
+        "'no difference' prediction is confirmed only by an equivalence test (two one-sided tests) within "
+        "the margin the experiment declared, refuted only when the difference lies significantly beyond "
+        "that margin, and otherwise undecided; a significant difference inside the margin is reported as "
+        f"both. Each p below is the deciding one of the comparison's rule. A 'no difference' row shows the "
+        f"{tost} that the equivalence test at α = {ALPHA} uses (within ±margin exactly when TOST "
+        "confirms); the others the 95% CI.",
+        "",
+        f"| prediction | configuration | metric | expected | Δ [95% CI; {tost} for 'no difference'] | "
+        "p difference (Holm) | "
+        "p equivalence (Holm) | p beyond margin (Holm) | decided by | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (claim, key, metric, expected, margin), c, j in zip(predictions, comps, judged, strict=True):
+        where = label(key) if key is not None else "(no such configuration)"
+        delta, rule = prediction_delta(c, margin), (rule_text(c, label) if c else "–")
+        lines.append(
+            f"| {claim} | {where} | {metric} | {expected} | {delta} | {p_text(j.p_difference)} | "
+            f"{p_text(j.p_equivalence)} | {p_text(j.p_outside)} | {rule} | {j.verdict} |"
+        )
+        decided = j.verdict.startswith(("confirmed", "refuted"))
+        note = tuned_note(tuned, key, baseline) if c and key is not None and decided else ""
+        findings.append(
+            f"Prediction '{claim}': {j.verdict}"
+            + (f" (Δ {metric} = {delta}; {family})." if c else ".")
+            + note
+        )
+    return lines + as_run(rows, group_columns, predictions, label, baseline), judged

@@ -17,7 +17,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from scipy import stats
 
-from polgrad.results import curves, figures, markdown
+from polgrad.results import curves, figures, forest, markdown
 from polgrad.results.compare import against
 from polgrad.results.findings import BASELINE_HEADING
 from polgrad.results.report import write_report
@@ -680,8 +680,8 @@ def test_collapsed_and_identical_comparisons_are_marked_as_in_the_md(tmp_path):
 
 def test_a_predicted_metric_other_than_accuracy_says_no_side_is_better():
     """reasoning_gym predicts response lengths: a longer wrong response is not 'better'."""
-    assert figures.direction("final_len_incorrect", "eval_accuracy", True) == ""
-    assert figures.direction("eval_accuracy", "kl_exact", False) == "higher is better →"
+    assert forest.direction("final_len_incorrect", "eval_accuracy", True) == ""
+    assert forest.direction("eval_accuracy", "kl_exact", False) == "higher is better →"
 
 
 def test_a_prediction_about_another_metric_gets_its_own_panel(tmp_path):
