@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from polgrad.results.curves import save_png
 from polgrad.results.layout import clear_top, widen_for_labels
 
-if TYPE_CHECKING:
-    from polgrad.results.figures import Figures
+# `figs` below is the `Figures` that polgrad.results.figures.plot computed (not imported: figures
+# imports this module)
+Figures = Any
 
 KL_METRICS = ("kl", "kl_exact")  # lower = closer to the reference policy, not "better"
 NEUTRAL = "0.2"  # the markers' colour where no label recurs across groups

@@ -51,7 +51,7 @@ LAYERS: list[list[str]] = [
         "polgrad.checkpoints",
         "polgrad.pretrain",
     ],
-    ["polgrad.config"],
+    ["polgrad.config_explain", "polgrad.config"],
     [
         "polgrad.layout",
         "polgrad.export",
@@ -297,6 +297,7 @@ def test_train_reads_in_at_most_80_lines():
 GIN_MODULES = {
     "polgrad.config_parts",
     "polgrad.config",
+    "polgrad.config_explain",
     "polgrad.train_config",
     "polgrad.resume_config",
     "polgrad.train",
