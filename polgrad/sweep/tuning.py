@@ -39,7 +39,8 @@ from polgrad.checks import is_int
 from polgrad.errors import PolgradError, did_you_mean
 from polgrad.results import paths
 from polgrad.results.tuning import edges as grid_edges
-from polgrad.sweep.experiment import Experiment, _fail, _firsts, _read_grid
+from polgrad.sweep.axes import _fail, _firsts, _read_grid
+from polgrad.sweep.experiment import Experiment
 from polgrad.sweep.grid import Cell, _slug, cell_id, format_cells
 from polgrad.sweep.validation import validate
 from polgrad.sweep.values import gin_text

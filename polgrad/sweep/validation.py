@@ -26,7 +26,8 @@ import gin
 from polgrad import config
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.sweep import budget
-from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, _fail
+from polgrad.sweep.axes import _fail
+from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment
 from polgrad.sweep.grid import Cell, with_budget
 from polgrad.sweep.reads import bound_keys, check_axes, reads_of
 from polgrad.sweep.recorded import check_predictions, recorded
