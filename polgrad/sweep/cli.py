@@ -2,7 +2,7 @@
 
 `run` takes the experiment folder's lock, writes experiment.json, skips finished cells, hands the
 rest to the chosen executor (see `polgrad.sweep.executors.EXECUTORS`), records each cell's CSV row
-(`_row`: the cell, its metrics, its status, where it ran, its Table-5 row) as it ends and writes the
+(`folder.row`: the cell, its metrics, its status, where it ran, its Table-5 row) as it ends and writes the
 report. Exit codes: 0 every cell finished (ok, or unstable: listed in the md, not ranked), 1 some
 failed or a write failed (disk full, read-only folder: one line naming the file), 2 a bad experiment
 file or restart id, 130 interrupted (running cells checkpoint their current step first).
@@ -11,9 +11,6 @@ file or restart id, 130 interrupted (running cells checkpoint their current step
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as _dt
-import json
 import os
 import signal
 import sys
@@ -25,7 +22,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.results import paths
-from polgrad.sweep import budget, launch, memory, pilot_gate, tuning
+from polgrad.sweep import folder, launch, memory, pilot_gate, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -58,13 +55,13 @@ def run(
     """Run the cells not yet finished, record each in the CSV, write the report; 0 iff no cell failed.
 
     `restart` (cell ids) and `restart_failed` (every cell the CSV records as failed) start cells over
-    from scratch: their run folders are moved aside (`_restart`), their CSV rows replaced when they end.
+    from scratch: their run folders are moved aside (`folder.restart`), their CSV rows replaced when they end.
     With a tuning stage (`exp.tuning`, a `tuning.Plan`) its experiment runs first, then the evaluation
     cells with the chosen values bound (`tuning.bind`)."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
-    check_results_folder(results_dir)
-    _check_own_folder(exp, Path(results_dir))
+    folder.check_results_folder(results_dir)
+    folder.check_own_folder(exp, Path(results_dir))
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
     code = 0
@@ -93,9 +90,9 @@ def run(
             tuning.check_edges(exp)  # an edge choice blocks the evaluation unless the gin says why
     exp_dir = paths.folder(exp.name, results_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
-    with _sweep_lock(exp_dir):
+    with folder.sweep_lock(exp_dir):
         if restart or restart_failed:
-            _restart(exp, cells, Path(results_dir), restart, restart_failed)
+            folder.restart(exp, cells, Path(results_dir), restart, restart_failed)
         done = _run(
             exp,
             cells,
@@ -109,47 +106,6 @@ def run(
     return max(code, done)
 
 
-def check_results_folder(results_dir: str | os.PathLike) -> None:
-    """The results folder must be a folder, or not exist yet below one: a file on its path would stop
-    the sweep with NotADirectoryError at its first mkdir; one line instead, before any work."""
-    path = Path(results_dir)
-    for part in (path, *path.parents):
-        if part.exists():
-            if not part.is_dir():
-                raise PolgradError(
-                    f"--results {results_dir}: {part} is a file, not a folder; give --results a folder "
-                    "(it is created if missing; default: results)"
-                )
-            return
-
-
-def _recorded_file(exp: Experiment) -> str:
-    """The experiment file as experiment.json records it: relative to its repository's root."""
-    return _results.repo_relative(exp.file, _results.repo_root(Path(exp.file).resolve().parent))
-
-
-def _check_own_folder(exp: Experiment, results_dir: Path) -> None:
-    """results/<name>/ is the sweep of one experiment file. Another file of the same Sweep.name would
-    replace experiment.json's cells with its own, record its rows beside the first file's in the CSV
-    and train into the same folder: one line instead, before anything is written. The same file
-    re-run (a resume, an edited grid: its cells are recorded and the others' rows kept) passes."""
-    path = paths.meta_path(exp.name, results_dir)
-    try:
-        recorded = json.loads(path.read_text()).get("file")
-    except (OSError, ValueError, AttributeError):
-        return  # no sweep there yet (or no file recorded): nothing to keep apart
-    if not recorded or recorded == _recorded_file(exp):
-        return
-    root = _results.repo_root(Path(exp.file).resolve().parent) or Path.cwd()
-    if (root / recorded).resolve() == Path(exp.file).resolve():
-        return
-    raise PolgradError(
-        f"{path} is the sweep of {recorded}, not of {exp.file}: both are Sweep.name = '{exp.name}', so "
-        f"their cells would mix in one CSV and folder; rename Sweep.name in {exp.file} or give it "
-        "another --results folder"
-    )
-
-
 def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) -> None:
     valid = [c.id for c in cells]
     for cid in ids:
@@ -160,81 +116,6 @@ def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) 
             )
 
 
-def _restart(exp: Experiment, cells: Sequence[Cell], results_dir: Path, ids, failed: bool) -> None:
-    """Move the run folder of each cell to restart to runs/<cell>.old-<time> (nothing is deleted) and
-    point its CSV row, if any, there: the old result stays in the CSV until the new run replaces it."""
-    csv_file = paths.csv_path(exp.name, results_dir)
-    rows = {r.get("cell_id"): r for r in _results.read_rows(csv_file)}
-    chosen = [c.id for c in cells if c.id in ids or (failed and rows.get(c.id, {}).get("status") == "failed")]
-    runs = paths.runs_dir(exp.name, results_dir)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for cid in chosen:
-        run_dir = runs / cid
-        if not run_dir.exists():
-            print(f"restart {cid}: no run folder yet; it starts from scratch anyway", file=sys.stderr)
-            continue
-        launch._kill_stale_trainer(run_dir.resolve())  # a trainer left running would recreate it
-        old = runs / f"{cid}.old-{stamp}"
-        n = 1
-        while old.exists():
-            n += 1
-            old = runs / f"{cid}.old-{stamp}-{n}"
-        run_dir.rename(old)
-        if cid in rows:
-            moved = {**rows[cid], "run_dir": str(old.relative_to(results_dir))}
-            _results.upsert_row(csv_file, moved, order=[c.id for c in cells])
-        print(f"restart {cid}: moved its run folder to {old}; it starts from scratch", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def _sweep_lock(exp_dir: Path):
-    """One sweep per experiment folder at a time (released by the OS even on SIGKILL)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(exp_dir / ".sweep.lock", "a+") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "?"
-            raise PolgradError(
-                f"{exp_dir} is in use by another sweep (pid {holder}); wait for it to end or stop it"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def _cell_meta(cell: Cell) -> dict[str, Any]:
-    """A cell as experiment.json records it (what `polgrad.results.record.cell_row` reads)."""
-    return {
-        "id": cell.id,
-        "spec": cell.spec_name,
-        "spec_file": cell.spec,
-        "swept": dict(cell.swept),
-        "not_read": list(cell.unread),
-        "seed": cell.seed,
-        # what the dry run built: its prompts per step and how it spends a step (Sweep.budget)
-        **(
-            {"prompts_per_step": cell.budget.prompts_per_step, "budget_note": cell.budget.note}
-            if cell.budget
-            else {}
-        ),
-    }
-
-
-def _row(exp: Experiment, cell: Cell, run_dir: Path, results_dir: Path, outcome: dict[str, Any]) -> dict:
-    return _results.cell_row(exp.name, _cell_meta(cell), run_dir, results_dir, outcome)
-
-
 def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_address, command) -> int:
     """Run the cells not finished yet, recording each in the CSV, then write the report; exit code."""
     launch.allow_trainers()
@@ -243,18 +124,20 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     # checks nothing); the record of the check that let the first of them start is kept
     gate = None
     if exp.pilot_gate is not None:
-        gate = _previous_gate(paths.folder(exp.name, results_dir))
+        gate = folder.previous_gate(paths.folder(exp.name, results_dir))
         if any(not is_finished(runs / c.id) for c in cells):
             checked = pilot_gate.check(exp)
             gate = gate or checked
     runs.mkdir(parents=True, exist_ok=True)
     order = [c.id for c in cells]
-    meta = _write_experiment_json(exp, cells, results_dir, command, gate)
+    meta = folder.write_experiment_json(exp, cells, results_dir, command, gate)
     csv_file = paths.csv_path(exp.name, results_dir)
     run_dirs = {c.id: runs / c.id for c in cells}
 
     def record(cell: Cell, outcome: dict[str, Any]) -> None:
-        _results.upsert_row(csv_file, _row(exp, cell, run_dirs[cell.id], results_dir, outcome), order=order)
+        _results.upsert_row(
+            csv_file, folder.row(exp, cell, run_dirs[cell.id], results_dir, outcome), order=order
+        )
 
     # The CSV is checked against the run folders (the record) and rebuilt whole if they disagree: a
     # kill between summary.json and the CSV, a hand edit (polgrad/results/record.py). Finished cells
@@ -303,46 +186,6 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
             f"python -m polgrad.results {exp.name} --results {results_dir}"
         ) from e
     return _final_lines(exp, cells, csv_file, run_dirs, md, png)
-
-
-def _previous_gate(exp_dir: Path) -> dict[str, Any] | None:
-    """The pilot gate's record in the experiment.json of an earlier run of this sweep, if any."""
-    try:
-        return json.loads((exp_dir / paths.META).read_text()).get("pilot_gate")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _write_experiment_json(exp, cells, results_dir: Path, command: str, gate=None) -> dict[str, Any]:
-    """results/<name>/experiment.json: what the report reads of the experiment (its cells included).
-
-    It is tracked: its paths are relative to the repository root (the working directory outside
-    git), so a run from another checkout path writes the same bytes; the cells keep their absolute
-    paths in memory and in the untracked run folders."""
-    root = _results.repo_root(Path(exp.file).resolve().parent)
-    meta = {
-        "name": exp.name,
-        "file": _recorded_file(exp),
-        "command": command,
-        "primary_metric": exp.primary_metric,
-        "higher_is_better": exp.higher_is_better,
-        "swept_columns": exp.swept_columns,
-        "baseline": exp.baseline,
-        "question": exp.question,
-        "predictions": exp.predictions,
-        "budget": budget.record(exp.budget, cells),
-        "cells": [{**_cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
-    }
-    if isinstance(exp.tuning, tuning.Plan):
-        meta["tuning"] = exp.tuning.record
-    if gate is not None:  # the check that let the cells start (_run); its outcome, for the md
-        meta["pilot_gate"] = gate
-    if exp.studies:  # the study plug-ins its report loads (polgrad/results/studies.py)
-        meta["studies"] = list(exp.studies)
-    if _results.module_names(exp.imports):  # each row records their digests (user_modules)
-        meta["imports"] = _results.module_names(exp.imports)
-    _results.atomic_write_text(paths.meta_path(exp.name, results_dir), json.dumps(meta, indent=2) + "\n")
-    return meta
 
 
 def _execute(exp, run_cells, progress) -> bool:
@@ -438,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         PREFLIGHT.get(args.executor, _no_preflight)(args.ray_address)
         if not args.dry_run:
-            check_results_folder(args.results)
+            folder.check_results_folder(args.results)
         exp, cells = prepare(args.experiment, train_module)
         if args.dry_run:
             print(tuning.format_stages(exp, cells))

@@ -13,7 +13,7 @@ import torch
 
 from polgrad import checkpoints, sweep
 from polgrad.errors import ConfigError, DataError
-from polgrad.sweep import cli
+from polgrad.sweep import folder
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
@@ -235,7 +235,7 @@ def test_restart_moves_the_run_aside_and_keeps_the_row_until_the_new_one(tmp_pat
 
     # Moving aside alone (what --restart does before the cell runs again): the row stays, pointing
     # at the old folder, so an interrupted restart loses nothing.
-    cli._restart(exp, cells, out, [cid], failed=False)
+    folder.restart(exp, cells, out, [cid], failed=False)
     (old,) = [p for p in runs.iterdir() if p.name.startswith(f"{cid}.old-")]
     assert not (runs / cid).exists() and (old / "metrics.jsonl").read_text() == first_metrics
     moved = _rows(out)[cid]

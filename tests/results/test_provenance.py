@@ -379,7 +379,7 @@ def test_a_user_module_the_experiment_imports_is_recorded_by_its_content(tmp_pat
 def test_the_sweep_records_the_modules_its_file_imports_and_the_md_names_them(tmp_path):
     from polgrad.results import markdown
     from polgrad.sweep import load_experiment
-    from polgrad.sweep.cli import _write_experiment_json
+    from polgrad.sweep.folder import write_experiment_json
     from polgrad.sweep.grid import expand
 
     path = tmp_path / "exp.gin"
@@ -388,7 +388,7 @@ def test_the_sweep_records_the_modules_its_file_imports_and_the_md_names_them(tm
         "Sweep.name = 'exp'\nSweep.specs = ['registry/grpo.gin']\nSweep.seeds = [0]\n"
     )
     exp = load_experiment(str(path))
-    meta = _write_experiment_json(exp, expand(exp), tmp_path / "results", "python -m polgrad.sweep x")
+    meta = write_experiment_json(exp, expand(exp), tmp_path / "results", "python -m polgrad.sweep x")
     assert meta["imports"] == ["polgrad.components.kl"]
     rows = [
         {"cell_id": "a", "spec": "grpo", "seed": "0", "status": "ok", "eval_accuracy": "0.5",

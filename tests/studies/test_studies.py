@@ -79,12 +79,12 @@ def test_the_report_of_an_experiment_json_naming_a_missing_study_is_one_line(tmp
 
 
 def test_the_sweep_records_the_studies_in_experiment_json_and_only_when_named(tmp_path):
-    from polgrad.sweep.cli import _write_experiment_json
+    from polgrad.sweep.folder import write_experiment_json
     from polgrad.sweep.grid import expand
 
     for studies, recorded in (("['studies.replication']", ["studies.replication"]), ("[]", None)):
         exp = load_experiment(_experiment(tmp_path, studies))
-        meta = _write_experiment_json(exp, expand(exp), tmp_path / "results", "python -m polgrad.sweep x")
+        meta = write_experiment_json(exp, expand(exp), tmp_path / "results", "python -m polgrad.sweep x")
         on_disk = json.loads((tmp_path / "results" / "exp" / "experiment.json").read_text())
         assert meta.get("studies") == on_disk.get("studies") == recorded  # none: the file as before studies
 

@@ -19,7 +19,7 @@ import pytest
 
 from polgrad import results
 from polgrad.errors import ConfigError
-from polgrad.sweep import cli, prepare
+from polgrad.sweep import folder, prepare
 from polgrad.sweep.grid import format_cells
 from polgrad.sweep.launch import FINISHED
 
@@ -205,7 +205,7 @@ def test_labels_leave_out_a_binding_the_cell_does_not_read(tmp_path):
 def test_the_csv_row_records_the_bindings_a_cell_does_not_read(tmp_path):
     exp, cells = prepare(str(REPO / "experiments" / "clip_rules.gin"))
     outcome = {"status": sorted(FINISHED)[0], "summary": {}}
-    rows = {dict(c.swept)["Algorithm.clip"]: cli._row(exp, c, tmp_path, tmp_path, outcome) for c in cells}
+    rows = {dict(c.swept)["Algorithm.clip"]: folder.row(exp, c, tmp_path, tmp_path, outcome) for c in cells}
     assert rows["@clip.none"]["not_read"] == "clip.ppo.eps_high"
     assert rows["@clip.ppo"]["not_read"] == ""
     results.upsert_row(tmp_path / "x.csv", rows["@clip.none"])

@@ -20,7 +20,7 @@ from helpers import csv_rows
 
 from polgrad import results, sweep
 from polgrad.errors import ConfigError
-from polgrad.sweep import cli, executors, launch
+from polgrad.sweep import executors, folder, launch
 from polgrad.sweep.slots import GpuSlot, assign_gpu_slots, launch_command
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -719,7 +719,7 @@ def test_table5_row_of_the_summary_lands_in_the_csv(tmp_path):
     run_dir = out / "t5" / "runs" / cells[0].id
     for table5, present in ((None, False), ("not a dict", False), ({"type": "on-policy"}, True)):
         summary = {"status": "ok", "table5": table5}
-        row = cli._row(exp, cells[0], run_dir, out, {"status": "ok", "summary": summary})
+        row = folder.row(exp, cells[0], run_dir, out, {"status": "ok", "summary": summary})
         assert all((c in row) is present for c in table5_cols), (table5, row)
     assert row["table5_type"] == "on-policy" and row["table5_core_loss"] is None
 
@@ -748,7 +748,7 @@ def test_two_sweeps_on_one_experiment_folder_do_not_run_at_once(tmp_path, capsys
     path = write_exp(tmp_path, specs("spec_a.gin") + OK_GRID)
     out = tmp_path / "results"
     (out / "exp").mkdir(parents=True)
-    with cli._sweep_lock(out / "exp"):
+    with folder.sweep_lock(out / "exp"):
         assert sweep.main([str(path), "--results", str(out)]) == 2
         err = one_line_error(capsys)
         assert "is in use by another sweep" in err and f"pid {os.getpid()}" in err
