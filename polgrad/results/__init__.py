@@ -66,14 +66,9 @@ from polgrad.results.provenance import (
     repo_relative,
     repo_root,
 )
+from polgrad.results.ranking import TABLE5, leaderboard
 from polgrad.results.record import FINISHED, cell_row, reconcile
-from polgrad.results.report import (
-    TABLE5,
-    experiment_meta,
-    leaderboard,
-    markdown,
-    write_report,
-)
+from polgrad.results.report import experiment_meta, markdown, write_report
 from polgrad.results.stats import format_mean_ci, mean_ci, t_cdf, t_ppf
 from polgrad.results.store import (
     BACK_COLUMNS,

@@ -12,7 +12,7 @@ import torch
 
 from polgrad import sweep
 from polgrad.registry import register
-from polgrad.results import report
+from polgrad.results.ranking import leaderboard
 from polgrad.summary import summarize
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_the_leaderboard_keeps_unstable_rows_out_of_its_statistics():
         return {"cell_id": cid, "spec": "a", "x": x, "seed": seed, "eval_accuracy": acc, "status": status}
 
     rows = [row("a0", "1", "0", "0.2"), row("a1", "1", "1", "0.4"), row("b0", "2", "0", "0.9", "unstable")]
-    board = report.leaderboard(rows, ["spec", "x"], "eval_accuracy")
+    board = leaderboard(rows, ["spec", "x"], "eval_accuracy")
     assert [(e["group"]["x"], e["n"], e["n_failed"], e["n_unstable"]) for e in board] == [
         ("1", 2, 0, 0),
         ("2", 0, 0, 1),
