@@ -22,7 +22,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.results import paths
-from polgrad.sweep import folder, launch, memory, pilot_gate, tuning
+from polgrad.sweep import folder, memory, pilot_gate, processes, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -118,7 +118,7 @@ def _check_cell_ids(exp: Experiment, cells: Sequence[Cell], ids: Sequence[str]) 
 
 def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_address, command) -> int:
     """Run the cells not finished yet, recording each in the CSV, then write the report; exit code."""
-    launch.allow_trainers()
+    processes.allow_trainers()
     runs = paths.runs_dir(exp.name, results_dir)
     # the evaluation cells start only on a committed pilot that passes (a sweep with none left to run
     # checks nothing); the record of the check that let the first of them start is kept
@@ -205,11 +205,11 @@ def _execute(exp, run_cells, progress) -> bool:
             "keep the last checkpoint that reached this machine)",
             file=sys.stderr,
         )
-        launch.stop_trainers()
+        processes.stop_trainers()
         print(f"{exp.name}: interrupted; re-run the same command to resume", file=sys.stderr)
         return False
     except BaseException:  # e.g. the CSV could not be written: no cell may run on unrecorded
-        launch.stop_trainers()
+        processes.stop_trainers()
         raise
     finally:
         progress.close()

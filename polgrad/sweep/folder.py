@@ -18,7 +18,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.results import paths
-from polgrad.sweep import budget, launch, tuning
+from polgrad.sweep import budget, processes, tuning
 from polgrad.sweep.experiment import Experiment
 from polgrad.sweep.grid import Cell
 
@@ -77,7 +77,7 @@ def restart(exp: Experiment, cells: Sequence[Cell], results_dir: Path, ids, fail
         if not run_dir.exists():
             print(f"restart {cid}: no run folder yet; it starts from scratch anyway", file=sys.stderr)
             continue
-        launch._kill_stale_trainer(run_dir.resolve())  # a trainer left running would recreate it
+        processes.kill_stale_trainer(run_dir.resolve())  # a trainer left running would recreate it
         old = runs / f"{cid}.old-{stamp}"
         n = 1
         while old.exists():

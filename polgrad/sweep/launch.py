@@ -1,4 +1,4 @@
-"""Running one cell: the trainer's processes, their outcome, and stopping them.
+"""Running one cell: the trainer's processes and their outcome (stopping them: polgrad/sweep/processes.py).
 
 `run_cell` starts the trainer for a cell (the command prefix comes from `polgrad.sweep.slots`:
 plain python, or a launcher starting several ranks) and waits for it. A one-process cell runs in
@@ -21,7 +21,6 @@ import shlex
 import signal
 import subprocess
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,117 +28,13 @@ from typing import Any
 
 from polgrad import results as _results
 from polgrad.run_folder import RunFolder
+from polgrad.sweep import processes
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.slots import GpuSlot, bind_flag, free_port, launch_command, ranks
 
 # --------------------------------------------------------------------------------------------
 # Running one cell in a fresh process
 # --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Running:
-    """A running cell: its first process (the trainer or the launcher), run folder, own group or not."""
-
-    proc: subprocess.Popen
-    run_dir: Path
-    own_group: bool
-
-    def signal(self, sig: int) -> None:
-        """`sig` to the cell's process group when it has one, else to its one process."""
-        try:
-            if self.own_group:
-                os.killpg(self.proc.pid, sig)
-            elif self.proc.poll() is None:
-                self.proc.send_signal(sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def stop(self, grace: float) -> None:
-        """SIGTERM, SIGKILL after `grace` s; then whatever is left of the cell (see `end`)."""
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait()
-        self.end()
-
-    def end(self) -> None:
-        """No process of a several-rank cell outlives it: its group, then ranks in sessions of their own."""
-        if self.own_group:
-            self.signal(signal.SIGKILL)
-            _kill_pids(_cell_pids(self.run_dir), grace=5.0)
-
-
-_RUNNING: dict[str, _Running] = {}
-_RUNNING_LOCK = threading.Lock()
-_STOPPING = threading.Event()  # set on ^C / SIGTERM: no new trainer may start
-
-
-def allow_trainers() -> None:
-    """A sweep starts: trainers may be launched again (clears the stop of an earlier interrupt)."""
-    _STOPPING.clear()
-
-
-# How long a stopped cell may take to end its step and checkpoint it (polgrad/stopping.py) before
-# it is killed (its last periodic checkpoint then stays the one it resumes from).
-STOP_GRACE_S = 60.0
-
-
-def stop_trainers() -> None:
-    """^C / SIGTERM: no new trainer may start; terminate the running ones (each finishes its step and
-    checkpoints it), kill those still running after STOP_GRACE_S."""
-    with _RUNNING_LOCK:
-        _STOPPING.set()
-        running = list(_RUNNING.values())
-    for r in running:
-        r.signal(signal.SIGTERM)
-    for r in running:
-        r.stop(grace=STOP_GRACE_S)
-
-
-def _cell_pids(run_dir: Path) -> list[int]:
-    """Live processes whose command line has `--out <run_dir>`: the cell's trainer, ranks, launcher."""
-    target, me = str(run_dir), os.getpid()
-    try:
-        names = [n for n in os.listdir("/proc") if n.isdigit() and int(n) != me]
-    except OSError:  # no /proc: nothing to find
-        return []
-    pids = []
-    for name in names:
-        try:
-            args = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        out = any(a == "--out" and b == target for a, b in zip(args, args[1:], strict=False))
-        if out and _alive(int(name)):
-            pids.append(int(name))
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")  # a zombie has ended
-
-
-def _kill_pids(pids: Sequence[int], grace: float) -> None:
-    """SIGTERM to `pids`, up to `grace` s for them to end, then SIGKILL to those left."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if _alive(p)]
-            time.sleep(0.1)
-        if not pids:
-            return
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -178,33 +73,6 @@ def has_checkpoints(run_dir: Path) -> bool:
 def _cell_params(cell: Cell) -> str:
     """$POLGRAD_CELL_PARAMS: the spec, the swept bindings as the experiment file writes them, the seed."""
     return json.dumps({"spec": cell.spec_name, **dict(cell.swept), "seed": cell.seed})
-
-
-def _kill_stale_trainer(run_dir: Path) -> None:
-    """A cell's processes left running by a sweep that was killed alone (not its process group):
-    every process whose command line has `--out <run_dir>`; stop them before the cell starts again."""
-    _kill_pids(_cell_pids(run_dir), grace=10.0)
-
-
-def _parent_death_signal(sig: int):
-    """A preexec_fn: in the child before exec (Linux), ask for `sig` when the thread that started it
-    dies, e.g. when Ray kills the worker running a cancelled task. prctl is looked up here, in the
-    parent (no dlopen in a child forked from a threaded process); a parent already gone by the time
-    the child asks gets the signal at once."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(sig))  # PR_SET_PDEATHSIG = 1
-        if os.getppid() != parent:  # the parent died before prctl: nothing would send the signal
-            os.kill(os.getpid(), int(sig))
-
-    return preexec
 
 
 # A launcher's report of a rank that died of a signal: torchrun's "Signal 9 (SIGKILL) received by PID
@@ -344,7 +212,7 @@ def _prepare_run_dir(run_dir: Path) -> bool:
     A trainer still running there from a dead sweep is stopped first; a fresh start must not append to
     a dead attempt's curves, and a resume gets a new summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _kill_stale_trainer(run_dir)
+    processes.kill_stale_trainer(run_dir)
     resume = has_checkpoints(run_dir)
     if not resume:
         RunFolder(run_dir).forget_attempt()  # metrics, evaluations, summary, config of the dead attempt
@@ -413,8 +281,8 @@ def _run_trainer(
     with open(run_dir / "stdout.log", "a", buffering=1) as log:
         log.write(f"=== {info['started_at']} {'resume' if resume else 'start'}: {shlex.join(cmd)}\n")
         log.flush()
-        with _RUNNING_LOCK:
-            if _STOPPING.is_set():
+        with processes.RUNNING_LOCK:
+            if processes.STOPPING.is_set():
                 raise KeyboardInterrupt
             # One process: the sweep's process group (killing the sweep's group stops it too).
             # Several ranks: a group of their own (see the module docstring).
@@ -426,11 +294,11 @@ def _run_trainer(
                 text=True,
                 errors="replace",
                 start_new_session=n_ranks > 1,
-                preexec_fn=_parent_death_signal(die_with_parent) if die_with_parent else None,
+                preexec_fn=processes.parent_death_signal(die_with_parent) if die_with_parent else None,
             )
             # carriage returns kept, so that a progress bar's redrawn line is seen as one (`is_progress`)
             proc.stderr.reconfigure(newline="")
-            running = _RUNNING[cell.id] = _Running(proc, run_dir, own_group=n_ranks > 1)
+            running = processes.RUNNING[cell.id] = processes.Running(proc, run_dir, own_group=n_ranks > 1)
         (run_dir / "trainer.pid").write_text(f"{proc.pid}\n")
 
         def pump():
@@ -457,8 +325,8 @@ def _run_trainer(
             )
             running.stop(grace=30)
         finally:
-            with _RUNNING_LOCK:
-                _RUNNING.pop(cell.id, None)
+            with processes.RUNNING_LOCK:
+                processes.RUNNING.pop(cell.id, None)
         reader.join(timeout=10)
         if timed_out:  # the log's last error line, as in the CSV (not the trainer's 'interrupted')
             log.write(f"error: {_timed_out(timeout_s)}; re-run the sweep to resume the cell\n")

@@ -20,7 +20,7 @@ import pytest
 from helpers import csv_rows
 
 from polgrad import results, sweep
-from polgrad.sweep import launch
+from polgrad.sweep import processes
 from polgrad.sweep.experiment import TRAIN_MODULE_ENV
 from polgrad.sweep.slots import GpuSlot, launch_command
 
@@ -60,7 +60,7 @@ def starts(run_dir: Path) -> list[dict]:
 def assert_all_ended(pids) -> None:
     """No pid still runs (a zombie has ended; its parent reaps it)."""
     for pid in pids:
-        assert not launch._alive(pid), f"rank process {pid} outlived its cell"
+        assert not processes.alive(pid), f"rank process {pid} outlived its cell"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_timeout_kills_every_rank_of_the_cell(tmp_path, fake_ranks, launcher):
     ranks = starts(run_dir)
     assert sorted(s["rank"] for s in ranks) == [0, 1]  # both were running when the time was up
     assert_all_ended(s["pid"] for s in ranks)
-    assert launch._cell_pids(run_dir.resolve()) == []  # nor the launcher, nor anything of the cell
+    assert processes.cell_pids(run_dir.resolve()) == []  # nor the launcher, nor anything of the cell
 
 
 def start_sweep(path: Path, out: Path) -> subprocess.Popen:
@@ -233,7 +233,7 @@ def test_interrupted_sweep_stops_every_rank(tmp_path, fake_ranks, launcher):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for pid in launch._cell_pids(run_dir):  # a failed test leaves nothing running
+        for pid in processes.cell_pids(run_dir):  # a failed test leaves nothing running
             os.kill(pid, signal.SIGKILL)
 
 
@@ -249,13 +249,13 @@ def test_ranks_left_by_a_killed_sweep_are_stopped_before_the_cell_runs_again(tmp
         ranks = wait_for_ranks(proc, run_dir)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        assert all(launch._alive(s["pid"]) for s in ranks)  # orphans, still training
-        assert len(launch._cell_pids(run_dir)) == 4  # the runner, its launch.py and two ranks
-        launch._kill_stale_trainer(run_dir)
+        assert all(processes.alive(s["pid"]) for s in ranks)  # orphans, still training
+        assert len(processes.cell_pids(run_dir)) == 4  # the runner, its launch.py and two ranks
+        processes.kill_stale_trainer(run_dir)
         assert_all_ended(s["pid"] for s in ranks)
-        assert launch._cell_pids(run_dir) == []
+        assert processes.cell_pids(run_dir) == []
     finally:
-        for pid in launch._cell_pids(run_dir):
+        for pid in processes.cell_pids(run_dir):
             os.kill(pid, signal.SIGKILL)
 
 
