@@ -33,7 +33,6 @@ at the same paths, e.g. one image or one checkout per node (docs/scaling.md).
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import socket
@@ -48,6 +47,7 @@ from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.sweep.grid import Cell
 from polgrad.sweep.launch import _failed, _now, run_cell
+from polgrad.sweep.ray_attempts import Attempt, attempt_line, dead_nodes, driver_key, node_lost
 from polgrad.sweep.ray_checks import RaySettings, check_address, check_resources
 from polgrad.sweep.ray_nodes import NodeLog, hold, node_dir, sweep_copies, sweep_nodes
 from polgrad.sweep.ray_sync import (  # noqa: F401 - ATTEMPTS and read_tree are this module's too
@@ -184,84 +184,6 @@ def cell_task(
 # --------------------------------------------------------------------------------------------
 
 
-def _attempt_line(run_dir: Path, entry: dict[str, Any]) -> None:
-    with open(run_dir / ATTEMPTS, "a") as fh:
-        fh.write(json.dumps(entry) + "\n")
-
-
-_LOST = (
-    "NodeDiedError",
-    "WorkerCrashedError",
-    "LocalRayletDiedError",
-    "ObjectLostError",  # and its OwnerDiedError, ObjectReconstructionFailedError...
-    "ObjectFetchTimedOutError",
-)
-
-
-def _node_lost(error: BaseException) -> bool:
-    """True for Ray's errors of a lost node or worker process (the cell is started again elsewhere);
-    False for the task's own exception and Ray's other errors (out of memory, a runtime environment
-    that failed to set up...), which are the cell's outcome."""
-    import ray.exceptions as rex
-
-    lost = tuple(getattr(rex, name) for name in _LOST if hasattr(rex, name))
-    return isinstance(error, lost)
-
-
-def _driver_key(results_root: Path) -> str:
-    """A folder name that keeps this driver's cells apart on a node from another sweep's of the same
-    experiment (another results folder, another machine, another user)."""
-    import hashlib
-
-    text = f"{socket.gethostname()}:{results_root.resolve()}"
-    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
-
-
-class _Attempt:
-    """One start of a cell: its rank tasks (one unless it spans nodes), their nodes and outcomes."""
-
-    def __init__(self, cell: Cell, number: int, world: int, pg: Any = None):
-        self.cell, self.number, self.world, self.pg = cell, number, world, pg
-        self.nodes: list[str | None] = [None] * world
-        self.hosts: list[str | None] = [None] * world
-        self.outcomes: dict[int, dict[str, Any]] = {}
-        self.lost: BaseException | None = None
-        self.deadline: float | None = None  # set when a rank failed: judge the attempt then
-        self.started = _now()
-
-    def judge(self, dead: list[str], now: float) -> bool:
-        """After a rank failed (`deadline` set): True when the attempt is over. A node of the attempt
-        that Ray reports dead makes it a lost node (the failed rank's error was its consequence); past
-        the deadline with every node alive it is the cell's failure."""
-        if dead:
-            self.lost = RuntimeError(f"node {dead[0]} died (Ray reports it dead)")
-            return True
-        return self.deadline is not None and now > self.deadline
-
-    def outcome(self) -> dict[str, Any]:
-        """Rank 0's outcome when every rank ended well; else the first failed rank's error (a rank
-        cancelled because another failed counts as not ended)."""
-        first = self.outcomes.get(0)
-        if self.world == 1:
-            return first
-        failed = [(r, o) for r, o in sorted(self.outcomes.items()) if o["status"] == "failed"]
-        missing = [r for r in range(self.world) if r not in self.outcomes]
-        if not failed and not missing:
-            return first
-        rank, o = failed[0] if failed else (missing[0], None)
-        error = o["error"] if o else "did not end"
-        base = first or o or {"summary": None}
-        out = {**base, "cell_id": self.cell.id, "status": "failed", "error": f"rank {rank}: {error}"}
-        return {**out, "world_size": self.world}
-
-
-def _dead_nodes(nodes: list[str | None]) -> list[str]:
-    import ray
-
-    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    return [n for n in nodes if n is not None and n not in alive]
-
-
 def _init_ray(ray_address: str | None) -> None:
     """ray.init: the cluster at `ray_address` once it answers (`ray_checks.check_address`), else a local
     Ray (a cluster Ray cannot find is one line). ray.init replaces the driver's SIGTERM handler by its
@@ -312,11 +234,11 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         return remote.options(max_retries=0, num_returns="streaming", **options)
 
     results_root = Path(run_dirs[todo[0].id]).parent.parent.parent if todo else Path(".")
-    key = _driver_key(results_root)
+    key = driver_key(results_root)
     limit = parallel or len(todo)
     queue_: list[tuple[Cell, int]] = [(c, 1) for c in todo]
-    inflight: dict[Any, tuple[_Attempt, int]] = {}  # rank task -> (its attempt, its rank)
-    attempts: list[_Attempt] = []  # the attempts not ended yet
+    inflight: dict[Any, tuple[Attempt, int]] = {}  # rank task -> (its attempt, its rank)
+    attempts: list[Attempt] = []  # the attempts not ended yet
     cancelled: list[Any] = []  # rank tasks stopped by the driver: their node copies stay behind
 
     def submit(cell: Cell, number: int) -> None:
@@ -369,13 +291,13 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             if pg is not None:
                 remove_placement_group(pg)
             raise
-        att = _Attempt(cell, number, world, pg)
+        att = Attempt(cell, number, world, pg)
         attempts.append(att)
         for r, ref in enumerate(refs):
             inflight[ref] = (att, r)
         progress.start(cell, run_dir)
 
-    def end(att: _Attempt) -> None:
+    def end(att: Attempt) -> None:
         """`att` is over (every rank ended, one was lost, or its grace ran out): record it, or start
         the cell again after a loss."""
         cell, run_dir = att.cell, Path(run_dirs[att.cell.id])
@@ -391,7 +313,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         entry = {"attempt": att.number, "node": nodes, "started": att.started, "ended": _now()}
         if att.lost is not None and att.number <= settings.retries:
             why = " ".join(f"{type(att.lost).__name__}: {att.lost}".split())[:300]
-            _attempt_line(run_dir, {**entry, "status": "node lost", "error": why})
+            attempt_line(run_dir, {**entry, "status": "node lost", "error": why})
             progress.stop(cell)
             progress.bar.write(f"LOST    {cell.id} on node {nodes}: starting it again", file=sys.stderr)
             queue_.insert(0, (cell, att.number + 1))
@@ -401,7 +323,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
             outcome["world_size"] = ranks_per_cell(exp)[0]
         else:
             outcome = att.outcome()
-        _attempt_line(run_dir, {**entry, "status": outcome["status"]})
+        attempt_line(run_dir, {**entry, "status": outcome["status"]})
         outcome = {**outcome, "ray_node": nodes, "attempts": att.number}
         record(cell, outcome)
         progress.finish(cell, outcome)
@@ -414,7 +336,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
         except StopIteration:
             item = {"lost": RuntimeError("the task ended without an outcome")}
         except Exception as e:  # noqa: BLE001 - Ray's error for this rank task
-            item = {"lost": e} if _node_lost(e) else {"outcome": _failed(att.cell, "ray", e, limit=300)}
+            item = {"lost": e} if node_lost(e) else {"outcome": _failed(att.cell, "ray", e, limit=300)}
         if "node" in item:
             att.nodes[rank] = item["node"]
             att.hosts[rank] = item.get("host", item["node"])
@@ -456,7 +378,7 @@ def run(exp, todo, run_dirs, record, progress, *, parallel, train_module, ray_ad
                 if ref in inflight:  # not cancelled meanwhile with its attempt
                     take(ref)
             for att in list(attempts):
-                if att.deadline is not None and att.judge(_dead_nodes(att.nodes), time.monotonic()):
+                if att.deadline is not None and att.judge(dead_nodes(att.nodes), time.monotonic()):
                     end(att)
             progress.refresh()
         if todo:  # ended, not stopped (^C, an error): a stopped sweep's copies go with its resumed run

@@ -11,7 +11,7 @@ import pytest
 
 from polgrad.errors import PolgradError
 from polgrad.sweep.grid import Cell
-from polgrad.sweep.ray_cells import _Attempt
+from polgrad.sweep.ray_attempts import Attempt
 from polgrad.sweep.ray_sync import Mirror, rank_name, rank_snapshot, read_tree, usable_checkpoints, write_tree
 
 
@@ -95,7 +95,7 @@ def _outcome(status: str, error: str = "") -> dict:
 
 def test_an_attempt_reports_rank_0_or_the_first_rank_that_failed():
     cell = Cell("c", 0, "g.gin", "g", "g.gin", config_files=(), swept=(), seed=0, bindings=())
-    att = _Attempt(cell, 1, 2)
+    att = Attempt(cell, 1, 2)
     att.outcomes = {0: _outcome("ok"), 1: _outcome("ok")}
     assert att.outcome() == _outcome("ok")
     att.outcomes = {0: _outcome("ok"), 1: _outcome("failed", "boom")}
@@ -166,24 +166,24 @@ def test_temp_files_and_set_aside_folders_are_never_synced(tmp_path):
 def test_only_ray_errors_of_a_lost_node_or_worker_restart_a_cell():
     rex = pytest.importorskip("ray.exceptions")
 
-    from polgrad.sweep.ray_cells import _node_lost
+    from polgrad.sweep.ray_attempts import node_lost
 
-    assert _node_lost(rex.NodeDiedError("node 1 died"))
-    assert _node_lost(rex.WorkerCrashedError())
-    assert _node_lost(rex.OwnerDiedError("ab", None, ""))
-    assert not _node_lost(rex.OutOfMemoryError("the task used too much memory"))
-    assert not _node_lost(ValueError("the task's own bug"))
+    assert node_lost(rex.NodeDiedError("node 1 died"))
+    assert node_lost(rex.WorkerCrashedError())
+    assert node_lost(rex.OwnerDiedError("ab", None, ""))
+    assert not node_lost(rex.OutOfMemoryError("the task used too much memory"))
+    assert not node_lost(ValueError("the task's own bug"))
 
 
 def test_a_rank_that_failed_because_its_peers_node_died_makes_a_lost_node_not_a_failed_cell():
     cell = Cell("c", 0, "g.gin", "g", "g.gin", config_files=(), swept=(), seed=0, bindings=())
-    att = _Attempt(cell, 1, 2)
+    att = Attempt(cell, 1, 2)
     att.nodes = ["head", "worker"]
     att.outcomes = {0: _outcome("failed", "Connection closed by peer")}
     att.deadline = 100.0
     assert not att.judge([], now=50.0)  # within the grace: wait for the other rank, or for Ray
     assert att.judge(["worker"], now=51.0) and att.lost is not None  # Ray says the node died: lost
-    other = _Attempt(cell, 1, 2)
+    other = Attempt(cell, 1, 2)
     other.outcomes, other.deadline = {0: _outcome("failed", "bad loss")}, 100.0
     assert other.judge([], now=101.0) and other.lost is None  # every node alive: the cell failed
     assert other.outcome()["error"] == "rank 0: bad loss"
