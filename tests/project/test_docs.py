@@ -42,6 +42,18 @@ def test_the_readme_is_at_most_150_lines_and_opens_with_its_two_commands():
     assert main[0].startswith("bash .ci/setup &&") and tests[0].startswith("bash .ci/setup --test &&")
 
 
+def test_the_main_command_writes_where_git_does_not_look():
+    """The main command's sweep writes to a git-ignored folder: the committed results/ stay our
+    machine's record and `git status` stays clean after it (the README's promise)."""
+    text = (REPO / "README.md").read_text()
+    (main,) = indented_block_after(text.split("\n## ", 1)[0], "main-command")
+    found = re.search(r"--results (\S+)", main)
+    assert found, f"the main command writes into results/, which git tracks: {main}"
+    name = re.search(r"experiments/(\w+)\.gin", main).group(1)
+    for path in (f"{found.group(1)}/{name}/{name}.md", f"{found.group(1)}/{name}/runs/c0/metrics.jsonl"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, path
+
+
 # a path the docs name: a folder of the project, then path characters; a placeholder (X, <name>, *, {})
 # names no one file and is skipped
 PATH = re.compile(
