@@ -22,6 +22,7 @@ import sys
 from polgrad.errors import DataError, PolgradError
 from polgrad.results import verdicts
 from polgrad.results.figures import curves_path
+from polgrad.results.migrate import refuse_old_layout
 from polgrad.results.paths import csv_path, md_path, png_path
 from polgrad.results.provenance import DIRTY, check, git_commit, repo_root
 from polgrad.results.record import reconcile
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give an experiment (the CSV's stem)")
     if args.record and not args.compare_verdicts:
         ap.error("--record goes with --compare-verdicts OTHER.md")
+    try:
+        refuse_old_layout(args.experiment, args.results)
+    except PolgradError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.compare_verdicts:
         try:
             return verdicts.main(

@@ -22,6 +22,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.results import paths
+from polgrad.results.migrate import refuse_old_layout
 from polgrad.sweep import folder, memory, pilot_gate, processes, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
@@ -61,6 +62,7 @@ def run(
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
     folder.check_results_folder(results_dir)
+    refuse_old_layout(exp.name, results_dir)  # else its cells would train again beside the old files
     folder.check_own_folder(exp, Path(results_dir))
     stage = exp.tuning if isinstance(exp.tuning, tuning.Plan) else None
     _check_cell_ids(exp, [*cells, *(stage.cells if stage else ())], restart)
