@@ -32,13 +32,12 @@ import gin
 
 from polgrad import config_parts, registry, table5
 from polgrad.algorithm import Algorithm
-from polgrad.config_explain import _first_line, check_include_cycle, explain_file, explain_text
+from polgrad.config_explain import REPO_ROOT, _first_line, check_include_cycle, explain_file, explain_text
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.models import lora
 from polgrad.tasks.base import check_eval_size
 from polgrad.train_config import TrainConfig
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The defaults every run starts from, shipped inside the package (package data): an absolute path, so a
 # run reads the same defaults from any working directory, in a checkout or an installed polgrad.
 DEFAULT_BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults", "base_tiny.gin")

@@ -1,4 +1,4 @@
-"""Study: the results campaign's check: every committed results/*.csv comes from one tagged clean
+"""Study: the results campaign's check: every committed results/X/*.csv comes from one tagged clean
 commit, with the protocol's seeds and warm starts (`python -m studies.campaign TAG [--results DIR]`).
 
 What it checks, per CSV of each experiment folder (results/<name>/<name>.csv, its tuning stage's
@@ -137,6 +137,13 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
     problems, passes = [], []
     failed: set[str] = set()
     paths = _csvs(results)
+    for loose in sorted(
+        results.glob("*.csv")
+    ):  # outside every experiment's folder: not the campaign's layout
+        problems.append(
+            f"{loose}: a CSV outside any experiment's folder (results/X/X.csv); move the old layout with "
+            f"python -m polgrad.results.migrate --results {results}"
+        )
     # the CSVs that record their commit first, then the analysis CSVs that rest on their sweep's
     for path in sorted(paths, key=lambda p: p.stem.endswith(ANALYSIS)):
         rows = read_rows(path)

@@ -2,7 +2,7 @@
 
 An experiment declares (polgrad/sweep/pilot_gate.py reads it from its gin)
 
-    Sweep.pilot = 'results/pilots/X_pilot.csv'
+    Sweep.pilot = 'results/pilots/X_pilot/X_pilot.csv'
     Sweep.pilot_gate = [('len_incorrect_change', {'spec': 'grpo'}, '>=', 3, 'se'),
                         ('eval_accuracy_change', {'spec': 'grpo'}, '>=', 0.05, 'abs')]
 

@@ -16,6 +16,7 @@ at its new place is one line and nothing moves. Prints one line per move.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,24 @@ TUNING = "_tuning"  # as polgrad.results.provenance.TUNING (not imported: this m
 
 def _experiments(root: Path) -> list[str]:
     return sorted(d.name for d in root.iterdir() if d.is_dir() and (d / META).is_file())
+
+
+def _tuning_of(root: Path, name: str) -> str | None:
+    """X when results/<name>/ is the old layout's tuning stage of X (<name> = X_tuning, its
+    experiment.json's question 'Tuning stage of X: ...'), whether or not X's own folder exists yet (a
+    sweep stopped during its tuning stage has none)."""
+    if not name.endswith(TUNING):
+        return None
+    parent = name.removesuffix(TUNING)
+    try:
+        question = str(json.loads((root / name / META).read_text()).get("question", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (
+        parent
+        if question.startswith(f"Tuning stage of {parent}:") or (root / parent / META).is_file()
+        else None
+    )
 
 
 def _owner(stem: str, names: list[str]) -> str | None:
@@ -49,9 +68,8 @@ def old_layout(experiment: str, results_dir: str | os.PathLike) -> list[Path]:
         for p in sorted(root.iterdir())
         if p.is_file() and p.suffix in (".csv", ".md", ".png") and _owner(p.stem, names) in mine
     ]
-    tuning = root / f"{experiment}{TUNING}"
-    if f"{experiment}{TUNING}" in names and experiment in names:
-        found.append(tuning)
+    if f"{experiment}{TUNING}" in names and _tuning_of(root, f"{experiment}{TUNING}") == experiment:
+        found.append(root / f"{experiment}{TUNING}")
     return found
 
 
@@ -81,8 +99,8 @@ def plan(results_dir: str | os.PathLike) -> list[tuple[Path, Path]]:
         if owner is not None:
             moves.append((p, root / owner / p.name))
     for name in names:
-        parent = name.removesuffix(TUNING)
-        if name.endswith(TUNING) and parent in names:
+        parent = _tuning_of(root, name)
+        if parent is not None:
             moves.append((root / name, root / parent / name))
     return moves
 
@@ -98,6 +116,7 @@ def migrate(results_dir: str | os.PathLike) -> list[tuple[Path, Path]]:
             f"({len(taken)} such, nothing moved)"
         )
     for src, dst in moves:
+        dst.parent.mkdir(exist_ok=True)  # a tuning stage's experiment may have no folder yet
         os.replace(src, dst)
     return moves
 

@@ -257,7 +257,7 @@ def cell_environment(run_dir: str | os.PathLike, experiment: str) -> dict[str, A
     run_dir = Path(run_dir)
     exp_dir = run_dir.parent.parent
     ours = run_dir.parent.name == "runs" and exp_dir.name == experiment
-    meta_path = exp_dir / "experiment.json"
+    meta_path = exp_dir / paths.META
     meta = _recorded(meta_path) if ours else {}
     ignore = outputs(experiment, exp_dir.parent) if ours else []
     env = environment(ignore, diff_to=run_dir / "diff.patch")

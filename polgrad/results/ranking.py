@@ -1,6 +1,6 @@
 """The leaderboard of one experiment: its configurations grouped over seeds and ranked by the primary
-metric (`leaderboard`), and the md's ranked table of them beside each one's Table-5 row (`_ranking`)
-and the lists of unstable and failed cells (`_cell_lists`), written by polgrad.results.report."""
+metric (`leaderboard`), and the md's ranked table of them beside each one's Table-5 row (`ranking_lines`)
+and the lists of unstable and failed cells (`cell_lists`), written by polgrad.results.report."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def _md_escape(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _ranking(
+def ranking_lines(
     rows: Sequence[dict[str, str]],
     board: list[dict[str, Any]],
     swept_columns: Sequence[str],
@@ -171,7 +171,7 @@ def _ranking(
     return lines
 
 
-def _cell_lists(rows: Sequence[dict[str, str]]) -> list[str]:
+def cell_lists(rows: Sequence[dict[str, str]]) -> list[str]:
     """The unstable cells (not ranked) and the failed cells, each with its one-line message."""
     lines: list[str] = []
     for title, picked in (

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from polgrad.errors import DataError
+from polgrad.results.paths import runs_dir
 from polgrad.results.provenance import environment
 from polgrad.results.store import (
     BUDGET_COLUMNS,
@@ -155,7 +156,8 @@ def reconcile(
     *,
     check_complete: bool = True,
 ) -> str | None:
-    """Make results_dir/<experiment>.csv agree with the run folders (see the module docstring).
+    """Make the experiment's CSV (results_dir/<experiment>/<experiment>.csv) agree with the run folders
+    (see the module docstring).
 
     Returns one line when the CSV was rebuilt (what disagreed), None when it already agreed; raises a
     one-line DataError when the CSV is incomplete and no run folder can complete it (`check_complete`;
@@ -181,7 +183,7 @@ def _reconcile(
         by_id[cid] = r
     expected: dict[str, dict[str, Any]] = {}
     for c in cells:
-        run_dir = results_dir / experiment / "runs" / c["id"]
+        run_dir = runs_dir(experiment, results_dir) / c["id"]
         outcome = finished_outcome(run_dir)
         old = by_id.get(c["id"])
         if outcome is None and old and old.get("run_dir"):  # a restarted cell: its row names the old folder
@@ -224,7 +226,7 @@ def _reconcile(
     more = f" (+{len(problems) - 2} more)" if len(problems) > 2 else ""
     return (
         f"{path} disagreed with the run folders ({'; '.join(problems[:2])}{more}): rebuilt it from "
-        f"{results_dir / experiment / 'runs'} ({len(expected)} finished cells; {len(kept)} other rows kept)"
+        f"{runs_dir(experiment, results_dir)} ({len(expected)} finished cells; {len(kept)} other rows kept)"
     )
 
 
@@ -244,7 +246,7 @@ def complete(
     results: the md then says how many it lacks (report.markdown's `missing_cells`), so a report made
     while a sweep runs still works and a CSV that lost rows is never reported as if it were whole."""
     path = csv_path(experiment, results_dir)
-    where = f"and no finished run folder under {results_dir / experiment / 'runs'} to rebuild it from"
+    where = f"and no finished run folder under {runs_dir(experiment, results_dir)} to rebuild it from"
     fix = f"restore {path} (e.g. git checkout {path}) or re-run the sweep"
     have = {r.get("cell_id") for r in rows} | set(backed)
     lacking = [c["id"] for c in cells if c["id"] not in have]

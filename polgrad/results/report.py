@@ -19,7 +19,7 @@ from polgrad.results.figures import FIGURES_JSON, curves_path, plot
 from polgrad.results.findings import sections
 from polgrad.results.header import header
 from polgrad.results.provenance import TUNING, portable_command, repo_root
-from polgrad.results.ranking import UNSTABLE, _cell_lists, _ranking, leaderboard
+from polgrad.results.ranking import UNSTABLE, cell_lists, leaderboard, ranking_lines
 from polgrad.results.store import csv_path, read_rows, unread_columns
 from polgrad.results.studies import Study
 from polgrad.results.studies import load as load_studies
@@ -101,7 +101,7 @@ def markdown(
     )
     lines = header(experiment, rows, question=question, command=command, budget=budget)
     lines += _overview(rows, len(board), primary_metric, higher_is_better, figures, missing_cells, stale_rows)
-    lines += _ranking(
+    lines += ranking_lines(
         rows, board, swept_columns, primary_metric, unread, label, best_key if starred else None
     )
     if baseline and base_key is None:
@@ -125,7 +125,7 @@ def markdown(
     for name, answer in companions:  # the answer stays the last line of the findings
         stats_lines[-1] += f" By its own declared method, [{name}]({name}) answers: {answer}"
     lines += stats_lines
-    lines += _cell_lists(rows)
+    lines += cell_lists(rows)
     return "\n".join(lines) + "\n"
 
 

@@ -103,6 +103,11 @@ def committed_md(spec: str, md: str | Path) -> tuple[str, str]:
         raise DataError(f"{spec}: {md} is not in a git checkout; give the other md's path instead")
     rel = Path(md).resolve().relative_to(root).as_posix()
     out = _git(["show", f"{rev}:{rel}"], root)
+    flat = Path(rel).parent.parent / Path(rel).name  # results/X/X.md was results/X.md before one folder
+    if (out is None or out.returncode != 0) and Path(rel).parent.name == Path(rel).stem:
+        older = _git(["show", f"{rev}:{flat.as_posix()}"], root)  # per experiment (a commit before a55cdce)
+        if older is not None and older.returncode == 0:
+            rel, out = flat.as_posix(), older
     if out is None or out.returncode != 0:
         lines = out.stderr.decode(errors="replace").strip().splitlines() if out is not None else ["no git"]
         why = lines[-1] if lines else f"git exit status {out.returncode}"  # type: ignore[union-attr]

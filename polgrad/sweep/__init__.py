@@ -26,7 +26,7 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 
 | parameter            | default           | meaning                                                |
 |----------------------|-------------------|--------------------------------------------------------|
-| `name`               | file stem         | results/<name>.csv, .md, .png and results/<name>/      |
+| `name`               | file stem         | its folder results/<name>/ (csv, md, figures, runs)    |
 | `specs`              | required          | spec gin files (registry/*.gin) to compare             |
 | `grid`               | `{}`              | axis -> list of values; an axis is a binding, a macro  |
 |                      |                   | name, or a tuple of bindings varied together (zipped)  |

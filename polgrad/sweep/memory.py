@@ -9,7 +9,7 @@ refuses nothing (the estimate is rough, and one cell at a time is always tried).
 A cell's peak is measured where the experiment has one: the largest `peak_mem_mb` (a rank's peak
 RSS, polgrad/distributed.py) in the summary.json of its finished cells, times the cell's ranks. Before
 any cell has finished it is `CELL_MB` per rank, a conservative figure for the tiny default model every
-experiment of experiments/ trains: its cells' recorded peaks in results/*.csv are 0.69-1.15 GiB
+experiment of experiments/ trains: its cells' recorded peaks in results/*/*.csv are 0.69-1.15 GiB
 (reasoning_gym's the largest). A cell of a larger model (`train.policy_path`) gets its own measure
 from the first cells that finish (a re-run resumes with it).
 """

@@ -87,7 +87,8 @@ def _committed(path: Path) -> str:
         raise PolgradError(f"{rel} is not committed: commit the pilot's CSV (and its md) first")
     if changed is None or changed.returncode != 0:
         raise PolgradError(f"{rel} differs from HEAD: commit the pilot's CSV as it is, or restore it")
-    log = _git(["log", "-1", "--format=%h", "--", rel], root)
+    # the last commit that changed its content (a move, e.g. into one folder per experiment, is not one)
+    log = _git(["log", "-1", "--format=%h", "--follow", "--diff-filter=AM", "--", rel], root)
     return log.stdout.decode().strip() if log is not None else ""
 
 
@@ -97,6 +98,12 @@ def state(exp) -> tuple[dict[str, Any] | None, str]:
     if g is None:
         return None, ""
     where = f"{exp.file}: Sweep.pilot_gate"
+    flat = g.pilot.parent.parent / g.pilot.name  # results/pilots/X_pilot.csv before one folder per experiment
+    if not g.pilot.is_file() and g.pilot.parent.name == g.pilot.stem and flat.is_file():
+        return None, (
+            f"{where}: the pilot {g.pilot} is at {flat}, the layout before one folder per experiment: "
+            f"move it with `python -m polgrad.results.migrate --results {flat.parent}` (it only moves files)"
+        )
     if not g.pilot.is_file():
         return None, (
             f"{where}: the pilot {g.pilot} does not exist: run the pilot (its own seeds, "

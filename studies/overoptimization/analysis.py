@@ -27,6 +27,7 @@ from typing import Any
 
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.io import atomic_path
+from polgrad.results.migrate import refuse_old_layout
 from polgrad.results.paths import csv_path, meta_path, output
 from polgrad.results.provenance import environment, outputs
 from polgrad.results.report import write_report
@@ -332,9 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = f"line {line}: Sweep.studies" if line else "Sweep.studies"
             raise ConfigError(
                 f"{args.experiment}: {where} does not name 'studies.overoptimization': add it, so that "
-                "the experiment's report quotes this analysis and its sweeps count its files as their own"
+                "the experiment's report quotes this analysis"
             )
         results_dir = Path(args.results)
+        refuse_old_layout(exp.name, results_dir)  # else best-of-n would be sampled again beside the old
         if not args.report_only:
             best_of_n_stage(exp, results_dir, prompts=args.prompts, samples=args.samples)
             points_stage(exp, results_dir, output(exp.name, results_dir, "_points.csv"))

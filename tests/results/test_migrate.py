@@ -122,3 +122,22 @@ def test_the_sweep_refuses_the_old_layout_before_any_cell_runs(tmp_path, capsys)
     assert migrate.main(["--results", str(out)]) == 0
     assert sweep.main([str(exp), "--results", str(out)]) == 0  # after the move the sweep runs
     assert (out / "exp" / "exp.md").is_file()
+
+
+def test_a_sweep_stopped_in_its_tuning_stage_is_moved_too(tmp_path, capsys):
+    """No results/e/experiment.json yet (the evaluation never started): the tuning stage is known by
+    its own experiment.json's question, refused before the move and moved into results/e/."""
+    stage = json.dumps({"name": "e_tuning", "question": "Tuning stage of e: which value of train.lr ..."})
+    _write(
+        tmp_path,
+        {"e_tuning/experiment.json": stage, "e_tuning/runs/t0/summary.json": "t0", "e_tuning.csv": "r"},
+    )
+    with pytest.raises(DataError, match="e's results are in the layout before"):
+        migrate.refuse_old_layout("e", tmp_path)
+    assert migrate.main(["--results", str(tmp_path)]) == 0
+    assert _tree(tmp_path) == {
+        "e/e_tuning/experiment.json": stage,
+        "e/e_tuning/runs/t0/summary.json": "t0",
+        "e/e_tuning/e_tuning.csv": "r",
+    }
+    migrate.refuse_old_layout("e", tmp_path)  # nothing left to refuse

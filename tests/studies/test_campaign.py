@@ -150,3 +150,15 @@ def test_an_unknown_tag_is_one_line_and_exit_2(repo, capsys):
     assert main(["no-such-tag"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no-such-tag: no such tag or commit" in err
+
+
+def test_a_csv_outside_every_experiments_folder_is_a_problem(repo):
+    """The old flat layout (results/exp.csv beside results/exp/) is named, with the move that fixes it."""
+    sha = _git(repo, "rev-parse", "camp")
+    _write(repo / "results", "exp", _rows(sha[:7]))
+    (repo / "results" / "old.csv").write_text("cell_id\nc0\n")
+    problems, passes = campaign.check("camp", "results")
+    assert passes == [f"results/exp/exp.csv: 20 rows from {sha[:7]}"]
+    (line,) = problems
+    assert line.startswith("results/old.csv: a CSV outside any experiment's folder")
+    assert "python -m polgrad.results.migrate --results results" in line
