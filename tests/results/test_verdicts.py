@@ -193,6 +193,26 @@ def test_git_head_compares_the_rerun_with_the_committed_md(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and "git cannot show nope:results/exp/exp.md" in err[0]
 
 
+def test_git_rev_reads_an_older_commits_md_at_its_flat_path(tmp_path, capsys):
+    """A commit from before one folder per experiment has results/exp.md, not results/exp/exp.md:
+    `git:REV` reads that one (the campaign's commits are such)."""
+    import subprocess
+
+    results = tmp_path / "results"
+    results.mkdir()
+    _md(results / "exp.md", "AMD EPYC · AVX512", [("p", "a", "higher", "confirmed")])
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "flat findings"], check=True)
+    (results / "exp.md").unlink()
+    (results / "exp").mkdir()
+    _md(results / "exp" / "exp.md", "Intel Xeon · AMX", [("p", "a", "higher", "confirmed")])
+    rc = results_cli.main(["exp", "--results", str(results), "--compare-verdicts", "git:HEAD"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "B: HEAD:results/exp.md (AMD EPYC · AVX512" in out, out
+
+
 def test_an_intel_model_name_is_read_whole(tmp_path):
     """Linux names Intel CPUs 'Intel(R) Xeon(R) ...': the CPU is everything up to the machine line's
     ') · python', not the first ')' (which made any two Intel machines 'the same CPU type')."""
