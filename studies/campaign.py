@@ -137,9 +137,8 @@ def check(tag: str, results_dir: str | os.PathLike = "results") -> tuple[list[st
     problems, passes = [], []
     failed: set[str] = set()
     paths = _csvs(results)
-    for loose in sorted(
-        results.glob("*.csv")
-    ):  # outside every experiment's folder: not the campaign's layout
+    # a CSV outside every experiment's folder is not the campaign's layout
+    for loose in sorted(results.glob("*.csv")):
         problems.append(
             f"{loose}: a CSV outside any experiment's folder (results/X/X.csv); move the old layout with "
             f"python -m polgrad.results.migrate --results {results}"

@@ -22,9 +22,7 @@ import sys
 from pathlib import Path
 
 from polgrad.errors import DataError
-from polgrad.results.paths import META
-
-TUNING = "_tuning"  # as polgrad.results.provenance.TUNING (not imported: this module stays light)
+from polgrad.results.paths import META, TUNING
 
 
 def _experiments(root: Path) -> list[str]:
@@ -71,6 +69,12 @@ def old_layout(experiment: str, results_dir: str | os.PathLike) -> list[Path]:
     if f"{experiment}{TUNING}" in names and _tuning_of(root, f"{experiment}{TUNING}") == experiment:
         found.append(root / f"{experiment}{TUNING}")
     return found
+
+
+def flat_path(path: Path) -> Path | None:
+    """Where the old layout kept a file that today sits in its experiment's folder
+    (results/X/X.md -> results/X.md), or None for a file that is not directly in such a folder."""
+    return path.parent.parent / path.name if path.parent.name == path.stem else None
 
 
 def refuse_old_layout(experiment: str, results_dir: str | os.PathLike) -> None:

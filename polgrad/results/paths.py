@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 META = "experiment.json"
+TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X, in its folder results/X/X_tuning/
 RUNS = "runs"
 
 

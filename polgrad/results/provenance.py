@@ -38,7 +38,7 @@ from polgrad.results import paths
 DIRTY = "-dirty"
 # The row column of the modules an experiment's gin imports, by content (module_digests)
 USER_MODULES = "user_modules"
-TUNING = "_tuning"  # X_tuning: the tuning stage of experiment X (its folder: results/X/X_tuning/)
+TUNING = paths.TUNING  # X_tuning: the tuning stage of experiment X (its folder: results/X/X_tuning/)
 # `git diff HEAD` in one format whatever the user's git configuration says. A binary file's content is
 # never in it ("Binary files ... differ"), only its blob hashes (--full-index: 40 hex digits), which
 # the git_diff column's hash covers: a changed binary changes the hash, not the patch's size.

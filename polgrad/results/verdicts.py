@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polgrad.errors import DataError
+from polgrad.results.migrate import flat_path
 from polgrad.results.provenance import _git, repo_root
 
 HEADER = ("prediction", "configuration", "metric", "expected")
@@ -103,9 +104,9 @@ def committed_md(spec: str, md: str | Path) -> tuple[str, str]:
         raise DataError(f"{spec}: {md} is not in a git checkout; give the other md's path instead")
     rel = Path(md).resolve().relative_to(root).as_posix()
     out = _git(["show", f"{rev}:{rel}"], root)
-    flat = Path(rel).parent.parent / Path(rel).name  # results/X/X.md was results/X.md before one folder
-    if (out is None or out.returncode != 0) and Path(rel).parent.name == Path(rel).stem:
-        older = _git(["show", f"{rev}:{flat.as_posix()}"], root)  # per experiment (a commit before a55cdce)
+    flat = flat_path(Path(rel))  # a commit before one folder per experiment kept results/X/X.md flat
+    if (out is None or out.returncode != 0) and flat is not None:
+        older = _git(["show", f"{rev}:{flat.as_posix()}"], root)
         if older is not None and older.returncode == 0:
             rel, out = flat.as_posix(), older
     if out is None or out.returncode != 0:

@@ -26,6 +26,7 @@ from polgrad import results as _results
 from polgrad.checks import is_real
 from polgrad.errors import ConfigError, PolgradError
 from polgrad.results import gate as _gate
+from polgrad.results.migrate import flat_path
 from polgrad.results.paths import csv_path
 from polgrad.results.provenance import _git
 from polgrad.results.store import read_rows
@@ -98,8 +99,8 @@ def state(exp) -> tuple[dict[str, Any] | None, str]:
     if g is None:
         return None, ""
     where = f"{exp.file}: Sweep.pilot_gate"
-    flat = g.pilot.parent.parent / g.pilot.name  # results/pilots/X_pilot.csv before one folder per experiment
-    if not g.pilot.is_file() and g.pilot.parent.name == g.pilot.stem and flat.is_file():
+    flat = flat_path(g.pilot)  # results/pilots/X_pilot.csv before one folder per experiment
+    if not g.pilot.is_file() and flat is not None and flat.is_file():
         return None, (
             f"{where}: the pilot {g.pilot} is at {flat}, the layout before one folder per experiment: "
             f"move it with `python -m polgrad.results.migrate --results {flat.parent}` (it only moves files)"

@@ -198,7 +198,7 @@ def plan(exp: Experiment, decl: Declared | None, cells: Sequence[Cell], train_mo
     first_values = {k: gin_text(v) for keys, vals in decl.axes for k, v in _firsts(keys, vals)}
     t_exp = dataclasses.replace(
         exp,
-        name=f"{exp.name}_tuning",
+        name=f"{exp.name}{paths.TUNING}",
         axes=[*exp.axes, *decl.axes],
         seeds=list(decl.seeds),
         baseline={**exp.baseline, **first_values},

@@ -119,6 +119,13 @@ def test_the_sweep_starts_the_evaluation_cells_only_on_a_committed_pilot_that_pa
         assert not (out / "exp" / "runs").exists()  # no cell ran
 
     refused("results/pilots/exp_pilot/exp_pilot.csv does not exist")
+    flat = tmp_path / "results" / "pilots" / "exp_pilot.csv"  # the layout before one folder per experiment
+    _write_pilot(flat, {100: 0.1, 101: 0.2, 102: 0.3})
+    refused(
+        f"is at {flat}, the layout before one folder per experiment: move it with "
+        "`python -m polgrad.results.migrate"
+    )
+    flat.unlink()
     _write_pilot(pilot, {100: 0.1, 101: 0.2, 102: 0.3})
     refused("results/pilots/exp_pilot/exp_pilot.csv is not committed")
     _git(tmp_path, "add", "results/pilots/exp_pilot/exp_pilot.csv")
