@@ -86,7 +86,7 @@ import random
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import torch
@@ -221,12 +221,42 @@ def finish() -> None:
     here; its launcher stops the others (with gloo, a peer's exit also ends the barrier with an error)."""
     import torch.distributed as tdist
 
+    global _ended_together
     if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
         if tdist.get_backend() == "nccl":
             tdist.barrier(device_ids=[torch.cuda.current_device()])
         else:
             tdist.barrier()
         tdist.destroy_process_group()
+        _ended_together = True
+
+
+_ended_together = False  # `finish` ended a group of more than one rank in this process
+
+
+def leave(code: int) -> NoReturn:
+    """Exit a trainer process with `code` (its `__main__`). A rank whose group `finish` ended leaves
+    without interpreter finalization (`os._exit`, stdio and logging flushed first): its run is over
+    and written, and finalization is where it could still abort. `destroy_process_group` does not
+    free gloo's groups while DeepSpeed holds them (the engine, ZeRO-3's parameters and
+    deepspeed.utils.groups keep references to the end: after `finish` a 2-rank ZeRO-3 run still
+    has its 4 pt_gloo_runloop and 2 gloo_tcp_loop threads at exit), and a gloo worker thread that
+    releases a collective's tensors needs the GIL; taken while the interpreter tears down, the
+    thread is ended with a forced unwind through C++ code that may not throw, and the process aborts
+    ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489), after which
+    its launcher SIGTERMs the other ranks and the finished run fails its sweep cell. Every other
+    process (one rank, an error, a stop) exits normally."""
+    if not _ended_together:
+        raise SystemExit(code)
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 @contextlib.contextmanager

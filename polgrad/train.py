@@ -152,4 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from polgrad import distributed
+
+    distributed.leave(main())  # a rank that ended with its group skips finalization (distributed.leave)

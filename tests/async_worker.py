@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from polgrad import train
+from polgrad import distributed, train
 from polgrad.train_config import TrainConfig
 
 if __name__ == "__main__":
@@ -17,4 +17,4 @@ if __name__ == "__main__":
     if argv and argv[0] == "--force-async":
         TrainConfig.asynchronous = property(lambda self: True)
         argv = argv[1:]
-    sys.exit(train.main(argv))
+    distributed.leave(train.main(argv))

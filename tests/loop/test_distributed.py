@@ -473,6 +473,67 @@ def test_finish_holds_every_rank_until_all_are_done_then_ends_the_group(tmp_path
     assert r1["left"] >= r0["entered"] and not r0["up"] and not r1["up"]
 
 
+_LEAVE_SCRIPT = """
+import atexit, sys
+from polgrad import distributed
+atexit.register(lambda: print("finalized", flush=True))
+distributed.setup()
+if sys.argv[1] == "finish":
+    distributed.finish()
+sys.stdout.write("done")
+distributed.leave(3)
+"""
+
+
+@pytest.mark.cpu_matrix  # two ranks (the marker's rule: what a test runs)
+@pytest.mark.parametrize("ends", ["finish", "no finish"])
+def test_a_rank_whose_group_ended_together_leaves_without_interpreter_finalization(tmp_path, ends):
+    """`distributed.leave` after `finish` at world size 2: the process exits with the run's code and
+    what it wrote, without finalization (no atexit handler runs), where gloo's worker threads,
+    still alive because DeepSpeed holds the groups, could abort a finished run. A rank that did not
+    end with its group (an error, a stop) exits normally: its atexit handlers run."""
+    script = tmp_path / "leave.py"
+    script.write_text(_LEAVE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    # each rank's stdout to its own file (--redirects 1)
+    cmd += ["--log-dir", str(tmp_path / "logs"), "--redirects", "1", str(script), ends]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert "exitcode  : 3" in proc.stderr, proc.stderr[-2000:]  # the rank's own code reaches torchrun
+    logs = sorted((tmp_path / "logs").rglob("stdout.log"))
+    assert len(logs) == 2, logs
+    for log in logs:  # the printed line reached the file; finalization ran only without `finish`
+        assert log.read_text() == ("done" if ends == "finish" else "donefinalized\n"), log
+
+
+def test_leave_flushes_what_the_rank_printed_before_it_skips_finalization(monkeypatch):
+    """os._exit drops Python's buffers: `leave` flushes stdout and stderr first (a sweep cell's log is
+    a file, block-buffered), and exits with the run's code."""
+    import io
+
+    from polgrad import distributed
+
+    flushed_at_exit = []
+
+    class Out(io.StringIO):
+        def flush(self):
+            self.flushed = True
+
+    out, err = Out(), Out()
+    monkeypatch.setattr(distributed, "_ended_together", True)
+    monkeypatch.setattr(
+        distributed.os,
+        "_exit",
+        lambda code: flushed_at_exit.append((code, hasattr(out, "flushed"), hasattr(err, "flushed"))),
+    )
+    monkeypatch.setattr(distributed.sys, "stdout", out)
+    monkeypatch.setattr(distributed.sys, "stderr", err)
+    distributed.leave(3)
+    assert flushed_at_exit == [(3, True, True)]
+
+
 def test_a_finished_run_ends_through_finish(tmp_path, monkeypatch):
     """polgrad.train's main calls distributed.finish after a run that ended well (a no-op at one rank)."""
     from polgrad import distributed
