@@ -142,6 +142,8 @@ def test_a_reward_model_run_logs_gold_and_proxy_end_to_end(tmp_path):
     parse_config(
         ["registry/ppo.gin"],
         [
+            # sort: the reward model the other reward-model runs of the suite train (cached once)
+            "train.task = @task.sort",
             "train.reward_source = 'reward_model'",
             "train.steps = 2",
             "train.eval_every = 2",

@@ -65,12 +65,15 @@ def test_the_compiled_decode_step_gives_the_eager_steps_logits():
 
 
 def _run(tmp_path, name: str, bindings: list[str]):
+    """3 PPO steps of 8 prompts (group size 1), evaluated on 8 prompts: the evaluation decodes at the
+    rollout's batch size, so one compiled decode step serves both (16 prompts compiled a second one,
+    18 s of a cold run's 134)."""
     from polgrad.train import run as train
 
     gin.clear_config()
     parse_config(
         [os.path.join(REPO, "registry", "ppo.gin")],
-        ["train.steps = 3", "train.prompts_per_step = 8", "train.eval_every = 3", "train.eval_size = 16",
+        ["train.steps = 3", "train.prompts_per_step = 8", "train.eval_every = 3", "train.eval_size = 8",
          "train.checkpoint_every = 100", "train.progress = False", *bindings],
     )  # fmt: skip
     try:
