@@ -165,11 +165,13 @@ def setup(seed: int | None = None) -> DistInfo:
         backend = "nccl" if cuda else "gloo"
         if launched:
             tdist.init_process_group(backend)  # env:// from the launcher
-            # Destroyed before the interpreter tears down: a gloo group left to finalization can
-            # abort the process (SIGABRT, "terminate called without an active exception") when its
-            # worker threads outlive the interpreter (pytorch/pytorch#190489), failing a finished run.
-            # A run that ended well has already ended it with every rank (`finish`); this is for the rest.
+            # Destroyed before the interpreter tears down, for a process that did not end through
+            # `finish` and `leave` (an error, a stop). This frees the group only where nothing else
+            # holds it: DeepSpeed's engine keeps its groups to the end, and their gloo threads can
+            # still abort the process at finalization (SIGABRT; pytorch/pytorch#190489); `leave`
+            # skips finalization for a run that ended well.
             atexit.register(_destroy_group)
+            _new_group()
         else:
             tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
 
@@ -234,20 +236,33 @@ def finish() -> None:
 _ended_together = False  # `finish` ended a group of more than one rank in this process
 
 
+def _new_group() -> None:
+    """A launcher's group is up again in this process: it has not ended (see `leave`)."""
+    global _ended_together
+    _ended_together = False
+
+
 def leave(code: int) -> NoReturn:
     """Exit a trainer process with `code` (its `__main__`). A rank whose group `finish` ended leaves
-    without interpreter finalization (`os._exit`, stdio and logging flushed first): its run is over
-    and written, and finalization is where it could still abort. `destroy_process_group` does not
-    free gloo's groups while DeepSpeed holds them (the engine, ZeRO-3's parameters and
+    without interpreter finalization (`os._exit`; logging, Python's and C's stdio flushed first): its
+    run is over and written, and finalization is where it could still abort. `destroy_process_group`
+    does not free gloo's groups while DeepSpeed holds them (the engine, ZeRO-3's parameters and
     deepspeed.utils.groups keep references to the end: after `finish` a 2-rank ZeRO-3 run still
     has its 4 pt_gloo_runloop and 2 gloo_tcp_loop threads at exit), and a gloo worker thread that
     releases a collective's tensors needs the GIL; taken while the interpreter tears down, the
     thread is ended with a forced unwind through C++ code that may not throw, and the process aborts
-    ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489), after which
-    its launcher SIGTERMs the other ranks and the finished run fails its sweep cell. Every other
-    process (one rank, an error, a stop) exits normally."""
+    ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489): its launcher
+    (torchrun, deepspeed) then SIGTERMs the other ranks, or under Ray the rank's exit code fails the
+    attempt, and a finished run fails its sweep cell.
+
+    Contract: after `finish`, no atexit handler and no weakref finalizer runs, so whatever a run
+    writes is closed before it (polgrad.train: the trackers end in `Trackers.finish`, which
+    unregisters their atexit abort; the sampler closes vLLM and its adapter folder; files are
+    written in `with` blocks; the run lock is released before `leave`). Every other process (one
+    rank, an error, a stop) exits normally, with its atexit handlers."""
     if not _ended_together:
         raise SystemExit(code)
+    import ctypes
     import logging
 
     logging.shutdown()
@@ -256,6 +271,10 @@ def leave(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
             pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # C's stdio buffers (what C++ code printed), as exit() would
+    except (OSError, AttributeError):  # no C library to ask (not Linux/macOS)
+        pass
     os._exit(code)
 
 

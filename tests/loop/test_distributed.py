@@ -488,24 +488,54 @@ distributed.leave(3)
 @pytest.mark.cpu_matrix  # two ranks (the marker's rule: what a test runs)
 @pytest.mark.parametrize("ends", ["finish", "no finish"])
 def test_a_rank_whose_group_ended_together_leaves_without_interpreter_finalization(tmp_path, ends):
-    """`distributed.leave` after `finish` at world size 2: the process exits with the run's code and
-    what it wrote, without finalization (no atexit handler runs), where gloo's worker threads,
-    still alive because DeepSpeed holds the groups, could abort a finished run. A rank that did not
-    end with its group (an error, a stop) exits normally: its atexit handlers run."""
+    """`distributed.leave` after `finish` at world size 2: each rank exits with the run's code and
+    what it wrote, without finalization (no atexit handler runs), where gloo's worker threads, still
+    alive because DeepSpeed holds the groups, could abort a finished run. A rank that did not end
+    with its group (an error, a stop) exits normally: its atexit handlers run. The ranks are started
+    directly (env://), not by torchrun, which would SIGTERM one rank when the other exits non-zero;
+    their stdout is a file, block-buffered (PYTHONUNBUFFERED dropped), so what a rank wrote arrives
+    only if `leave` (or DeepSpeed's logging handler on stdout, which it shuts down) flushes it."""
+    from polgrad.sweep.slots import free_port
+
     script = tmp_path / "leave.py"
     script.write_text(_LEAVE_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in (*drop, "PYTHONUNBUFFERED")}
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    # each rank's stdout to its own file (--redirects 1)
-    cmd += ["--log-dir", str(tmp_path / "logs"), "--redirects", "1", str(script), ends]
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    ranks = []
+    for rank in (0, 1):
+        out = open(tmp_path / f"rank{rank}.out", "w")
+        ranks.append(subprocess.Popen(
+            [sys.executable, str(script), ends], env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=out, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+        out.close()
+    for rank, proc in enumerate(ranks):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 3, (rank, proc.returncode, err[-2000:])
+        expected = "done" if ends == "finish" else "donefinalized\n"
+        assert (tmp_path / f"rank{rank}.out").read_text() == expected, (rank, err[-2000:])
+
+
+def test_a_launchers_new_group_has_not_ended_together():
+    """`setup` under a launcher clears what an earlier group's `finish` set: a process that sets a
+    group up again and then fails exits normally (`leave`), with its atexit handlers."""
+    from polgrad.sweep.slots import free_port
+
+    script = (
+        "from polgrad import distributed\n"
+        "distributed._ended_together = True  # as an earlier group's finish leaves it\n"
+        "distributed.setup()\n"
+        "print('ended together:', distributed._ended_together)\n"
+    )
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    env["MASTER_PORT"] = str(free_port())
+    cmd = [sys.executable, "-c", script]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert "exitcode  : 3" in proc.stderr, proc.stderr[-2000:]  # the rank's own code reaches torchrun
-    logs = sorted((tmp_path / "logs").rglob("stdout.log"))
-    assert len(logs) == 2, logs
-    for log in logs:  # the printed line reached the file; finalization ran only without `finish`
-        assert log.read_text() == ("done" if ends == "finish" else "donefinalized\n"), log
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "ended together: False", proc.stdout
 
 
 def test_leave_flushes_what_the_rank_printed_before_it_skips_finalization(monkeypatch):
@@ -522,6 +552,9 @@ def test_leave_flushes_what_the_rank_printed_before_it_skips_finalization(monkey
             self.flushed = True
 
     out, err = Out(), Out()
+    import logging
+
+    monkeypatch.setattr(logging, "shutdown", lambda: None)  # not pytest's own handlers
     monkeypatch.setattr(distributed, "_ended_together", True)
     monkeypatch.setattr(
         distributed.os,

@@ -174,7 +174,9 @@ def cluster():
 
 # Every cell starts from the seed-0 warm start (train.init_seed = 0), the one the rest of the suite
 # builds: a seed-1 warm start (640 SFT steps) would be built for these tests alone, and what they check
-# (cells moved between nodes, ranks spread over them) does not depend on which SFT policy a cell starts from.
+# (cells moved between nodes, ranks spread over them) does not depend on which SFT policy a cell starts
+# from. What this gives up: a node that loaded another seed's cached warm start would no longer show in
+# the per-cell comparison (the cache key's seed is tests/pretrain/test_warm_start.py's to check).
 INIT = "train.init_seed = 0\n"
 
 
