@@ -150,6 +150,7 @@ def setup(seed: int | None = None) -> DistInfo:
     same value on every rank, so that models built afterwards start identical on all ranks; seed
     per-rank sampling yourself (e.g. `seed + info.rank`).
     """
+    global _ended_together
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -171,7 +172,7 @@ def setup(seed: int | None = None) -> DistInfo:
             # still abort the process at finalization (SIGABRT; pytorch/pytorch#190489); `leave`
             # skips finalization for a run that ended well.
             atexit.register(_destroy_group)
-            _new_group()
+            _ended_together = False  # a new group: `leave` exits normally until `finish` ends it
         else:
             tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1)
 
@@ -234,12 +235,6 @@ def finish() -> None:
 
 
 _ended_together = False  # `finish` ended a group of more than one rank in this process
-
-
-def _new_group() -> None:
-    """A launcher's group is up again in this process: it has not ended (see `leave`)."""
-    global _ended_together
-    _ended_together = False
 
 
 def leave(code: int) -> NoReturn:

@@ -432,26 +432,32 @@ def test_world_size_2_matches_world_size_1(tmp_path):
                     assert local == math.ceil(full / 2) < full, n
 
 
-def test_a_launched_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
-    """Under a launcher (RANK and WORLD_SIZE set) setup registers the group's destruction at exit: a
-    gloo group left to interpreter finalization can abort a finished run (SIGABRT). atexit runs its
-    handlers last-registered first, so a checker registered before setup runs after it and sees the
-    group gone."""
+def _launched_alone(script: str) -> subprocess.CompletedProcess:
+    """`python -c script` as the one rank of a launched group (RANK 0, WORLD_SIZE 1, env://); it must
+    exit 0."""
     from polgrad.sweep.slots import free_port
 
-    script = (
-        "import atexit, sys, torch.distributed as tdist\n"
-        "from polgrad import distributed\n"
-        "atexit.register(lambda: print('up at exit:', tdist.is_initialized(), flush=True))\n"
-        "distributed.setup()\n"
-        "print('up after setup:', tdist.is_initialized(), flush=True)\n"
-    )
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     env["MASTER_PORT"] = str(free_port())
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_a_launched_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
+    """Under a launcher (RANK and WORLD_SIZE set) setup registers the group's destruction at exit: a
+    gloo group left to interpreter finalization can abort a finished run (SIGABRT). atexit runs its
+    handlers last-registered first, so a checker registered before setup runs after it and sees the
+    group gone."""
+    proc = _launched_alone(
+        "import atexit, sys, torch.distributed as tdist\n"
+        "from polgrad import distributed\n"
+        "atexit.register(lambda: print('up at exit:', tdist.is_initialized(), flush=True))\n"
+        "distributed.setup()\n"
+        "print('up after setup:', tdist.is_initialized(), flush=True)\n"
+    )
     assert proc.stdout.splitlines()[-2:] == ["up after setup: True", "up at exit: False"], proc.stdout
 
 
@@ -522,19 +528,12 @@ def test_a_rank_whose_group_ended_together_leaves_without_interpreter_finalizati
 def test_a_launchers_new_group_has_not_ended_together():
     """`setup` under a launcher clears what an earlier group's `finish` set: a process that sets a
     group up again and then fails exits normally (`leave`), with its atexit handlers."""
-    from polgrad.sweep.slots import free_port
-
-    script = (
+    proc = _launched_alone(
         "from polgrad import distributed\n"
         "distributed._ended_together = True  # as an earlier group's finish leaves it\n"
         "distributed.setup()\n"
         "print('ended together:', distributed._ended_together)\n"
     )
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-    env["MASTER_PORT"] = str(free_port())
-    cmd = [sys.executable, "-c", script]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-1] == "ended together: False", proc.stdout
 
 
@@ -542,6 +541,7 @@ def test_leave_flushes_what_the_rank_printed_before_it_skips_finalization(monkey
     """os._exit drops Python's buffers: `leave` flushes stdout and stderr first (a sweep cell's log is
     a file, block-buffered), and exits with the run's code."""
     import io
+    import logging
 
     from polgrad import distributed
 
@@ -552,8 +552,6 @@ def test_leave_flushes_what_the_rank_printed_before_it_skips_finalization(monkey
             self.flushed = True
 
     out, err = Out(), Out()
-    import logging
-
     monkeypatch.setattr(logging, "shutdown", lambda: None)  # not pytest's own handlers
     monkeypatch.setattr(distributed, "_ended_together", True)
     monkeypatch.setattr(
