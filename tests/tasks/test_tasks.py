@@ -48,6 +48,11 @@ def _reverse_oracle(task, prompt):
     return prompt[4:-1][::-1]
 
 
+def _running_sum_oracle(task, prompt):
+    assert prompt.endswith("=")
+    return str(sum(int(t) for t in prompt[:-1].split("+")))
+
+
 def _file_oracle(task, prompt):
     answers = {r["question"]: r["answer"].split("####")[-1].strip().replace(",", "") for r in EXAMPLE_ROWS}
     return answers[prompt]
@@ -61,6 +66,11 @@ VARIANTS = {
     "sort_short_3sym": (lambda: get("task", "sort")(length=3, symbols=3), _sort_oracle),
     "reverse": (lambda: get("task", "reverse")(), _reverse_oracle),
     "reverse_long": (lambda: get("task", "reverse")(length=8), _reverse_oracle),
+    "running_sum": (lambda: get("task", "running_sum")(), _running_sum_oracle),
+    "running_sum_d1_answer_only": (
+        lambda: get("task", "running_sum")(digits=1, max_terms=3, worked=False),
+        _running_sum_oracle,
+    ),
     "file": (_file_default, _file_oracle),
     "file_worked": (_file_worked, _file_oracle),
 }
@@ -87,8 +97,10 @@ def _is_eval(task, prompt):
 def test_every_registered_task_is_covered():
     registered = {n for n in names("task") if not n.startswith("test_")}  # test files' own tasks
     assert {"add", "sort", "reverse", "file"} <= registered
-    covered = {k.split("_")[0] for k in VARIANTS} | {"reasoning_gym"}  # in tests/tasks/test_gym_task.py
-    assert registered <= covered, f"add a VARIANTS entry for {registered - covered}"
+    # a variant is named after its task, or its task and a suffix ('add_d1'); reasoning_gym is covered
+    # in tests/tasks/test_gym_task.py
+    covered = {n for n in registered if any(k == n or k.startswith(n + "_") for k in VARIANTS)}
+    assert registered - covered == {"reasoning_gym"}, f"add a VARIANTS entry for {registered - covered}"
 
 
 def test_task_attributes(variant):
@@ -273,6 +285,61 @@ def test_sort_and_reverse_knobs():
     assert r.reward(Example("rev 123=", "321"), "123") == 0.0
 
 
+def test_running_sum_known_values():
+    task = get("task", "running_sum")()
+    ex = Example("12+7+30+5=", "54")
+    worked = "12+7=19\n19+30=49\n49+5=54\n#### 54"
+    assert task.response([12, 7, 30, 5]) == worked
+    for right in (worked, "#### 54", "54", " 54\n", "12+7=19\n19+30=49\n49+5=54"):  # GSM8K's rule
+        assert task.reward(ex, right) == 1.0, right
+    for wrong in ("12+7=19\n19+30=49\n49+5=54\n#### 55", "#### 54 55x", "54 55", "#### ", ""):
+        assert task.reward(ex, wrong) == 0.0, wrong
+    # the bounds are those of the longest problem: max_terms terms of 10**digits - 1
+    small = get("task", "running_sum")(digits=1, max_terms=3)
+    assert small.max_prompt_chars == len("9+9+9=")
+    assert small.max_response_chars == len("9+9=18\n18+9=27\n#### 27")
+    assert get("task", "running_sum")(digits=1, max_terms=3, worked=False).max_response_chars == 2
+    # the number of terms is uniform in min_terms..max_terms, and the worked answer grows with it
+    by_terms: dict[int, list[int]] = {}
+    for prompt, response in task.demonstrations(2000, seed=0):
+        by_terms.setdefault(prompt.count("+") + 1, []).append(len(response))
+    assert sorted(by_terms) == list(range(2, 9))
+    assert all(150 < len(v) < 350 for v in by_terms.values())  # 2000 / 7 = 286 each
+    means = [sum(v) / len(v) for _, v in sorted(by_terms.items())]
+    assert all(a + 5 < b for a, b in zip(means[:-1], means[1:], strict=True))  # each term: a line of >= 6
+
+
+def test_running_sum_rejected_answers_are_one_carried_slip():
+    """A rejected worked answer follows the chosen one up to one line whose result is off by 1 or
+    10, and carries that wrong running sum on: every other line adds right, and each line starts from
+    the previous line's result."""
+    task = get("task", "running_sum")()
+    slips = set()
+    for prompt, chosen, rejected in task.preference_pairs(300, seed=1):
+        terms = [int(t) for t in prompt[:-1].split("+")]
+        *lines, last = rejected.split("\n")
+        running, off = terms[0], []
+        for i, line in enumerate(lines):
+            a, rest = line.split("+")
+            b, c = rest.split("=")
+            assert (int(a), int(b)) == (running, terms[i + 1]), (prompt, rejected)
+            if int(c) != int(a) + int(b):
+                off.append(int(c) - int(a) - int(b))
+            running = int(c)
+        assert len(off) == 1 and off[0] in (-10, -1, 1, 10), (prompt, rejected)
+        assert last == f"#### {running}" and running == sum(terms) + off[0]
+        assert chosen == task.response(terms)
+        slips.add(off[0])
+    assert slips == {-10, -1, 1, 10}
+
+
+def test_running_sum_has_too_many_problems_to_evaluate_on_all():
+    with pytest.raises(ConfigError, match="set train.eval_size to a number"):
+        get("task", "running_sum")().eval_examples(None)
+    small = get("task", "running_sum")(digits=1, max_terms=3)  # 10**2 + 10**3 problems: counted
+    assert small.eval_split_size() == len(small.eval_examples(None)) > 50
+
+
 def test_split_rule_is_stable_and_has_the_right_size():
     # Changing the hash rule would silently move eval prompts into training: pin it.
     held_out = ["0+3=", "0+5=", "sort 00002=", "sort 00008=", "rev 00007=", "rev 00009="]
@@ -311,6 +378,10 @@ def test_gin_reference_builds_a_task():
         ("sort", {"length": 1}, "task.sort.length"),
         ("sort", {"symbols": 11}, "task.sort.symbols"),
         ("reverse", {"length": 11}, "task.reverse.length"),
+        ("running_sum", {"digits": 5}, "task.running_sum.digits = 5"),
+        ("running_sum", {"min_terms": 1}, "min_terms = 1"),
+        ("running_sum", {"min_terms": 5, "max_terms": 3}, "2 <= min_terms <= max_terms <= 16"),
+        ("running_sum", {"max_terms": 17}, "max_terms = 17"),
         ("add", {"eval_fraction": 1.0}, "must be in [0, 1)"),
         ("add", {"eval_fraction": -0.1}, "task.add.eval_fraction"),
     ],
