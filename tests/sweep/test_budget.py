@@ -98,6 +98,8 @@ DESIGNS = {
     "ppo_on_add": {"ppo": 64, "grpo": 8},
     "reasoning_gym": {"grpo": 8, "dr_grpo": 8, "rloo": 16},
     "reasoning_gym_pilot": {"grpo": 8, "dr_grpo": 8, "rloo": 16},
+    "length_bias": {"grpo": 8, "dr_grpo": 8},
+    "length_bias_pilot": {"grpo": 8, "dr_grpo": 8},
     "value_init": {"ppo": 64},
     "value_init_pilot": {"ppo": 64},
 }
