@@ -23,13 +23,16 @@ running_sum is the task whose answers have a length: its demonstrations write on
 line and end with GSM8K's '#### <sum>', so a correct response's length grows with the number of terms
 (min_terms..max_terms, drawn uniformly) and a wrong one can be longer or shorter than it should be.
 Its reward is GSM8K's rule (`polgrad.components.reward.gsm8k`): the number after the response's last
-'####', else its last number, equals the sum; the steps themselves are not checked (outcome reward).
+'####', else its last number, equals the sum; the steps themselves are not checked (outcome reward),
+so wrong steps before a right '#### <sum>' score 1, and so does a response cut off by the generation
+budget right after a running sum that happens to be the answer.
 
 Difficulty knobs (a briefly SFT-ed tiny model should be right 20-60% of the time):
 `add.digits` (1 is easy: 100 problems; 2 is the default; 3 is hard), `add.reverse` (units-first
 sums are much easier: each digit depends only on digits already seen), `add.pad` (fixed-width
 operands are a little easier); `sort.length` / `reverse.length` and `sort.symbols` (fewer distinct
-symbols is easier).
+symbols is easier); `running_sum.digits`, `.min_terms` / `.max_terms` (more terms: longer answers,
+more sums to get right) and `.worked` (False: the final answer alone).
 """
 
 from __future__ import annotations
@@ -430,7 +433,9 @@ class RunningSum(_Generated):
         ]
 
     def _corrupt(self, ex: Example, rng: random.Random) -> str:
-        """One slip (off by 1 or 10) in one line, carried to the end: the final sum is wrong by it."""
+        """One slip (off by 1 or 10) in one line, carried to the end: the final sum is wrong by it. A +10
+        slip can lengthen a running sum by a digit, so from about 10 terms a rejected answer may be a
+        character or two longer than max_response_chars (which bounds right answers)."""
         terms = self._terms(ex.prompt)
         while True:
             line, delta = rng.randrange(len(terms) - 1), rng.choice((-10, -1, 1, 10))

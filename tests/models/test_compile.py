@@ -46,9 +46,9 @@ def _decoders(model, tok, prompts: list[str], rows: torch.Tensor, length: int):
 
 
 # The model of these tests: the tiny default with 2 layers instead of 4. Inductor's time grows with the
-# graph, which unrolls every layer (cold, the compiled PPO run took 131 s at 4 layers); two layers keep
-# what the tests check per layer (each layer's own cache slot: a step that wrote or read another
-# layer's cache differs from the eager one at the second layer).
+# graph, which unrolls every layer (cold, the compiled PPO run took 131 s at 4 layers and 88 s at 2); two
+# layers still tell one layer's cache slot from another's (a compiled step whose layers all read and
+# write layer 0's cache fails the decode test), though not an aliasing that only a third layer shows.
 LAYERS = 2
 
 
@@ -73,8 +73,8 @@ def test_the_compiled_decode_step_gives_the_eager_steps_logits():
 
 def _run(tmp_path, name: str, bindings: list[str]):
     """3 PPO steps of 8 prompts (group size 1), evaluated on 8 prompts: the evaluation decodes at the
-    rollout's batch size, so one compiled decode step serves both (16 prompts compiled a second one,
-    18 s of a cold run's 134)."""
+    rollout's batch size, so one compiled decode step serves both (at 4 layers, 16 prompts compiled a
+    second one: 18 s of a cold run's 134)."""
     from polgrad.train import run as train
 
     gin.clear_config()

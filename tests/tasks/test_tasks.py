@@ -299,10 +299,14 @@ def test_running_sum_known_values():
     assert small.max_prompt_chars == len("9+9+9=")
     assert small.max_response_chars == len("9+9=18\n18+9=27\n#### 27")
     assert get("task", "running_sum")(digits=1, max_terms=3, worked=False).max_response_chars == 2
-    # the number of terms is uniform in min_terms..max_terms, and the worked answer grows with it
+    # the number of terms is uniform in min_terms..max_terms, and the worked answer grows with it; the
+    # terms cover 0..99
     by_terms: dict[int, list[int]] = {}
+    drawn: set[int] = set()
     for prompt, response in task.demonstrations(2000, seed=0):
         by_terms.setdefault(prompt.count("+") + 1, []).append(len(response))
+        drawn.update(int(t) for t in prompt[:-1].split("+"))
+    assert drawn == set(range(100))
     assert sorted(by_terms) == list(range(2, 9))
     assert all(150 < len(v) < 350 for v in by_terms.values())  # 2000 / 7 = 286 each
     means = [sum(v) / len(v) for _, v in sorted(by_terms.items())]
