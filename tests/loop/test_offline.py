@@ -163,7 +163,7 @@ def test_a_preference_spec_on_a_task_without_pairs_fails_in_build_naming_task_sp
     assert msg.startswith(
         f"Algorithm.preference = @preference.{preference} (spec 'dpo') needs the task's preference_pairs(), "
         "and train.task = @task.test_no_pairs (_NoPairs) has none; tasks with preference_pairs: "
-        "add, file, reasoning_gym, reverse, sort"  # built-ins; tasks other test modules register may follow
+        "add, file, reasoning_gym, reverse, running_sum, sort"  # built-ins; other test modules may add theirs
     ), msg
     listed = msg.split("tasks with preference_pairs: ")[1].split(";")[0].split(", ")
     assert "test_no_pairs" not in listed and listed == sorted(listed), listed
