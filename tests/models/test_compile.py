@@ -6,7 +6,6 @@ one; the eager path (train.compile = False, the default) is not touched by any o
 
 from __future__ import annotations
 
-import json
 import os
 
 import gin
@@ -15,7 +14,7 @@ import torch
 
 from polgrad import registry
 from polgrad.config import parse_config
-from polgrad.models import build_tiny, compiled, encode_prompts, load_policy, position_ids_from_mask
+from polgrad.models import build_tiny, compiled, encode_prompts, position_ids_from_mask
 from polgrad.rollout.static_decode import StaticDecoder
 
 pytestmark = pytest.mark.cpu_matrix
@@ -45,12 +44,18 @@ def _decoders(model, tok, prompts: list[str], rows: torch.Tensor, length: int):
     return decoders, start
 
 
+# The model of these tests: the tiny default with 2 layers instead of 4. Inductor's time grows with the
+# graph, which unrolls every layer; two layers keep what the tests check per layer (each layer's own
+# cache slot: a step that wrote or read another layer's cache differs from the eager one at the second).
+LAYERS = 2
+
+
 def test_the_compiled_decode_step_gives_the_eager_steps_logits():
     """Teacher-forced through 12 tokens of 6 rows (2 prompts of different lengths, left-padded): the
     compiled fixed-shape step (whole cache under the key mask) and the eager step give the same
     logits to float error."""
     task = registry.get("task", "add")()
-    model, tok = build_tiny(task, seed=0)
+    model, tok = build_tiny(task, layers=LAYERS, seed=0)
     model.eval()
     rows = torch.tensor([0, 0, 0, 1, 1, 1])
     (eager, comp), start = _decoders(model, tok, ["1+2=", "12+34="], rows, 12)
@@ -64,75 +69,125 @@ def test_the_compiled_decode_step_gives_the_eager_steps_logits():
     assert comp.t == eager.t
 
 
-def _run(tmp_path, name: str, bindings: list[str]):
-    """3 PPO steps of 8 prompts (group size 1), evaluated on 8 prompts: the evaluation decodes at the
-    rollout's batch size, so one compiled decode step serves both (16 prompts compiled a second one,
-    18 s of a cold run's 134)."""
-    from polgrad.train import run as train
+def _built(tmp_path, name: str, bindings: list[str]):
+    """PPO's models (policy, reference, critic, HF sampler) as a run builds them, for 8 prompts of group
+    size 1; built under the run's seed, so two builds start from the same weights."""
+    from polgrad import config
+    from polgrad import distributed as dist_lib
+    from polgrad.build import build_models
+    from polgrad.sampling import step_seed
 
     gin.clear_config()
     parse_config(
         [os.path.join(REPO, "registry", "ppo.gin")],
-        ["train.steps = 3", "train.prompts_per_step = 8", "train.eval_every = 3", "train.eval_size = 8",
-         "train.checkpoint_every = 100", "train.progress = False", *bindings],
-    )  # fmt: skip
+        [
+            "train.steps = 1",
+            "train.prompts_per_step = 8",
+            "train.progress = False",
+            f"train.model_kwargs = {{'layers': {LAYERS}}}",
+            *bindings,
+        ],
+    )
     try:
-        train(str(tmp_path / name))
+        cfg, algo, task = config.build()
     finally:
         gin.clear_config()
-    rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
-    return rows, load_policy(str(tmp_path / name / "final")).state_dict()
+    with dist_lib.session(seed=cfg.seed):
+        m = build_models(
+            cfg, algo, task, out_dir=str(tmp_path / name), seed_of=lambda s: step_seed(cfg.seed, s)
+        )
+    return cfg, algo, task, m
 
 
-def warm_start_of(run_dir) -> str:
-    """The cached SFT policy a run started from: the folder whose key summary.json's warm_start names."""
-    from polgrad.models import default_cache_dir
-
-    key = json.loads((run_dir / "summary.json").read_text())["warm_start"]
-    (path,) = (default_cache_dir() / "sft").glob(f"*-{key}")
-    return str(path)
+def _weights(m) -> dict[str, torch.Tensor]:
+    out = {f"policy.{k}": v.detach().clone() for k, v in m.engine.module.state_dict().items()}
+    critic = m.critic.engines()
+    for name, engine in critic:
+        out.update({f"{name}.{k}": v.detach().clone() for k, v in engine.module.state_dict().items()})
+    return out
 
 
 @pytest.mark.slow
-def test_a_compiled_ppo_run_trains_as_the_eager_one_to_float_tolerance(tmp_path, monkeypatch):
-    """PPO (policy, reference and critic compiled; sampling, reference, critic and training
-    forwards, the backward, the decode step) for 3 steps against the same run eager: the same
-    samples and rewards, losses and weights equal to float tolerance."""
+def test_compiled_ppo_forwards_backward_and_update_agree_with_eager_ones_on_one_rollout(
+    tmp_path, monkeypatch
+):
+    """PPO built twice from the same seed, eager and with train.compile = True (policy, reference and
+    critic compiled), fed ONE rollout sampled by the eager sampler: the compiled reference, critic and
+    policy forwards, the loss, the backward and the optimizer steps of one PPO update give the eager
+    ones' numbers to float tolerance. On the same tokens the two paths cannot diverge (two runs that
+    each sample could: a token flipped by a rounding difference changes every later number, which is
+    why this test does not compare two runs). The compiled sampler is run once too, with its decode
+    step left eager (its compiled graph is the decode test's above): the rollout takes the compiled
+    path, and its log-probs, from the compiled prefill, are the eager policy's on the tokens drawn."""
+    from polgrad import trainer
+    from polgrad.rollout import hf as hf_rollout
     from polgrad.rollout import static_decode
+    from polgrad.sampling import step_seed
 
     seen, steps = [], []
-    real, real_step = compiled.compile_models, static_decode._compiled_step
+    real = compiled.compile_models
 
     def spy(*modules):
         real(*modules)
         seen.append(sum(compiled.is_compiled(m) for m in modules if m is not None))
 
     monkeypatch.setattr(compiled, "compile_models", spy)
-    monkeypatch.setattr(static_decode, "_compiled_step", lambda: (steps.append(1), real_step())[1])
-    eager, w_eager = _run(tmp_path, "eager", [])
-    assert seen == [] and steps == []
-    comp, w_comp = _run(tmp_path, "compiled", ["train.compile = True"])
-    assert seen == [3] and len(steps) >= 3  # policy, reference, critic; the decode steps of every rollout
-    for a, b in zip(eager, comp, strict=True):
-        assert a["reward_mean"] == b["reward_mean"] and a["response_len"] == b["response_len"]
-        for key in ("pg_loss", "value_loss", "kl_exact", "entropy"):
-            # float64 losses of float32 forwards that round differently (~1e-7 relative)
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
-    assert eager[-1]["eval_accuracy"] == comp[-1]["eval_accuracy"]
-    # The weights, through the update each run made (final - warm start) over every weight. Adam moves
-    # an element by about lr * m / sqrt(v) per optimizer step, at most ~lr whatever the gradient's
-    # size, so where a gradient sits at rounding level the two runs may move that element opposite
-    # ways: up to 2 lr per step, here 12 steps (3 x ppo_epochs 2 x minibatches 2) at lr 1e-4, 2.4e-3.
-    # Measured: one element of 8,192 off by 1.1e-5 on an AMD EPYC with AVX-512, none above 1e-5 on
-    # AVX2. The bulk of the update follows the gradient continuously, so the two updates differ by a
-    # small fraction of the update's norm (measured 4.7e-5 on that EPYC); a wrong mask, position or
-    # cache write in a compiled forward changes the gradient, and so the update, by O(1) of its norm.
-    w0 = load_policy(warm_start_of(tmp_path / "eager")).state_dict()
-    d_eager = torch.cat([(w_eager[k] - w0[k]).flatten() for k in w0])
-    d_comp = torch.cat([(w_comp[k] - w0[k]).flatten() for k in w0])
-    # the per-element bound is a sanity bound (each run's own moves stay within it); the ratio below is
-    # the test of the compiled forwards
-    assert d_eager.norm() > 0 and (d_comp - d_eager).abs().max() <= 2 * 1e-4 * 12
-    ratio = float((d_comp - d_eager).norm() / d_eager.norm())
+    monkeypatch.setattr(
+        static_decode, "_compiled_step", lambda: (steps.append(1), static_decode.step_fixed)[1]
+    )
+    cfg, algo, task, eager = _built(tmp_path, "eager", [])
+    assert seen == []
+    _, _, _, comp = _built(tmp_path, "compiled", ["train.compile = True"])
+    assert seen == [3]  # policy, reference, critic
+    w0 = _weights(eager)
+    assert all(torch.equal(w0[k], v) for k, v in _weights(comp).items())  # the same starting weights
+    seed = step_seed(cfg.seed, 0)
+
+    # Sampling with the compiled policy (compiled prefill, decode through the fixed-shape step).
+    drawn = comp.sampler.sample(seed)
+    assert len(steps) >= 1
+    with torch.no_grad():
+        redo = hf_rollout.response_logprobs(eager.engine.module, drawn, temperature=cfg.temperature)
+    mask = drawn.mask.bool()
+    # fp32 log-probs of size ~1-10 from forwards that sum in another order: ~1e-6 apart; a wrong cache
+    # write or position in the compiled prefill moves them by >= 1e-2
+    torch.testing.assert_close(drawn.rollout_logp[mask], redo[mask], rtol=0, atol=1e-4)
+
+    # One rollout, sampled eagerly, and each compiled model's view of it.
+    got = trainer.collect_once(cfg, algo, eager, task, seed)
+    # Scores that split the batch, whatever the responses: PPO whitens its advantages, so a batch
+    # whose 8 responses all score alike (it happens with one warm start or another CPU's kernels)
+    # trains on whitened rounding noise, which Adam turns into lr-sized moves in any direction
+    # (measured on the AVX2 leg: updates 75% of their norm apart, entropy 0.617 vs 0.626).
+    fixed = got.batch.replace(scores=torch.tensor([1.0, 0.0] * 4, dtype=got.batch.scores.dtype))
+    ref = comp.reference.collect(comp.engine.module, fixed.rollout, cfg.temperature)
+    values = comp.critic.old_values(fixed.rollout, fixed.mask)
+    m = fixed.mask.bool()
+    # float64 copies of fp32 forwards, as above (the exact KL sums ~16 such terms per token)
+    torch.testing.assert_close(ref["ref_logp"][m], fixed.ref_logp[m], rtol=0, atol=1e-4)
+    torch.testing.assert_close(ref["kl_exact"], fixed.kl_exact, rtol=0, atol=1e-4)
+    torch.testing.assert_close(values[m], fixed.values[m], rtol=0, atol=1e-4)
+    mine = fixed.replace(ref_logp=ref["ref_logp"], kl_exact=ref["kl_exact"], values=values, old_values=values)
+
+    # One PPO update (ppo_epochs 2 x minibatches 2: 4 optimizer steps of policy and critic) on each.
+    beta = algo.kl_coef
+    out_e, n_e, _ = trainer.update(cfg, algo, eager, algo.prepare(fixed, kl_coef=beta)[0], beta, seed, step=0)
+    out_c, n_c, _ = trainer.update(cfg, algo, comp, algo.prepare(mine, kl_coef=beta)[0], beta, seed, step=0)
+    assert n_e == n_c == 4 and out_e.keys() == out_c.keys()
+    for key in ("pg_loss", "value_loss", "entropy"):
+        # float64 means of fp32 forwards that round differently (~1e-7 relative)
+        assert out_c[key] == pytest.approx(out_e[key], rel=1e-4, abs=1e-6), key
+    # The weights, through the update (after - before), over every weight of policy and critic. Adam
+    # moves an element by about lr * m / sqrt(v) per step, at most ~lr whatever the gradient's size, so
+    # where a gradient sits at rounding level the two may move an element opposite ways: at most
+    # 2 lr per step, here 4 steps at lr 1e-4. The bulk of the update follows the gradient continuously,
+    # so the two updates differ by a small fraction of the update's norm; a wrong mask, position or
+    # cache in a compiled forward or backward changes the gradient, and so the update, by O(1) of it.
+    # Measured at 2 layers: 2.0e-5 of the norm on an AMD EPYC with AVX-512, 1.1e-5 on its AVX2 leg.
+    w_e, w_c = _weights(eager), _weights(comp)
+    d_e = torch.cat([(w_e[k] - w0[k]).flatten() for k in w0])
+    d_c = torch.cat([(w_c[k] - w0[k]).flatten() for k in w0])
+    assert d_e.norm() > 0 and (d_c - d_e).abs().max() <= 2 * 1e-4 * 4
+    ratio = float((d_c - d_e).norm() / d_e.norm())
     print(f"compiled vs eager: update difference {ratio:.2e} of the update's norm")
     assert ratio <= 1e-2
