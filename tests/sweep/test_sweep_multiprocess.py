@@ -185,17 +185,33 @@ def test_a_failing_rank_fails_the_cell_with_its_error(tmp_path, fake_ranks, laun
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_timeout_kills_every_rank_of_the_cell(tmp_path, fake_ranks, launcher):
-    # 30 s: the launcher and both ranks start well within it even on a loaded machine (they took
-    # over 12 s there), and the run stops long before the 120 s its first step sleeps.
-    path = fake_exp(tmp_path, launcher, "fake_train.sleep_s = 120.0\nSweep.timeout_s = 30\n")
+def test_timeout_kills_every_rank_of_the_cell(tmp_path, fake_ranks, launcher, monkeypatch):
+    """Sweep.timeout_s = 2, counted from when both ranks run: the cell's trainer is waited on with
+    that timeout only once its ranks have logged their start (up to 60 s: the launcher and two ranks
+    took over 12 s on a loaded machine), so the test spends 2 s, not a start-up margin, waiting for
+    the limit, and the limit is sure to fall while both ranks run their first step (it sleeps 120 s)."""
+    path = fake_exp(tmp_path, launcher, "fake_train.sleep_s = 120.0\nSweep.timeout_s = 2\n")
     out = tmp_path / "results"
+    (cell,) = sweep.prepare(str(path))[1]
+    run_dir = out / "exp" / "runs" / cell.id
+
+    class RanksFirst(subprocess.Popen):
+        def wait(self, timeout=None):
+            if timeout == 2:  # the sweep's wait on the cell: start its clock when both ranks run
+                deadline = time.monotonic() + 60
+                while self.poll() is None and time.monotonic() < deadline:
+                    if (run_dir / "invocations.jsonl").exists() and len(starts(run_dir)) == 2:
+                        break
+                    time.sleep(0.05)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(subprocess, "Popen", RanksFirst)
     start = time.monotonic()
     assert sweep.main([str(path), "--results", str(out)]) == 1
     assert time.monotonic() - start < 100  # not the 120 s a step sleeps
     (row,) = csv_rows(out / "exp" / "exp.csv")
-    assert row["status"] == "failed" and row["error"] == "timed out after 30 s (Sweep.timeout_s)"
-    run_dir = out / "exp" / "runs" / row["cell_id"]
+    assert row["status"] == "failed" and row["error"] == "timed out after 2 s (Sweep.timeout_s)"
+    assert row["cell_id"] == cell.id
     ranks = starts(run_dir)
     assert sorted(s["rank"] for s in ranks) == [0, 1]  # both were running when the time was up
     assert_all_ended(s["pid"] for s in ranks)
