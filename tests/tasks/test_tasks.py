@@ -67,6 +67,10 @@ VARIANTS = {
     "reverse": (lambda: get("task", "reverse")(), _reverse_oracle),
     "reverse_long": (lambda: get("task", "reverse")(length=8), _reverse_oracle),
     "running_sum": (lambda: get("task", "running_sum")(), _running_sum_oracle),
+    "running_sum_checks": (
+        lambda: get("task", "running_sum")(min_terms=5, max_terms=5, checks=0.5),
+        _running_sum_oracle,
+    ),
     "running_sum_d1_answer_only": (
         lambda: get("task", "running_sum")(digits=1, max_terms=3, worked=False),
         _running_sum_oracle,
@@ -337,6 +341,66 @@ def test_running_sum_rejected_answers_are_one_carried_slip():
     assert slips == {-10, -1, 1, 10}
 
 
+def test_running_sum_checks_known_values_and_lengths():
+    """A check 'c-b=a' after a step 'a+b=c', drawn per step with probability `checks`: the answers to
+    one problem then vary in length by the checks written; checks = 0 draws nothing, so the
+    demonstrations and preference pairs are byte for byte those of the task without the setting."""
+    task = get("task", "running_sum")(checks=0.5)
+    ex = Example("12+7+30+5=", "54")
+    checked = "12+7=19\n19-7=12\n19+30=49\n49+5=54\n54-5=49\n#### 54"
+    assert task.response([12, 7, 30, 5], checked=[True, False, True]) == checked
+    assert task.reward(ex, checked) == 1.0  # GSM8K's rule reads the final sum, not the checks
+    # after a slip the check's difference is computed, not copied: it shows the slip
+    assert task.response([12, 7, 30], (0, 1), [True, True]) == "12+7=20\n20-7=13\n20+30=50\n50-30=20\n#### 50"
+    assert "-" in task.alphabet and "-" not in get("task", "running_sum")().alphabet
+    # the longest answer checks every step: 9+9=18 / 18-9=9 / 18+9=27 / 27-9=18 / #### 27
+    assert get("task", "running_sum")(digits=1, max_terms=3, checks=0.1).max_response_chars == len(
+        "9+9=18\n18-9=9\n18+9=27\n27-9=18\n#### 27"
+    )
+    plain = get("task", "running_sum")(min_terms=5, max_terms=5)
+    no_checks = get("task", "running_sum")(min_terms=5, max_terms=5, checks=0)
+    assert no_checks.demonstrations(50, 3) == plain.demonstrations(50, 3)
+    assert no_checks.preference_pairs(50, 3) == plain.preference_pairs(50, 3)  # the same slips drawn
+    # 5 terms, checks 0.5: each of the 4 steps checked with probability 1/2, and the answer without
+    # its checks is the plain one
+    with_checks = get("task", "running_sum")(min_terms=5, max_terms=5, checks=0.5)
+    counts = []
+    for (prompt, response), (prompt0, response0) in zip(
+        with_checks.demonstrations(2000, 0), plain.demonstrations(2000, 0), strict=True
+    ):
+        lines = response.split("\n")
+        counts.append(sum("-" in line for line in lines))
+        if prompt == prompt0:
+            assert "\n".join(line for line in lines if "-" not in line) == response0
+    # Binomial(4, 1/2): mean 2, sd 1; over 2000 answers the mean's sd is 0.022, 0.1 is 4.5 of them
+    assert abs(sum(counts) / len(counts) - 2) < 0.1
+    assert set(counts) == {0, 1, 2, 3, 4}
+
+
+def test_running_sum_checks_at_their_default_leave_the_warm_start_key_alone():
+    """`checks` came after running_sum's warm starts were cached (the length_bias pilot's): at its
+    default it is not in the task's configuration, which keys the warm start; set, it is."""
+    from polgrad.registry import task_configuration
+
+    assert task_configuration("running_sum", {}) == {
+        "digits": 2,
+        "min_terms": 2,
+        "max_terms": 8,
+        "worked": True,
+        "eval_fraction": 0.1,
+    }
+    assert task_configuration("running_sum", {"checks": 0.0}) == task_configuration("running_sum", {})
+    assert task_configuration("running_sum", {"checks": 0.5})["checks"] == 0.5
+
+
+def test_running_sum_rejected_answers_with_checks_keep_the_chosen_ones_checks():
+    task = get("task", "running_sum")(min_terms=4, max_terms=4, checks=0.5)
+    for _prompt, chosen, rejected in task.preference_pairs(200, seed=2):
+        a, b = chosen.split("\n"), rejected.split("\n")
+        assert len(a) == len(b) and [("-" in x) for x in a] == [("-" in x) for x in b]
+        assert chosen != rejected
+
+
 def test_running_sum_has_too_many_problems_to_evaluate_on_all():
     with pytest.raises(ConfigError, match="set train.eval_size to a number"):
         get("task", "running_sum")().eval_examples(None)
@@ -386,6 +450,9 @@ def test_gin_reference_builds_a_task():
         ("running_sum", {"min_terms": 1}, "min_terms = 1"),
         ("running_sum", {"min_terms": 5, "max_terms": 3}, "2 <= min_terms <= max_terms <= 16"),
         ("running_sum", {"max_terms": 17}, "max_terms = 17"),
+        ("running_sum", {"checks": 1.5}, "task.running_sum.checks = 1.5 must be a probability"),
+        ("running_sum", {"checks": True}, "task.running_sum.checks = True must be a probability"),
+        ("running_sum", {"checks": 0.5, "worked": False}, "checks needs worked = True"),
         ("add", {"eval_fraction": 1.0}, "must be in [0, 1)"),
         ("add", {"eval_fraction": -0.1}, "task.add.eval_fraction"),
     ],
