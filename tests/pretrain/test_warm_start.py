@@ -281,3 +281,17 @@ def test_an_old_csv_shows_its_warm_starts_by_their_step_0_accuracy():
     assert "the pairing by seed may be broken" in broken
     no_init = warm_start_paragraph(rows(lambda s, c: ""))[0]
     assert no_init.endswith("cannot say whether every seed started from one SFT policy or each from its own.")
+
+
+def test_the_committed_length_bias_pilots_warm_starts_are_the_ones_this_code_asks_for(fake_sft):
+    """task.running_sum's `checks` came after the length_bias pilot ran: the warm starts its committed
+    CSV records, one per seed, are still those its cells ask for (the setting is key-neutral at its
+    default), so the committed pilot reproduces at this commit."""
+    import csv
+
+    rows = list(csv.DictReader(open(REPO / "results/pilots/length_bias_pilot/length_bias_pilot.csv")))
+    seeds = sorted({int(r["seed"]) for r in rows})
+    assert seeds == [0, 1, 2]
+    for seed in seeds:
+        recorded = {r["warm_start"] for r in rows if int(r["seed"]) == seed}
+        assert recorded == {warm_start_of("length_bias_pilot", 0, seed)}, seed
