@@ -85,6 +85,9 @@ def _built(tmp_path, name: str, bindings: list[str]):
             "train.prompts_per_step = 8",
             "train.progress = False",
             f"train.model_kwargs = {{'layers': {LAYERS}}}",
+            # a value head drawn at random (seeded: the same in both builds) rather than zero, so that
+            # the critic's forward gives values that depend on the backbone from the first step
+            "value_init.policy.head_init_std = 0.02",
             *bindings,
         ],
     )
@@ -114,11 +117,12 @@ def test_compiled_ppo_forwards_backward_and_update_agree_with_eager_ones_on_one_
     """PPO built twice from the same seed, eager and with train.compile = True (policy, reference and
     critic compiled), fed ONE rollout sampled by the eager sampler: the compiled reference, critic and
     policy forwards, the loss, the backward and the optimizer steps of one PPO update give the eager
-    ones' numbers to float tolerance. On the same tokens the two paths cannot diverge (two runs that
-    each sample could: a token flipped by a rounding difference changes every later number, which is
-    why this test does not compare two runs). The compiled sampler is run once too, with its decode
-    step left eager (its compiled graph is the decode test's above): the rollout takes the compiled
-    path, and its log-probs, from the compiled prefill, are the eager policy's on the tokens drawn."""
+    ones' numbers to float tolerance. On the same tokens the two paths differ by rounding alone (two
+    runs that each sample could draw different tokens, and every later number would differ). The
+    compiled sampler is run once too, with its decode step left eager (its compiled graph is the
+    decode test's above): the rollout takes the compiled path, and its log-probs (the first token's
+    from the compiled prefill, the others from the decode step reading the K/V cache that prefill
+    wrote) are the eager policy's on the tokens drawn."""
     from polgrad import trainer
     from polgrad.rollout import hf as hf_rollout
     from polgrad.rollout import static_decode
@@ -163,10 +167,13 @@ def test_compiled_ppo_forwards_backward_and_update_agree_with_eager_ones_on_one_
     ref = comp.reference.collect(comp.engine.module, fixed.rollout, cfg.temperature)
     values = comp.critic.old_values(fixed.rollout, fixed.mask)
     m = fixed.mask.bool()
-    # float64 copies of fp32 forwards, as above (the exact KL sums ~16 such terms per token)
+    # float64 copies of fp32 forwards, as above. The values are not trivial (a zero head would make
+    # every value 0 on both paths); the exact KL is ~0 at step 0 (the reference is the policy), so its
+    # check is a sanity check of the compiled reference's wiring, not of its numbers (ref_logp is).
+    assert fixed.values[m].abs().max() > 1e-3
+    torch.testing.assert_close(values[m], fixed.values[m], rtol=0, atol=1e-4)
     torch.testing.assert_close(ref["ref_logp"][m], fixed.ref_logp[m], rtol=0, atol=1e-4)
     torch.testing.assert_close(ref["kl_exact"], fixed.kl_exact, rtol=0, atol=1e-4)
-    torch.testing.assert_close(values[m], fixed.values[m], rtol=0, atol=1e-4)
     mine = fixed.replace(ref_logp=ref["ref_logp"], kl_exact=ref["kl_exact"], values=values, old_values=values)
 
     # One PPO update (ppo_epochs 2 x minibatches 2: 4 optimizer steps of policy and critic) on each.

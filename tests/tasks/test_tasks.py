@@ -370,8 +370,8 @@ def test_running_sum_checks_known_values_and_lengths():
     ):
         lines = response.split("\n")
         counts.append(sum("-" in line for line in lines))
-        if prompt == prompt0:
-            assert "\n".join(line for line in lines if "-" not in line) == response0
+        assert prompt == prompt0  # the problems are drawn before any check
+        assert "\n".join(line for line in lines if "-" not in line) == response0
     # Binomial(4, 1/2): mean 2, sd 1; over 2000 answers the mean's sd is 0.022, 0.1 is 4.5 of them
     assert abs(sum(counts) / len(counts) - 2) < 0.1
     assert set(counts) == {0, 1, 2, 3, 4}
@@ -394,11 +394,22 @@ def test_running_sum_checks_at_their_default_leave_the_warm_start_key_alone():
 
 
 def test_running_sum_rejected_answers_with_checks_keep_the_chosen_ones_checks():
-    task = get("task", "running_sum")(min_terms=4, max_terms=4, checks=0.5)
-    for _prompt, chosen, rejected in task.preference_pairs(200, seed=2):
-        a, b = chosen.split("\n"), rejected.split("\n")
-        assert len(a) == len(b) and [("-" in x) for x in a] == [("-" in x) for x in b]
-        assert chosen != rejected
+    # at 1 digit and every step checked a -10 slip on a small starting sum is common: its check's
+    # difference would be negative (9+5=4 / 4-5=-1) without the guard
+    for task in (
+        get("task", "running_sum")(min_terms=4, max_terms=4, checks=0.5),
+        get("task", "running_sum")(digits=1, min_terms=3, max_terms=3, checks=1.0),
+    ):
+        pairs = task.preference_pairs(300, seed=2)
+        assert all(_checks_kept_and_positive(chosen, rejected) for _, chosen, rejected in pairs)
+
+
+def _checks_kept_and_positive(chosen: str, rejected: str) -> bool:
+    """The rejected answer checks the chosen one's steps, differs from it, and writes no negative
+    number (one would betray the slip)."""
+    a, b = chosen.split("\n"), rejected.split("\n")
+    same_checks = len(a) == len(b) and [("-" in x) for x in a] == [("-" in x) for x in b]
+    return same_checks and chosen != rejected and "=-" not in rejected
 
 
 def test_running_sum_has_too_many_problems_to_evaluate_on_all():
