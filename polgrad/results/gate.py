@@ -10,10 +10,11 @@ Each condition is about one configuration of the pilot (its rows whose columns m
 finite value), over its seeds: n ≥ MIN_SEEDS distinct seeds, none of them an evaluation seed; the
 mean m of the metric and its standard error se = sd / √n (sd with n − 1). With unit 'se' the
 threshold k is in standard errors: '>=' passes when m ≥ k·se (the pilot's mean lies at least k
-standard errors above 0), '<=' when m ≤ −k·se (at least k below 0); a pilot without spread (se = 0)
-passes neither. A seed with two ok runs of a condition's configuration (rows of an older grid)
+standard errors above 0), '<=' when m ≤ −k·se (at least k below 0), '|>=|' when |m| ≥ k·se (at
+least k from 0 on either side: a change of either sign); a pilot without spread (se = 0) passes
+none. A seed with two ok runs of a condition's configuration (rows of an older grid)
 fails it. With unit 'abs' the threshold is in the metric's own units:
-'>=' passes when m ≥ k, '<=' when m ≤ k. `eval_accuracy_change` is eval_accuracy −
+'>=' passes when m ≥ k, '<=' when m ≤ k, '|>=|' when |m| ≥ k. `eval_accuracy_change` is eval_accuracy −
 eval_accuracy_init (the change from the warm start), any other metric a column of the CSV.
 """
 
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MIN_SEEDS = 3
-OPS = (">=", "<=")
+OPS = (">=", "<=", "|>=|")
 UNITS = ("se", "abs")
 CHANGE = "eval_accuracy_change"  # eval_accuracy - eval_accuracy_init, per run
 
@@ -48,9 +49,11 @@ class Outcome:
 
     def text(self) -> str:
         cfg = " · ".join(f"{k}={v}" for k, v in self.config.items())
-        side = "above" if self.op == ">=" else "below"
+        side = {">=": "above", "<=": "below", "|>=|": "from"}[self.op]
         if self.unit == "se":
             want = f"{self.metric} at least {self.threshold:g} standard errors {side} 0 in {cfg}"
+        elif self.op == "|>=|":
+            want = f"|{self.metric}| >= {self.threshold:g} in {cfg}"
         else:
             want = f"{self.metric} {self.op} {self.threshold:g} in {cfg}"
         got = f"n = {self.n}, mean {self.mean:+.4g}, se {self.se:.3g}" if self.n else "no runs"
@@ -103,6 +106,8 @@ def evaluate(
         bound = k * se if c["unit"] == "se" else k
         if c["op"] == ">=":
             passed = mean >= bound
+        elif c["op"] == "|>=|":
+            passed = abs(mean) >= bound
         else:
             passed = mean <= (-bound if c["unit"] == "se" else bound)
         why = ""

@@ -68,10 +68,11 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 | `studies`            | `[]`              | study plug-ins, by module name (e.g.                   |
 |                      |                   | 'studies.replication'): analyses the report adds       |
 |                      |                   | (polgrad/results/studies.py)                           |
-| `pilot_gate`         | `None`            | [(metric, {column: value}, '>=' | '<=', k, 'se' |      |
-|                      |                   | 'abs')]: what a committed pilot (>= 3 seeds of its own)|
-|                      |                   | must show before the evaluation cells start; 'se': k   |
-|                      |                   | standard errors of its seeds; polgrad/results/gate.py  |
+| `pilot_gate`         | `None`            | [(metric, {column: value}, '>=' | '<=' | '|>=|', k,    |
+|                      |                   | 'se' | 'abs')]: what a committed pilot (>= 3 seeds of  |
+|                      |                   | its own) must show before the evaluation cells start;  |
+|                      |                   | 'se': k standard errors of its seeds; '|>=|': a change |
+|                      |                   | of either sign; polgrad/results/gate.py                |
 | `pilot`              | `None`            | the pilot's CSV (default results/pilots/<name>_pilot/  |
 |                      |                   | <name>_pilot.csv); an experiment that includes this one|
 |                      |                   | does not inherit either                                |

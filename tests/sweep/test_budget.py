@@ -100,6 +100,8 @@ DESIGNS = {
     "reasoning_gym_pilot": {"grpo": 8, "dr_grpo": 8, "rloo": 16},
     "length_bias": {"grpo": 8, "dr_grpo": 8},
     "length_bias_pilot": {"grpo": 8, "dr_grpo": 8},
+    "length_bias_checks": {"grpo": 8, "dr_grpo": 8},
+    "length_bias_checks_pilot": {"grpo": 8, "dr_grpo": 8},
     "value_init": {"ppo": 64},
     "value_init_pilot": {"ppo": 64},
 }

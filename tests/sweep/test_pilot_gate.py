@@ -42,6 +42,16 @@ def test_the_conditions_on_known_values():
     neg = _rows({100: -1.0, 101: -2.0, 102: -3.0, 103: -4.0})
     assert gate.evaluate(neg, [_cond(op="<=", k=3.0)], range(10, 20))[0].passed  # -2.5 <= -3 se
     assert not gate.evaluate(rows, [_cond(op="<=", k=3.0)], range(10, 20))[0].passed
+    # '|>=|': at least k standard errors from 0 on either side (the same 3.873 se, of either sign)
+    for values in (rows, neg):
+        assert gate.evaluate(values, [_cond(op="|>=|", k=3.0)], range(10, 20))[0].passed
+        assert not gate.evaluate(values, [_cond(op="|>=|", k=3.9)], range(10, 20))[0].passed
+        assert gate.evaluate(values, [_cond(op="|>=|", k=2.5, unit="abs")], range(10, 20))[0].passed
+        assert not gate.evaluate(values, [_cond(op="|>=|", k=2.6, unit="abs")], range(10, 20))[0].passed
+    near = _rows({100: -1.0, 101: 1.0, 102: 0.5})  # mean 1/6, se 0.601: within 1 se of 0
+    assert not gate.evaluate(near, [_cond(op="|>=|", k=1.0)], range(10, 20))[0].passed
+    (o,) = gate.evaluate(neg, [_cond(op="|>=|", k=2.0, unit="abs")], range(10, 20))
+    assert "|eval_accuracy| >= 2 in spec=spec_a" in o.text()
     # eval_accuracy_change: eval_accuracy - eval_accuracy_init per run
     change = [r | {"eval_accuracy_init": "0.5"} for r in _rows({100: 0.6, 101: 0.61, 102: 0.62})]
     (c,) = gate.evaluate(change, [_cond(metric=gate.CHANGE, k=0.1, unit="abs")], range(10, 20))
@@ -52,7 +62,7 @@ def test_a_pilot_without_spread_or_with_a_seed_twice_does_not_pass():
     # three runs at 0.0: se = 0, so "at least 3 standard errors above 0" and "... below 0" both held
     # with k·se = 0; there is nothing to measure the mean in
     flat = _rows({100: 0.0, 101: 0.0, 102: 0.0})
-    for op in (">=", "<="):
+    for op in gate.OPS:
         (o,) = gate.evaluate(flat, [_cond(op=op)], range(10, 20))
         assert not o.passed and "no spread" in o.why
     twice = _rows({100: 0.1, 101: 0.2, 102: 0.3}) + _rows({101: 0.9})  # a row of an older grid
