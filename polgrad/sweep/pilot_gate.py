@@ -63,9 +63,15 @@ def read(file: str, pilot: Any, conditions: Any, name: str, read_config, where) 
                 f"{file}: {at}: the comparison is one of {', '.join(_gate.OPS)} and the unit one of "
                 f"{', '.join(_gate.UNITS)}, got {op!r} and {unit!r}"
             )
-        if not is_real(threshold) or not math.isfinite(threshold) or (unit == "se" and threshold < 0):
+        if (
+            not is_real(threshold)
+            or not math.isfinite(threshold)
+            or (unit == "se" and threshold < 0)
+            or (op == "|>=|" and not threshold > 0)  # |m| >= k <= 0 would always pass
+        ):
             raise ConfigError(
-                f"{file}: {at}: the threshold must be a number (>= 0 in 'se'), got {threshold!r}"
+                f"{file}: {at}: the threshold must be a number (>= 0 in 'se', > 0 with '|>=|'), "
+                f"got {threshold!r}"
             )
         cfg = read_config(config, at)
         out.append({"metric": metric, "config": cfg, "op": op, "threshold": float(threshold), "unit": unit})

@@ -48,10 +48,15 @@ def test_the_conditions_on_known_values():
         assert not gate.evaluate(values, [_cond(op="|>=|", k=3.9)], range(10, 20))[0].passed
         assert gate.evaluate(values, [_cond(op="|>=|", k=2.5, unit="abs")], range(10, 20))[0].passed
         assert not gate.evaluate(values, [_cond(op="|>=|", k=2.6, unit="abs")], range(10, 20))[0].passed
-    near = _rows({100: -1.0, 101: 1.0, 102: 0.5})  # mean 1/6, se 0.601: within 1 se of 0
+    # a negative mean inside the band: -1/6, se 0.601 (sd 1.041 / sqrt 3), within 1 se of 0 and below
+    # 0.2 in the metric's units
+    near = _rows({100: 1.0, 101: -1.0, 102: -0.5})
     assert not gate.evaluate(near, [_cond(op="|>=|", k=1.0)], range(10, 20))[0].passed
+    assert not gate.evaluate(near, [_cond(op="|>=|", k=0.2, unit="abs")], range(10, 20))[0].passed
     (o,) = gate.evaluate(neg, [_cond(op="|>=|", k=2.0, unit="abs")], range(10, 20))
     assert "|eval_accuracy| >= 2 in spec=spec_a" in o.text()
+    (o,) = gate.evaluate(neg, [_cond(op="|>=|", k=3.0)], range(10, 20))
+    assert "eval_accuracy at least 3 standard errors from 0 in spec=spec_a" in o.text()
     # eval_accuracy_change: eval_accuracy - eval_accuracy_init per run
     change = [r | {"eval_accuracy_init": "0.5"} for r in _rows({100: 0.6, 101: 0.61, 102: 0.62})]
     (c,) = gate.evaluate(change, [_cond(metric=gate.CHANGE, k=0.1, unit="abs")], range(10, 20))
@@ -188,7 +193,8 @@ def test_a_pilot_that_includes_its_experiment_is_not_gated_by_it(tmp_path):
     ("text", "message"),
     [
         ("[('eval_acc', {'spec': 'spec_a'}, '>=', 3, 'se')]", "unknown metric 'eval_acc'; valid: "),
-        ("[('eval_accuracy', {'spec': 'spec_a'}, '>', 3, 'se')]", "the comparison is one of >=, <="),
+        ("[('eval_accuracy', {'spec': 'spec_a'}, '>', 3, 'se')]", "the comparison is one of >=, <=, |>=|"),
+        ("[('eval_accuracy', {'spec': 'spec_a'}, '|>=|', 0, 'abs')]", "> 0 with '|>=|'"),
         ("[('eval_accuracy', {'spec': 'spec_a'}, '>=', -1, 'se')]", "the threshold must be a number"),
         ("[('eval_accuracy', {'spec': 'nope'}, '>=', 3, 'se')]", "nope"),
         ("('eval_accuracy', {'spec': 'spec_a'}, '>=', 3, 'se')", "[0]: must be (metric"),
