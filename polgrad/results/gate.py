@@ -10,12 +10,13 @@ Each condition is about one configuration of the pilot (its rows whose columns m
 finite value), over its seeds: n ≥ MIN_SEEDS distinct seeds, none of them an evaluation seed; the
 mean m of the metric and its standard error se = sd / √n (sd with n − 1). With unit 'se' the
 threshold k is in standard errors: '>=' passes when m ≥ k·se (the pilot's mean lies at least k
-standard errors above 0), '<=' when m ≤ −k·se (at least k below 0), '|>=|' when |m| ≥ k·se (at
-least k from 0 on either side: a change of either sign); a pilot without spread (se = 0) passes
-none. A seed with two ok runs of a condition's configuration (rows of an older grid) fails it. With
-unit 'abs' the threshold is in the metric's own units: '>=' passes when m ≥ k, '<=' when m ≤ k,
-'|>=|' when |m| ≥ k (k > 0). `eval_accuracy_change` is eval_accuracy − eval_accuracy_init (the
-change from the warm start), any other metric a column of the CSV.
+standard errors above 0), '<=' when m ≤ −k·se (at least k below 0), '|>=|' when |m| ≥ k·se (at least
+k from 0 on either side: a change of either sign); a pilot without spread (se = 0) passes none. A
+seed with two ok runs of a condition's configuration (rows of an older grid) fails it. With unit
+'abs' the threshold is in the metric's own units: '>=' passes when m ≥ k, '<=' when m ≤ k, '|>=|'
+when |m| ≥ k. A '|>=|' threshold is > 0 in either unit (|m| ≥ 0 always holds).
+`eval_accuracy_change` is eval_accuracy − eval_accuracy_init (the change from the warm start), any
+other metric a column of the CSV.
 """
 
 from __future__ import annotations

@@ -195,6 +195,7 @@ def test_a_pilot_that_includes_its_experiment_is_not_gated_by_it(tmp_path):
         ("[('eval_acc', {'spec': 'spec_a'}, '>=', 3, 'se')]", "unknown metric 'eval_acc'; valid: "),
         ("[('eval_accuracy', {'spec': 'spec_a'}, '>', 3, 'se')]", "the comparison is one of >=, <=, |>=|"),
         ("[('eval_accuracy', {'spec': 'spec_a'}, '|>=|', 0, 'abs')]", "> 0 with '|>=|'"),
+        ("[('eval_accuracy', {'spec': 'spec_a'}, '|>=|', 0, 'se')]", "> 0 with '|>=|'"),
         ("[('eval_accuracy', {'spec': 'spec_a'}, '>=', -1, 'se')]", "the threshold must be a number"),
         ("[('eval_accuracy', {'spec': 'nope'}, '>=', 3, 'se')]", "nope"),
         ("('eval_accuracy', {'spec': 'spec_a'}, '>=', 3, 'se')", "[0]: must be (metric"),
