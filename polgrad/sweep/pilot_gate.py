@@ -46,7 +46,7 @@ def read(file: str, pilot: Any, conditions: Any, name: str, read_config, where) 
             raise ConfigError(f"{file}: {where('pilot')}: a pilot without Sweep.pilot_gate gates nothing")
         return None
     here = where("pilot_gate")
-    form = "(metric, {column: value}, '>=' | '<=' | '|>=|', threshold, 'se' | 'abs')"
+    form = f"(metric, {{column: value}}, {' | '.join(map(repr, _gate.OPS))}, threshold, 'se' | 'abs')"
     if not isinstance(conditions, (list, tuple)):
         raise ConfigError(f"{file}: {here}: must be a list of {form}")
     out = []
