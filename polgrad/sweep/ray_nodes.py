@@ -1,6 +1,7 @@
 """What a Ray node holds of a sweep: its folder for the copies of the cells it runs (`node_dir`), a
 lock on each copy while its task runs (`hold`), and the clean-up of copies no task holds any more
-(`sweep_copies` on one node, `sweep_nodes` from the driver on every live node). Used by
+(`sweep_copies` on one node as a task starts, `node_cleanup` from the driver on every live node at
+the sweep's end: `sweep_nodes`). Used by
 polgrad/sweep/ray_cells.py; a copy's files are synced by polgrad/sweep/ray_sync.py.
 """
 
@@ -61,9 +62,15 @@ def hold(local: Path):
 
 def sweep_copies(key: str) -> list[str]:
     """Delete every copy of driver `key`'s cells on this node that no running task holds; returns
-    their paths. Run by each task as it starts and on every node at the sweep's end."""
+    their paths. Run by each task as it starts."""
+    return node_cleanup(key)[0]
 
-    gone = []
+
+def node_cleanup(key: str) -> tuple[list[str], list[str]]:
+    """`sweep_copies(key)` that also says what it left: (the copies removed, the copies a running task
+    still holds). Run on every node at the sweep's end."""
+    gone: list[str] = []
+    held: list[str] = []
     for root in _node_roots(key):
         for lock in sorted(root.rglob(f"*{HELD}")):
             try:
@@ -71,23 +78,24 @@ def sweep_copies(key: str) -> list[str]:
             except FileNotFoundError:
                 continue
             try:
-                if (copy := _remove_if_free(lock, fd)) is not None:
-                    gone.append(copy)
+                outcome = _remove_if_free(lock, fd)
             finally:
                 os.close(fd)
-    return gone
+            copy = str(lock.with_name(lock.name.removesuffix(HELD)))
+            {"removed": gone, "held": held}.get(outcome, []).append(copy)
+    return gone, held
 
 
 def _remove_if_free(lock: Path, fd: int) -> str | None:
     """Remove the copy of `lock` (opened as `fd`) if no task holds it and `lock` is still the file `fd`
-    is (another sweep may have removed it since, and a task made a new one for a new copy); the copy's
-    path, or None."""
+    is (another sweep may have removed it since, and a task made a new one for a new copy): "removed",
+    "held" (a task holds it) or None (the lock is another file now, or gone)."""
     import fcntl
 
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held: its task runs
-        return None
+        return "held"
     try:
         if os.stat(lock).st_ino != os.fstat(fd).st_ino:
             return None
@@ -96,24 +104,31 @@ def _remove_if_free(lock: Path, fd: int) -> str | None:
     copy = lock.with_name(lock.name.removesuffix(HELD))
     shutil.rmtree(copy, ignore_errors=True)
     lock.unlink(missing_ok=True)
-    return str(copy)
+    return "removed"
 
 
-def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 30.0) -> None:
-    """At the end of a sweep that ran its cells to the end: `sweep_copies(key)` on every live node
+def _copies(n: int) -> str:
+    return f"{n} node cop{'y' if n == 1 else 'ies'}"
+
+
+def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 120.0) -> None:
+    """At the end of a sweep that ran its cells to the end: `node_cleanup(key)` on every live node
     (copies of cancelled tasks, of a node that came back), after waiting up to `wait_s` for the
     `stopped` tasks to end (their locks go with their processes; a copy still held is left, never
-    removed under a live trainer). Best effort: a node that does not answer keeps its copies for the
-    next run of the sweep (a stopped sweep's are cleaned by its resumed run)."""
+    removed under a live trainer). Best effort: a copy still held and a node that does not answer
+    keep their copies for the next run of the sweep (a stopped sweep's are cleaned by its resumed
+    run), and the sweep says so. The wait costs nothing when the tasks have ended; 30 s was too short
+    on a loaded machine (a 2-core one running 4 trainers beside the sweep left a cancelled rank's
+    copy)."""
     try:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if stopped:
             ray.wait(stopped, num_returns=len(stopped), timeout=wait_s)
-        sweep = ray.remote(sweep_copies)
+        cleanup = ray.remote(node_cleanup)
         refs = [
-            sweep.options(
+            cleanup.options(
                 num_cpus=0,
                 max_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
@@ -121,14 +136,21 @@ def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 30.
             for n in ray.nodes()
             if n.get("Alive")
         ]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
-        gone = [path for ref in ready for path in ray.get(ref)]
+        ready, silent = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        answers = [ray.get(ref) for ref in ready]
     except Exception as e:  # noqa: BLE001 - the sweep's results stand; say what was not cleaned
         progress.bar.write(f"node copies not cleaned up: {type(e).__name__}: {e}"[:300], file=sys.stderr)
         return
+    gone = [path for removed, _ in answers for path in removed]
+    held = [path for _, kept in answers for path in kept]
     if gone:
+        progress.bar.write(f"removed {_copies(len(gone))} left by stopped or lost tasks", file=sys.stderr)
+    if held or silent:
+        left = [f"{_copies(len(held))} still held by tasks that had not ended"] if held else []
+        left += [f"the copies of {len(silent)} node(s) that did not answer"] if silent else []
+        first = f" ({held[0]} among them)" if held else ""
         progress.bar.write(
-            f"removed {len(gone)} node cop{'y' if len(gone) == 1 else 'ies'} left by stopped or lost tasks",
+            f"left {' and '.join(left)} after {wait_s:g} s{first}: the next run of this sweep removes them",
             file=sys.stderr,
         )
 

@@ -185,3 +185,13 @@ def test_a_sweep_that_opened_a_lock_another_sweep_then_removed_leaves_the_new_co
         fh.close()
     finally:
         os.close(fd)
+
+
+def test_the_end_of_sweep_cleanup_names_the_copies_it_left_held(node):
+    fh = _copy(node, "k/x/runs/running", held=True)
+    _copy(node, "k/x/runs/stopped")
+    gone, held = ray_nodes.node_cleanup("k")
+    assert [Path(g).name for g in gone] == ["stopped"]
+    assert [Path(h).name for h in held] == ["running"]
+    fh.close()
+    assert ray_nodes.node_cleanup("k") == ([str(node / "k/x/runs/running")], [])

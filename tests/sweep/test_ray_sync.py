@@ -251,6 +251,7 @@ def _fake_ray(
     cleaned: list | None = None,
     asked: list | None = None,
     nodes: list | None = None,
+    held: tuple[str, ...] = (),
 ):
     """A stand-in for the `ray` module `ray_cells.run` drives, enough for a cell of one rank: each
     `.remote()` is one attempt, whose task yields its node (and `logs`, as a task's output on its
@@ -280,11 +281,11 @@ def _fake_ray(
 
     def clean_on(**kw):
         return types.SimpleNamespace(
-            remote=lambda key: cleaned.append((kw["scheduling_strategy"], key)) or []
+            remote=lambda key: cleaned.append((kw["scheduling_strategy"], key)) or ([], list(held))
         )
 
     def options(fn):
-        if fn.__name__ == "sweep_copies":
+        if fn.__name__ == "node_cleanup":
             return clean_on
         if fn.__name__ == "rendezvous":  # rank 0's address, for the ranks of a cell spanning nodes
             return lambda **kw: types.SimpleNamespace(remote=lambda: ("10.0.0.1", 29500))
@@ -318,7 +319,16 @@ def _fake_ray(
 
 
 def _drive(
-    tmp_path, monkeypatch, plan, ray_settings=None, logs=(), cleaned=None, asked=None, nodes=None, **exp_kw
+    tmp_path,
+    monkeypatch,
+    plan,
+    ray_settings=None,
+    logs=(),
+    cleaned=None,
+    asked=None,
+    nodes=None,
+    held=(),
+    **exp_kw,
 ):
     """ray_cells.run, the real driver loop, on one cell with the stand-in Ray of `_fake_ray`; returns
     (attempts started, the cell's run folder, the recorded outcomes, the lines written to the bar)."""
@@ -327,7 +337,7 @@ def _drive(
 
     from polgrad.sweep import ray_cells
 
-    modules, started = _fake_ray(plan, logs, cleaned, asked, nodes)
+    modules, started = _fake_ray(plan, logs, cleaned, asked, nodes, held)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(ray_cells._results, "cell_environment", lambda run_dir, name: {})
@@ -408,12 +418,24 @@ def test_what_a_task_writes_on_its_node_reaches_the_driver_and_the_run_folder(tm
 
 
 def test_the_sweeps_end_cleans_node_copies_on_every_live_node(tmp_path, monkeypatch):
-    """At the end the driver runs sweep_copies on each live node (pinned there, not soft), under its
+    """At the end the driver runs node_cleanup on each live node (pinned there, not soft), under its
     own key: the copies of tasks it stopped, or of a node that came back, are removed."""
     cleaned: list = []
     _drive(tmp_path, monkeypatch, ["ok"], cleaned=cleaned)
     ((strategy, key),) = cleaned
     assert strategy == ("on", "n", False) and len(key) == 12  # the stand-in's one live node
+
+
+def test_the_sweeps_end_says_which_node_copies_it_had_to_leave(tmp_path, monkeypatch):
+    """A copy still held by a task that has not ended is left (never removed under a live trainer);
+    the sweep says so and that its next run removes it, instead of leaving it unsaid."""
+    _, _, _, written = _drive(tmp_path, monkeypatch, ["ok"], held=("/n/k/x/runs/c.rank1",))
+    assert written[-1] == (
+        "left 1 node copy still held by tasks that had not ended after 120 s (/n/k/x/runs/c.rank1 among "
+        "them): the next run of this sweep removes them"
+    )
+    _, _, _, written = _drive(tmp_path / "none", monkeypatch, ["ok"])
+    assert not any(w.startswith("left ") for w in written)
 
 
 def test_a_gpu_cell_of_two_gpus_is_two_ranks_of_one_gpu_each_wherever_ray_places_them(tmp_path, monkeypatch):
