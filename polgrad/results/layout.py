@@ -9,7 +9,7 @@ def clear_top(fig, above, gap_px: float = 6.0) -> None:
     them (the suptitle, a legend): a tall figure's fixed top margin let the two overprint."""
     above = [a for a in above if a is not None]
     for _ in range(3):  # the panels' titles move with their tops; a second pass settles any rounding
-        fig.canvas.draw()
+        fig.draw_without_rendering()  # the layout of a draw (ticks, texts) without rasterising it
         r = fig.canvas.get_renderer()
         floor = min((a.get_window_extent(r).y0 for a in above), default=fig.bbox.height)
         top = max((ax.get_tightbbox(r).y1 for ax in fig.axes if ax.get_visible()), default=0.0)
@@ -25,7 +25,7 @@ def widen_for_labels(fig, twins, left) -> None:
     """Make the figure as wide as its labels need: the configurations' names on the left and each
     panel's Δ and p text on its right, measured, plus `PANEL_IN` per panel; a fixed width let long
     names (overoptimization's four bindings) squeeze the panels to slivers with overprinted ticks."""
-    fig.canvas.draw()
+    fig.draw_without_rendering()
     r = fig.canvas.get_renderer()
 
     def widest(labels) -> float:
