@@ -74,8 +74,8 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, f
     mean = sum(xs) / n
     if n < 2:
         return mean, None, 1
-    # scipy.stats.sem's own formula (np.std with ddof 1 over sqrt(n)), without its ~1 ms per call
-    sem = float(np.std(np.asarray(xs), ddof=1) / np.sqrt(n))
+    # scipy.stats.sem's own formula (std with ddof 1 over n**0.5, scipy 1.17), without its ~1 ms per call
+    sem = float(np.std(np.asarray(xs), ddof=1) / n**0.5)
     return mean, t_ppf(0.5 + confidence / 2.0, n - 1) * sem, n
 
 

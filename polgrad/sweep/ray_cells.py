@@ -112,6 +112,11 @@ def cell_task(
             "point it elsewhere (a folder of the node's own)"
         )
     held = hold(local)  # before the sweep: this copy is not left for another task to delete
+    # Who closes `held`: this task as it ends, or, when it ends before its trainer, the trainer's thread
+    # as that ends (else the lock stayed with the Ray worker, reused by later tasks, and no sweep could
+    # ever remove the copy).
+    handoff = threading.Lock()
+    done: dict[str, Any] = {}
     log = NodeLog().__enter__()  # what the task writes here goes to the driver as {"log": lines}
     worker: threading.Thread | None = None  # the thread that runs the trainer, once started
     try:
@@ -143,9 +148,17 @@ def cell_task(
                     "MASTER_PORT": str(master[1]),
                 },
             }
-        done: dict[str, Any] = {}
 
         def body() -> None:
+            try:
+                train()
+            finally:  # the task ended first (an error of its own): the lock goes now, not with the worker
+                with handoff:
+                    done["ended"] = True
+                    if done.get("abandoned"):
+                        held.close()
+
+        def train() -> None:
             try:
                 # a launcher (a GPU cell of several GPUs) passes SIGTERM on to its ranks, not SIGKILL
                 launcher = slot is not None and len(slot.devices) > 1
@@ -175,8 +188,11 @@ def cell_task(
         Path(held.name).unlink(missing_ok=True)
     finally:  # an error of this task's own: the copy goes with a later sweep once the trainer is gone
         log.__exit__()
-        if worker is None or not worker.is_alive():
-            held.close()  # else the lock stays with this process: no sweep removes a live trainer's folder
+        with handoff:  # no sweep removes a live trainer's folder: its thread closes the lock as it ends
+            if worker is None or done.get("ended"):
+                held.close()
+            else:
+                done["abandoned"] = True
 
 
 # --------------------------------------------------------------------------------------------

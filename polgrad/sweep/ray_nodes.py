@@ -111,46 +111,86 @@ def _copies(n: int) -> str:
     return f"{n} node cop{'y' if n == 1 else 'ies'}"
 
 
-def sweep_nodes(key: str, stopped: list[Any], progress: Any, wait_s: float = 120.0) -> None:
+def _nodes(n: int) -> str:
+    return f"{n} node{'' if n == 1 else 's'}"
+
+
+def _ended(ref: Any) -> Any:
+    """What `ray.wait` is ready on once the task of `ref` has ended: a streaming generator's own ref
+    is ready at its next item, which a cancelled rank usually still has unread."""
+    return ref.completed() if hasattr(ref, "completed") else ref
+
+
+def sweep_nodes(
+    key: str, stopped: list[Any], progress: Any, wait_s: float = 120.0, poll_s: float = 2.0
+) -> None:
     """At the end of a sweep that ran its cells to the end: `node_cleanup(key)` on every live node
-    (copies of cancelled tasks, of a node that came back), after waiting up to `wait_s` for the
-    `stopped` tasks to end (their locks go with their processes; a copy still held is left, never
-    removed under a live trainer). Best effort: a copy still held and a node that does not answer
-    keep their copies for the next run of the sweep (a stopped sweep's are cleaned by its resumed
-    run), and the sweep says so. The wait costs nothing when the tasks have ended; 30 s was too short
-    on a loaded machine (a 2-core one running 4 trainers beside the sweep left a cancelled rank's
-    copy)."""
+    (copies of cancelled tasks, of a node that came back). A copy is removed once nobody holds its
+    lock, which goes with its task's process however it ends: the sweep waits up to `wait_s` for the
+    `stopped` tasks to end, then cleans every node, again every `poll_s` on nodes that still hold a
+    copy, for up to `wait_s` more. Best effort: a copy still held then, and a node that does not
+    answer or whose clean-up fails, keep their copies for the next run of the sweep (a stopped
+    sweep's are cleaned by its resumed run), and the sweep's last line says which."""
+    import time
+
     try:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if stopped:
-            ray.wait(stopped, num_returns=len(stopped), timeout=wait_s)
+            ray.wait([_ended(s) for s in stopped], num_returns=len(stopped), timeout=wait_s)
         cleanup = ray.remote(node_cleanup)
-        refs = [
-            cleanup.options(
-                num_cpus=0,
-                max_retries=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-            ).remote(key)
-            for n in ray.nodes()
-            if n.get("Alive")
-        ]
-        ready, silent = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
-        answers = [ray.get(ref) for ref in ready]
+        todo = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     except Exception as e:  # noqa: BLE001 - the sweep's results stand; say what was not cleaned
         progress.bar.write(f"node copies not cleaned up: {type(e).__name__}: {e}"[:300], file=sys.stderr)
         return
-    gone = [path for removed, _ in answers for path in removed]
-    held = [path for _, kept in answers for path in kept]
+    deadline = time.monotonic() + wait_s
+    gone: list[str] = []
+    held: dict[str, list[str]] = {}  # node -> the copies still held at its last clean-up
+    silent: set[str] = set()
+    failed: dict[str, str] = {}
+    while todo:
+        refs = {
+            cleanup.options(
+                num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)
+            ).remote(key): n
+            for n in todo
+        }
+        ready, late = ray.wait(
+            list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+        )
+        silent |= {refs[r] for r in late}
+        todo = []
+        for ref in ready:
+            node = refs[ref]
+            try:
+                removed, kept = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - this node's; the others' answers stand
+                failed[node] = f"{type(e).__name__}: {e}"[:200]
+                continue
+            gone += removed
+            held[node] = kept
+            if kept:
+                todo.append(node)
+        if not todo or time.monotonic() + poll_s >= deadline:
+            break
+        time.sleep(poll_s)
     if gone:
         progress.bar.write(f"removed {_copies(len(gone))} left by stopped or lost tasks", file=sys.stderr)
-    if held or silent:
-        left = [f"{_copies(len(held))} still held by tasks that had not ended"] if held else []
-        left += [f"the copies of {len(silent)} node(s) that did not answer"] if silent else []
-        first = f" ({held[0]} among them)" if held else ""
+    kept = [path for paths in held.values() for path in paths]
+    left = []
+    if kept:
+        more = " among others" if len(kept) > 1 else ""
+        left.append(f"{_copies(len(kept))} still held by tasks that had not ended ({kept[0]}{more})")
+    if silent:
+        left.append(f"the copies on {_nodes(len(silent))} that did not answer")
+    if failed:
+        left.append(
+            f"the copies on {_nodes(len(failed))} whose clean-up failed ({next(iter(failed.values()))})"
+        )
+    if left:
         progress.bar.write(
-            f"left {' and '.join(left)} after {wait_s:g} s{first}: the next run of this sweep removes them",
+            f"left {' and '.join(left)} within {wait_s:g} s: the next run of this sweep removes them",
             file=sys.stderr,
         )
 

@@ -195,3 +195,121 @@ def test_the_end_of_sweep_cleanup_names_the_copies_it_left_held(node):
     assert [Path(h).name for h in held] == ["running"]
     fh.close()
     assert ray_nodes.node_cleanup("k") == ([str(node / "k/x/runs/running")], [])
+
+
+class _Ref:
+    """A stand-in ObjectRef: hashable; `late` ones are never ready; `completed()` as a generator's."""
+
+    def __init__(self, value=None, late=False, error=None):
+        self.value, self.late, self.error = value, late, error
+
+    def completed(self):
+        return _Ref(("ended", self))
+
+
+def _sweep_nodes_with(monkeypatch, answers: dict, stopped=(), **kw) -> tuple[list, list]:
+    """`ray_nodes.sweep_nodes` against a stand-in Ray whose nodes answer the clean-up from `answers`
+    (node -> a list of answers, one per pass, the last repeated: (removed, held), 'late' or an
+    exception); returns (the refs each ray.wait got, the lines written)."""
+    waited, written, passes = [], [], {}
+    ray = types.ModuleType("ray")
+
+    def answer(node):
+        got = answers[node][min(passes.get(node, 0), len(answers[node]) - 1)]
+        passes[node] = passes.get(node, 0) + 1
+        if got == "late":
+            return _Ref(late=True)
+        return _Ref(error=got) if isinstance(got, Exception) else _Ref(got)
+
+    ray.remote = lambda fn: types.SimpleNamespace(
+        options=lambda **o: types.SimpleNamespace(remote=lambda key: answer(o["scheduling_strategy"]))
+    )
+    ray.nodes = lambda: [{"NodeID": n, "Alive": True} for n in answers] + [{"NodeID": "dead", "Alive": False}]
+
+    def wait(refs, num_returns, timeout):
+        waited.append(list(refs))
+        return [r for r in refs if not r.late], [r for r in refs if r.late]
+
+    def get(ref):
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    ray.wait, ray.get = wait, get
+    strategies = types.ModuleType("ray.util.scheduling_strategies")
+    strategies.NodeAffinitySchedulingStrategy = lambda node, soft: node
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.util", types.ModuleType("ray.util"))
+    monkeypatch.setitem(sys.modules, "ray.util.scheduling_strategies", strategies)
+    bar = types.SimpleNamespace(write=lambda line, file=None: written.append(line))
+    ray_nodes.sweep_nodes("k", list(stopped), types.SimpleNamespace(bar=bar), **kw)
+    return waited, written
+
+
+def test_the_sweeps_end_waits_for_the_stopped_tasks_to_end_not_for_their_next_item(monkeypatch):
+    """A cancelled rank is a streaming generator, whose own ref is ready at its next item (it usually
+    has one unread): the wait is on `completed()`, ready when the task has ended and its lock gone."""
+    stopped = [_Ref(), _Ref()]
+    waited, written = _sweep_nodes_with(monkeypatch, {"a": [(["/a/c"], [])]}, stopped)
+    assert [r.value for r in waited[0]] == [("ended", s) for s in stopped]
+    assert written == ["removed 1 node copy left by stopped or lost tasks"]
+
+
+def test_a_copy_still_held_is_tried_again_until_its_lock_goes(monkeypatch):
+    """The lock goes with the task's process: a copy held at the first clean-up is removed at a later
+    pass on its node (the other node is not asked again), and nothing is said to be left."""
+    answers = {"a": [([], ["/a/c.rank1"]), ([], ["/a/c.rank1"]), (["/a/c.rank1"], [])], "b": [(["/b/d"], [])]}
+    waited, written = _sweep_nodes_with(monkeypatch, answers, poll_s=0.01)
+    assert [len(refs) for refs in waited] == [2, 1, 1]
+    assert written == ["removed 2 node copies left by stopped or lost tasks"]
+
+
+def test_the_sweeps_end_names_what_it_had_to_leave(monkeypatch):
+    """A copy still held when the time is up, a node that does not answer and one whose clean-up fails
+    keep their copies; the other nodes' answers stand, and one line says what was left and why."""
+    answers = {
+        "a": [([], ["/a/c.rank1", "/a/e"])],
+        "b": ["late"],
+        "c": [OSError("disk gone")],
+        "d": [(["/d/f"], [])],
+    }
+    _, written = _sweep_nodes_with(monkeypatch, answers, wait_s=0.05, poll_s=0.01)
+    assert written == [
+        "removed 1 node copy left by stopped or lost tasks",
+        "left 2 node copies still held by tasks that had not ended (/a/c.rank1 among others) and the copies "
+        "on 1 node that did not answer and the copies on 1 node whose clean-up failed (OSError: disk gone) "
+        "within 0.05 s: the next run of this sweep removes them",
+    ]
+    _, written = _sweep_nodes_with(monkeypatch, {"a": [([], [])]})
+    assert written == []  # nothing removed, nothing left: nothing said
+
+
+def test_a_task_that_ends_before_its_trainer_leaves_the_lock_to_the_trainers_thread(node, monkeypatch):
+    """The driver closes a rank's task (its cell's other rank failed) while its trainer still runs: the
+    copy stays held while the trainer runs, and its lock goes when the trainer ends, not with the Ray
+    worker (reused by later tasks, it kept the lock, and no sweep could remove the copy)."""
+    import threading
+
+    fake = types.ModuleType("ray")
+    fake.get_runtime_context = lambda: types.SimpleNamespace(get_node_id=lambda: "n" * 20)
+    fake.get_gpu_ids = lambda: []
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    release = threading.Event()
+
+    def run_cell(cell, local, **kw):
+        print("training")
+        release.wait(10)
+        return {"cell_id": cell.id, "status": "ok", "error": "", "returncode": 0}
+
+    monkeypatch.setattr(ray_cells, "run_cell", run_cell)
+    cell = Cell("c", 0, "g.gin", "g", "g.gin", config_files=(), swept=(), seed=0, bindings=())
+    task = ray_cells.cell_task(cell, "key/x/runs/c", {}, {"environment": {}}, sync_s=0.05)
+    assert "node" in next(task)  # where it runs
+    assert next(task) == {"log": ["training"]}  # its trainer runs
+    task.close()  # the driver stops reading it: GeneratorExit in the task, its trainer still running
+    assert ray_nodes.node_cleanup("key") == ([], [str(node / "key/x/runs/c")])
+    release.set()
+    deadline = time.monotonic() + 10
+    while ray_nodes.node_cleanup("key")[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (node / "key/x/runs/c").exists()
