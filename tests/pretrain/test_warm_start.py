@@ -295,3 +295,21 @@ def test_the_committed_length_bias_pilots_warm_starts_are_the_ones_this_code_ask
     for seed in seeds:
         recorded = {r["warm_start"] for r in rows if int(r["seed"]) == seed}
         assert recorded == {warm_start_of("length_bias_pilot", 0, seed)}, seed
+
+
+def test_the_committed_length_bias_checks_pilots_warm_starts_are_the_ones_this_code_asks_for(fake_sft):
+    """The warm starts the committed length_bias_checks pilot records (its tuning seed 100 and its
+    evaluation seeds 3-5, one each) are those its cells ask for at this commit, so the pilot, whose
+    gate decides whether length_bias_checks runs, reproduces here."""
+    import csv
+
+    folder = REPO / "results/pilots/length_bias_checks_pilot"
+    for path, seeds in (
+        (folder / "length_bias_checks_pilot_tuning/length_bias_checks_pilot_tuning.csv", [100]),
+        (folder / "length_bias_checks_pilot.csv", [3, 4, 5]),
+    ):
+        rows = list(csv.DictReader(open(path)))
+        assert sorted({int(r["seed"]) for r in rows}) == seeds, path
+        for seed in seeds:
+            recorded = {r["warm_start"] for r in rows if int(r["seed"]) == seed}
+            assert recorded == {warm_start_of("length_bias_checks_pilot", 0, seed)}, (path.name, seed)
