@@ -82,7 +82,10 @@ def node_cleanup(key: str) -> tuple[list[str], list[str]]:
             finally:
                 os.close(fd)
             copy = str(lock.with_name(lock.name.removesuffix(HELD)))
-            {"removed": gone, "held": held}.get(outcome, []).append(copy)
+            if outcome == "removed":
+                gone.append(copy)
+            elif outcome == "held":
+                held.append(copy)
     return gone, held
 
 
