@@ -298,6 +298,8 @@ def reward_models(
     rm: dict[str, Any] = {"form": layout.reward_model_form()}
     if cfg.rm_steps is not None:
         rm["steps"] = cfg.rm_steps
+    if cfg.rm_pairs is not None:
+        rm["pairs"] = cfg.rm_pairs
     if cfg.chat_template is not None:
         rm["chat_template"] = cfg.chat_template
     trained = [

@@ -54,6 +54,10 @@ class TrainConfig:
     EOS under None; True renders string pairs as one user and one assistant turn too.
     reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
+    rm_pairs: how many preference pairs the reward model trains on (None: RM_PAIRS, 4,096, in
+    polgrad.pretrain.reward_model), drawn by the warm start's seed; its held-out pairs do not change.
+    Fewer pairs make a weaker proxy at the same training steps (Gao et al. 2023 vary the reward
+    model's size and data).
     rm_ensemble: K reward models (1, default: one) trained on the same pairs from K initialisation
     seeds (member 0 is the single reward model; polgrad.pretrain.reward_model), every response scored
     by each and the K scores combined by the reward_ensemble part `rm_combine` (None: @reward_ensemble.mean;
@@ -144,6 +148,7 @@ class TrainConfig:
     policy_path: str | None = None
     reward_source: str = "task"
     rm_steps: int | None = None
+    rm_pairs: int | None = None
     rm_ensemble: int = 1
     rm_combine: Callable[..., Any] | None = None
     measure_kl: bool = True
@@ -183,7 +188,9 @@ class TrainConfig:
                 "train.critic_warmup_steps must be an integer >= 0 (0: none), got "
                 f"{self.critic_warmup_steps!r}"
             )
-        for name in ("threads", "rm_steps", "eval_size", "max_sampled_sequences", "max_generated_tokens"):
+        for name in (
+            "threads", "rm_steps", "rm_pairs", "eval_size", "max_sampled_sequences", "max_generated_tokens"
+        ):  # fmt: skip
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if self.init_seed is not None and not is_int(self.init_seed):

@@ -156,6 +156,8 @@ FAST = ["train.task = @task.sort", "train.max_new_tokens = 8"]
             r"train\.rm_ensemble must be an integer >= 1",
         ),
         (["train.rm_ensemble = 3"], r"need train\.reward_source = 'reward_model' \(got 'task'\)"),
+        (["train.rm_pairs = 0"], r"^train\.rm_pairs must be a positive integer"),
+        (["train.rm_pairs = 2.5"], r"^train\.rm_pairs must be a positive integer"),
         (["train.rm_combine = @reward_ensemble.worst"], r"need train\.reward_source = 'reward_model'"),
         (
             ["train.rm_combine = @kl.k1", "train.reward_source = 'reward_model'"],
@@ -189,6 +191,35 @@ def test_the_default_combine_is_the_mean():
         )
     finally:
         gin.clear_config()
+
+
+def test_rm_pairs_and_rm_steps_reach_every_members_training(monkeypatch):
+    """train.rm_pairs and train.rm_steps are what each member's Bradley-Terry run is given (pairs and
+    steps), and left unset the run's own defaults stand (nothing passed)."""
+    from polgrad import build as build_lib
+    from polgrad.config import build, parse_config
+
+    calls = []
+    monkeypatch.setattr(
+        build_lib.pretrain, "train_reward_model", lambda *a, **kw: (calls.append(kw), ("rm", 0.5))[1]
+    )
+    layout = SimpleNamespace(reward_model_form=lambda: None, reward_model=lambda policy, path, k: k)
+    for extra, want in (
+        (["train.rm_pairs = 64", "train.rm_steps = 5"], {"pairs": 64, "steps": 5}),
+        ([], {}),
+    ):
+        calls.clear()
+        parse_config(
+            ["registry/ppo.gin"],
+            [*FAST, "train.reward_source = 'reward_model'", "train.rm_ensemble = 2", *extra],
+        )
+        try:
+            cfg, algo, task = build()
+        finally:
+            gin.clear_config()
+        _, _, scorers = build_lib.reward_models(cfg, algo, task, None, "policy", layout)
+        assert scorers == [0, 1] and [c["member"] for c in calls] == [0, 1]
+        assert [{k: c[k] for k in ("pairs", "steps") if k in c} for c in calls] == [want, want]
 
 
 # --------------------------------------------------------------------------- the members
