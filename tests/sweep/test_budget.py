@@ -102,6 +102,8 @@ DESIGNS = {
     "length_bias_pilot": {"grpo": 8, "dr_grpo": 8},
     "length_bias_checks": {"grpo": 8, "dr_grpo": 8},
     "length_bias_checks_pilot": {"grpo": 8, "dr_grpo": 8},
+    "overoptimization_scaling": {"grpo": 8},
+    "overoptimization_scaling_pilot": {"grpo": 8},
     "value_init": {"ppo": 64},
     "value_init_pilot": {"ppo": 64},
 }
