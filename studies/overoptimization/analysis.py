@@ -36,6 +36,7 @@ from polgrad.run_folder import RunFolder
 from polgrad.sweep.experiment import Experiment, load_experiment
 from polgrad.sweep.grid import expand
 from studies.overoptimization import fits as oo
+from studies.overoptimization import scaling
 from studies.overoptimization.columns import KL_COLUMNS
 from studies.overoptimization.columns import rm_columns as _rm_columns
 from studies.overoptimization.columns import short as _short
@@ -91,6 +92,8 @@ def best_of_n_stage(
             parse_config(list(cell.config_files), [*cell.bindings, "train.progress = False"])
             try:
                 cfg, algo, task = build()
+                if cfg.reward_source != "reward_model":  # trained on the gold itself: no proxy to rank by
+                    continue
                 ns = [n for n in NS if n <= samples]
                 found = best_of_n(cfg, algo, task, ns=ns, prompts=prompts, samples=samples, seed=seed)
             finally:
@@ -109,6 +112,9 @@ def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[st
     rows = []
     for r in cells:
         metrics = read_metrics(RunFolder(results_dir / r["run_dir"]).metrics)
+        if metrics and not any("gold_reward_mean" in m for m in metrics):
+            # a run on the task's own reward logs no gold beside it: its reward is the gold (and its proxy)
+            metrics = [{**m, "gold_reward_mean": m.get("reward_mean")} for m in metrics]
         if not metrics:
             raise PolgradError(
                 f"{results_dir / r['run_dir']}: no metrics.jsonl; the points need the sweep's run folders "
@@ -191,6 +197,13 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     by_family = {f: [p for p in points if family(p) == f] for f in families}
     starts = {f: {s: init[(s, rm_key(by_family[f][0]))] for s in seeds} for f in families}
     gold_fits = {f: oo.fit_family(by_family[f], starts[f], "gold", bootstrap=bootstrap) for f in families}
+    scaled: list[scaling.Scaled] = []
+    if scaling.AXIS in fam_cols:  # the proxy's preference pairs are swept: how the RL fit moves with them
+        at = fam_cols.index(scaling.AXIS)
+        scaled = scaling.scale(
+            {f: (scaling.pairs_of(rm_key(by_family[f][0])[at]), by_family[f], starts[f]) for f in families},
+            bootstrap=bootstrap,
+        )
     proxy_fits = {f: oo.fit_family(by_family[f], starts[f], "proxy", bootstrap=bootstrap) for f in families}
 
     def delta(p, k: str) -> float:
@@ -248,6 +261,7 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
         failures,
         bootstrap,
         gao,
+        scaled,
     ).replace("{START}", " and ".join(sorted(set(start_of.values()))))
     path = output(name, results_dir, f"{oo.SUFFIX}.md")
     with atomic_path(path, suffix=".md") as tmp:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from studies.overoptimization import fits as oo
+from studies.overoptimization import scaling
 from studies.overoptimization.columns import ENSEMBLE
 from studies.overoptimization.columns import rm_columns as _rm_columns
 from studies.overoptimization.columns import short as _short
@@ -34,6 +35,7 @@ def markdown(
     failures,
     bootstrap,
     gao,
+    scaled=(),
 ):
     seeds = sorted({s for st in starts.values() for s in st})
     commits = sorted({r.get("git_commit", "?") for r in sweep_rows} | {b.get("git_commit", "?") for b in bon})
@@ -97,6 +99,7 @@ def markdown(
             f"[{_f(fit.ci[0])}, {_f(fit.ci[1])}] | {_f(fit.d_max)} | {'yes' if fit.interior else 'no'} |"
         )
     lines += _gao_section(gao, gold_fits)
+    lines += scaling.section(scaled, _f)
     lines += [
         "",
         "## Sensitivity, added after the data (not declared): the gold fit with a free intercept",
