@@ -87,13 +87,13 @@ def best_of_n_stage(
                 continue
             env = environment(ignore=outputs(exp.name, results_dir))
             what = ", ".join(f"{c} = {v}" for c, v in zip(columns, key, strict=True))
-            print(f"best-of-n: seed {seed}, {what} ({prompts} prompts x {samples} samples)", file=sys.stderr)
             gin.clear_config()
             parse_config(list(cell.config_files), [*cell.bindings, "train.progress = False"])
             try:
                 cfg, algo, task = build()
                 if cfg.reward_source != "reward_model":  # trained on the gold itself: no proxy to rank by
                     continue
+                print(f"best-of-n: seed {seed}, {what} ({prompts} x {samples} samples)", file=sys.stderr)
                 ns = [n for n in NS if n <= samples]
                 found = best_of_n(cfg, algo, task, ns=ns, prompts=prompts, samples=samples, seed=seed)
             finally:
