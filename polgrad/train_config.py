@@ -55,7 +55,8 @@ class TrainConfig:
     reward_source: 'task' (the task's verifiable reward) or 'reward_model' (a
     Bradley-Terry RM trained on the task's preference pairs for `rm_steps`, scoring at EOS).
     rm_pairs: how many preference pairs the reward model trains on (None: RM_PAIRS, 4,096, in
-    polgrad.pretrain.reward_model), drawn by the warm start's seed; its held-out pairs do not change.
+    polgrad.pretrain.reward_model), drawn by the warm start's seed; its held-out pairs are drawn as
+    before, with prompts disjoint from its training pairs (so they differ slightly with N).
     Fewer pairs make a weaker proxy at the same training steps (Gao et al. 2023 vary the reward
     model's size and data).
     rm_ensemble: K reward models (1, default: one) trained on the same pairs from K initialisation

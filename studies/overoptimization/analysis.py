@@ -112,7 +112,7 @@ def points_stage(exp: Experiment, results_dir: Path, path: Path) -> list[dict[st
     rows = []
     for r in cells:
         metrics = read_metrics(RunFolder(results_dir / r["run_dir"]).metrics)
-        if metrics and not any("gold_reward_mean" in m for m in metrics):
+        if scaling.is_gold(r) and not any("gold_reward_mean" in m for m in metrics):
             # a run on the task's own reward logs no gold beside it: its reward is the gold (and its proxy)
             metrics = [{**m, "gold_reward_mean": m.get("reward_mean")} for m in metrics]
         if not metrics:
@@ -199,9 +199,8 @@ def report(exp: Experiment, results_dir: Path, *, bootstrap: int = oo.BOOTSTRAP)
     gold_fits = {f: oo.fit_family(by_family[f], starts[f], "gold", bootstrap=bootstrap) for f in families}
     scaled: list[scaling.Scaled] = []
     if scaling.AXIS in fam_cols:  # the proxy's preference pairs are swept: how the RL fit moves with them
-        at = fam_cols.index(scaling.AXIS)
         scaled = scaling.scale(
-            {f: (scaling.pairs_of(rm_key(by_family[f][0])[at]), by_family[f], starts[f]) for f in families},
+            {f: (scaling.pairs_of(by_family[f][0]), by_family[f], starts[f]) for f in families},
             bootstrap=bootstrap,
         )
     proxy_fits = {f: oo.fit_family(by_family[f], starts[f], "proxy", bootstrap=bootstrap) for f in families}

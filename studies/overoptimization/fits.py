@@ -31,6 +31,7 @@ coefficient and controller are pooled, as Gao et al. pool the runs of one reward
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,11 @@ def rl_peak(alpha: float, beta: float) -> float:
         return math.inf
     if beta == 0:
         return 0.0
-    return math.exp(alpha / beta - 1.0)
+    exponent = alpha / beta - 1.0
+    return math.inf if exponent > _MAX_EXP else math.exp(exponent)  # exp overflows past ~709.8
+
+
+_MAX_EXP = math.log(sys.float_info.max)
 
 
 def predict(form: str, alpha: float, beta: float, d: Sequence[float], c: float = 0.0) -> np.ndarray:

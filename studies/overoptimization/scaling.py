@@ -3,18 +3,23 @@
 Gao, Schulman & Hilton 2023 fit the gold of RL runs with R(d) = d (alpha - beta log d) (their eq. 2,
 d = sqrt(KL(pi || pi_init))) and follow alpha, beta and the peak as the proxy reward model grows.
 Here the proxy's preference pairs are the axis (experiments/overoptimization_scaling.gin). Per family
-(a spec and a reward configuration, its KL controls pooled):
+(a spec and a reward configuration, its KL controls pooled; one family per number of pairs):
 
-    d_peak      the fitted curve's maximiser d* (fits.rl_peak: exp(alpha / beta - 1) for beta > 0)
-    peak_gold   the fitted gold gain there, R(d*) = beta d* (for beta > 0: alpha - beta log d* = beta
-                at the peak); +inf when the curve never turns down, 0 when it never rises
-    CIs         2,000 resamples of the seeds (the unit: a warm start, its reward models, a prompt stream)
-    difference  of a family and the family with the fewest pairs, each of the two quantities, with the
-                seeds resampled together (paired: the same seeds for both families)
+    best within the data   the fitted curve's maximum over the measured range 0 <= d <= d max
+                (d max: the family's largest d): `d_best` where it is reached and `gold_best`, the
+                fitted gold gain there (R(0) = 0, so gold_best >= 0). For beta > 0 the curve rises to
+                d* = exp(alpha / beta - 1) (fits.rl_peak), then falls: d_best = min(d*, d max). For
+                beta <= 0 it has no interior maximum: the better end of the range. Unlike d* itself,
+                this never extrapolates: a curve that falls and levels off (beta < 0) has d* = +inf,
+                a proxy that never let the gold rise has gold_best = 0 near d = 0
+    CIs         2,000 resamples of the family's own seeds (the unit: a warm start, its reward models,
+                a prompt stream)
+    difference  of a family and the family with the fewest pairs, in both quantities, the seeds the
+                two share resampled together (paired: the same seeds for both)
 
-A difference is called higher (lower) only when its 95% CI lies above (below) 0; otherwise no difference
-is detected. The gold itself (train.reward_source = 'task') is shown as the ceiling, outside the
-comparisons.
+A difference is called higher (lower) only when its 95% CI lies above (below) 0; no difference is
+detected when it straddles 0; undetermined when no resample could be fitted. The gold itself
+(train.reward_source = 'task') is shown as the ceiling, outside the comparisons.
 """
 
 from __future__ import annotations
@@ -26,28 +31,35 @@ from typing import Any
 
 import numpy as np
 
+from polgrad.errors import PolgradError
+from polgrad.pretrain.reward_model import RM_PAIRS
 from studies.overoptimization import fits as oo
 
 AXIS = "train.rm_pairs"
+SOURCE = "train.reward_source"
 FORM = "rl"  # the declared form of RL runs (Gao et al.'s eq. 2)
 
+Points = Sequence[Mapping[str, Any]]
+Starts = Mapping[int, Mapping[str, float]]
 
-def peak_gold(form: str, alpha: float, beta: float) -> float:
-    """The fitted curve's value at its maximiser d* (`fits.PEAKS`): nan if unfitted, +inf if unbounded."""
+
+def best_in_range(form: str, alpha: float, beta: float, d_max: float) -> tuple[float, float]:
+    """(d, R(d)) of the fitted curve's maximum over 0 <= d <= d_max: the interior peak (fits.PEAKS) when
+    it lies inside, else the better end (R(0) = 0); (nan, nan) if unfitted or there is no range."""
+    if math.isnan(alpha) or math.isnan(beta) or not d_max > 0:
+        return math.nan, math.nan
     top = oo.PEAKS[form](alpha, beta)
-    if math.isnan(top) or math.isinf(top):
-        return top
-    return float(oo.predict(form, alpha, beta, [top])[0])
+    candidates = [0.0, d_max] + ([top] if 0 < top < d_max else [])
+    values = oo.predict(form, alpha, beta, candidates)
+    i = int(np.argmax(values))
+    return float(candidates[i]), float(values[i])
 
 
-def _quantities(points: Sequence[Mapping[str, Any]], init: Mapping[int, Mapping[str, float]], form: str):
-    alpha, beta = oo.FITS[form](*oo.deltas(points, init, "gold"))
-    return oo.PEAKS[form](alpha, beta), peak_gold(form, alpha, beta)
-
-
-def _minus(a: float, b: float) -> float:
-    """a - b, nan when both are the same infinity (no order between two curves that never turn)."""
-    return math.nan if math.isinf(a) and math.isinf(b) and a == b else a - b
+def _best(points: Points, starts: Starts, form: str) -> tuple[float, float]:
+    if not points:
+        return math.nan, math.nan
+    d, y = oo.deltas(points, starts, "gold")
+    return best_in_range(form, *oo.FITS[form](d, y), max(d))
 
 
 @dataclass(frozen=True)
@@ -58,77 +70,99 @@ class Scaled:
     pairs: int | None  # None: the gold itself (no proxy)
     alpha: float
     beta: float
-    d_peak: float
-    d_peak_ci: tuple[float, float]
-    peak_gold: float
-    peak_gold_ci: tuple[float, float]
-    d_max: float  # the largest d among its points: a peak beyond it is extrapolated
+    d_peak: float  # the unconstrained d* (may lie outside the data, or be +inf)
+    d_best: float
+    d_best_ci: tuple[float, float]
+    gold_best: float
+    gold_best_ci: tuple[float, float]
+    d_max: float
     seeds: int
     # against the family with the fewest pairs (None for that family and for the gold)
-    d_peak_diff: tuple[float, tuple[float, float]] | None = None
-    peak_gold_diff: tuple[float, tuple[float, float]] | None = None
+    d_best_diff: tuple[float, tuple[float, float]] | None = None
+    gold_best_diff: tuple[float, tuple[float, float]] | None = None
+
+
+def _by_seed(points: Points) -> dict[int, list[Mapping[str, Any]]]:
+    out: dict[int, list[Mapping[str, Any]]] = {}
+    for p in points:
+        out.setdefault(int(p["seed"]), []).append(p)
+    return out
+
+
+def _draws(seeds: Sequence[int], bootstrap: int, rng_seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(rng_seed)
+    return [[int(s) for s in rng.choice(seeds, size=len(seeds), replace=True)] for _ in range(bootstrap)]
 
 
 def scale(
-    families: Mapping[str, tuple[int | None, Sequence[Mapping[str, Any]], Mapping[int, Mapping[str, float]]]],
+    families: Mapping[str, tuple[int | None, Points, Starts]],
     *,
     bootstrap: int = oo.BOOTSTRAP,
     rng_seed: int = 0,
     form: str = FORM,
 ) -> list[Scaled]:
-    """`families`: label -> (its pairs, None for the gold; its points; each seed's start). Rows in order
-    of pairs (the gold last), each with its fit, the bootstrap CIs of d* and R(d*) and, for every proxy
-    family but the smallest, the paired differences to the smallest."""
+    """`families`: label -> (its pairs, None for the gold itself; its points; each seed's start). Rows in
+    order of pairs (the gold last), each with its fit, the CIs of its best point within the data and,
+    for every proxy family but the smallest, the paired differences to the smallest. Two proxy families
+    with the same pairs (another column swept beside them) are refused: which to compare is ambiguous."""
     order = sorted(families, key=lambda f: (families[f][0] is None, families[f][0] or 0, f))
-    proxies = [f for f in order if families[f][0] is not None]
-    smallest = proxies[0] if proxies else None
-    seeds = sorted({p["seed"] for _, pts, _ in families.values() for p in pts})
-    by_seed = {
-        f: {s: [p for p in pts if p["seed"] == s] for s in seeds} for f, (_, pts, _) in families.items()
-    }
-    rng = np.random.default_rng(rng_seed)
-    draws = [[int(s) for s in rng.choice(seeds, size=len(seeds), replace=True)] for _ in range(bootstrap)]
+    proxies = [families[f][0] for f in order if families[f][0] is not None]
+    if len(set(proxies)) != len(proxies):
+        raise PolgradError(
+            f"the scaling section needs one family per {AXIS} value, got {proxies} (another swept column "
+            "splits them): sweep train.rm_pairs alone beside the KL control"
+        )
+    smallest = next((f for f in order if families[f][0] is not None), None)
+    split = {f: _by_seed(pts) for f, (_, pts, _) in families.items()}
 
     def at(f: str, chosen: Sequence[int]) -> tuple[float, float]:
-        return _quantities([p for s in chosen for p in by_seed[f][s]], families[f][2], form)
+        return _best([p for s in chosen for p in split[f].get(s, [])], families[f][2], form)
 
-    boot = {f: [at(f, c) for c in draws] for f in order}
     out = []
     for f in order:
-        pairs, pts, init = families[f]
-        alpha, beta = oo.FITS[form](*oo.deltas(pts, init, "gold"))
-        top, value = oo.PEAKS[form](alpha, beta), peak_gold(form, alpha, beta)
+        pairs, pts, starts = families[f]
+        d, y = oo.deltas(pts, starts, "gold")
+        alpha, beta = oo.FITS[form](d, y)
+        own = _draws(sorted(split[f]), bootstrap, rng_seed)
+        boot = [at(f, c) for c in own]
+        best = best_in_range(form, alpha, beta, max(d, default=math.nan))
         diffs: dict[str, tuple[float, tuple[float, float]]] = {}
-        if pairs is not None and f != smallest and smallest is not None:
-            mine = [s for s in seeds if by_seed[f][s] and by_seed[smallest][s]]
-            whole_f, whole_s = at(f, mine), at(smallest, mine)
-            for i, name in enumerate(("d_peak", "peak_gold")):
-                resampled = [_minus(bf[i], bs[i]) for bf, bs in zip(boot[f], boot[smallest], strict=True)]
-                diffs[name] = (_minus(whole_f[i], whole_s[i]), oo._interval(resampled))
+        if pairs is not None and smallest is not None and f != smallest:
+            shared = sorted(set(split[f]) & set(split[smallest]))
+            if shared:
+                mine, theirs = at(f, shared), at(smallest, shared)
+                paired = [(at(f, c), at(smallest, c)) for c in _draws(shared, bootstrap, rng_seed)]
+                for i, name in enumerate(("d_best", "gold_best")):
+                    values = [a[i] - b[i] for a, b in paired]
+                    diffs[name] = (mine[i] - theirs[i], oo._interval(values))
         out.append(
             Scaled(
                 family=f,
                 pairs=pairs,
                 alpha=alpha,
                 beta=beta,
-                d_peak=top,
-                d_peak_ci=oo._interval([b[0] for b in boot[f]]),
-                peak_gold=value,
-                peak_gold_ci=oo._interval([b[1] for b in boot[f]]),
-                d_max=max((p["d"] for p in pts), default=math.nan),
-                seeds=len({p["seed"] for p in pts}),
-                d_peak_diff=diffs.get("d_peak"),
-                peak_gold_diff=diffs.get("peak_gold"),
+                d_peak=oo.PEAKS[form](alpha, beta),
+                d_best=best[0],
+                d_best_ci=oo._interval([b[0] for b in boot]),
+                gold_best=best[1],
+                gold_best_ci=oo._interval([b[1] for b in boot]),
+                d_max=max(d, default=math.nan),
+                seeds=len(split[f]),
+                d_best_diff=diffs.get("d_best"),
+                gold_best_diff=diffs.get("gold_best"),
             )
         )
     return out
 
 
 def verdict(diff: tuple[float, tuple[float, float]] | None, up: str, down: str) -> str:
-    """'up' when the difference's CI lies above 0, 'down' below, else no difference detected."""
+    """`up` when the difference's CI lies above 0, `down` below, 'no difference detected' when it
+    straddles 0, 'undetermined' when no resample was fitted."""
     if diff is None:
         return ""
     low, high = diff[1]
+    if math.isnan(low) or math.isnan(high):
+        return "undetermined"
     if low > 0:
         return up
     if high < 0:
@@ -137,26 +171,29 @@ def verdict(diff: tuple[float, tuple[float, float]] | None, up: str, down: str) 
 
 
 def section(rows: Sequence[Scaled], fmt: Callable[[float], str]) -> list[str]:
-    """The md section: per family its fit and peak with CIs, and each proxy's paired differences to
-    the proxy with the fewest pairs."""
+    """The md section: per family its fit and its best point within the data with CIs, and each proxy's
+    paired differences to the proxy with the fewest pairs."""
     if not any(r.pairs is not None for r in rows):
         return []
     smallest = next(r for r in rows if r.pairs is not None)
     lines = [
         "",
-        f"## Scaling with the proxy's preference pairs (RL form d (alpha − beta log d), {FORM}; "
-        "each family's KL controls pooled)",
+        "## Scaling with the proxy's preference pairs (RL form d (alpha − beta log d); each family's KL "
+        "controls pooled)",
         "",
-        "R(d*) is the fitted gold gain at the fitted peak d*; a peak beyond d max is extrapolated. "
-        f"Differences are to the proxy with the fewest pairs ({smallest.pairs}), the seeds resampled "
-        "together; called higher or lower only when the 95% CI excludes 0.",
+        "The best point within the data: the fitted curve's maximum over 0 ≤ d ≤ d max, at d best, "
+        "of fitted gold gain R best (0 when the gold never rose; d* is the unconstrained peak, which "
+        "may lie beyond the data). Differences are to the proxy with the fewest pairs "
+        f"({smallest.pairs}), over the seeds both have, resampled together; called higher or lower only "
+        "when the 95% CI excludes 0. In experiments/overoptimization_scaling.gin the row with the most "
+        "pairs carries P1 (R best) and P2 (d best).",
         "",
-        "| family | pairs | seeds | alpha | beta | d* | 95% CI | R(d*) | 95% CI | d max "
-        "| d* − fewest (95% CI) | R(d*) − fewest (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| family | pairs | seeds | alpha | beta | d* | d best | 95% CI | R best | 95% CI | d max "
+        "| d best − fewest (95% CI) | R best − fewest (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def diff(d, up, down):
+    def diff(d: tuple[float, tuple[float, float]] | None, up: str, down: str) -> str:
         if d is None:
             return "–"
         return f"{fmt(d[0])} [{fmt(d[1][0])}, {fmt(d[1][1])}]: {verdict(d, up, down)}"
@@ -164,18 +201,33 @@ def section(rows: Sequence[Scaled], fmt: Callable[[float], str]) -> list[str]:
     for r in rows:
         lines.append(
             f"| {r.family} | {r.pairs if r.pairs is not None else 'the gold itself'} | {r.seeds} "
-            f"| {fmt(r.alpha)} | {fmt(r.beta)} | {fmt(r.d_peak)} "
-            f"| [{fmt(r.d_peak_ci[0])}, {fmt(r.d_peak_ci[1])}] "
-            f"| {fmt(r.peak_gold)} | [{fmt(r.peak_gold_ci[0])}, {fmt(r.peak_gold_ci[1])}] | {fmt(r.d_max)} "
-            f"| {diff(r.d_peak_diff, 'later', 'earlier')} | {diff(r.peak_gold_diff, 'higher', 'lower')} |"
+            f"| {fmt(r.alpha)} | {fmt(r.beta)} | {fmt(r.d_peak)} | {fmt(r.d_best)} "
+            f"| [{fmt(r.d_best_ci[0])}, {fmt(r.d_best_ci[1])}] "
+            f"| {fmt(r.gold_best)} | [{fmt(r.gold_best_ci[0])}, {fmt(r.gold_best_ci[1])}] | {fmt(r.d_max)} "
+            f"| {diff(r.d_best_diff, 'later', 'earlier')} | {diff(r.gold_best_diff, 'higher', 'lower')} |"
         )
     return lines
 
 
-def pairs_of(value: Any) -> int | None:
-    """A family's train.rm_pairs as its CSV cell holds it: an int, or None for a run without a proxy
-    (the cell's text 'None' or empty)."""
-    text = str(value).strip()
-    if text in ("", "None"):
+def _text(value: Any) -> str:
+    return str(value).strip().strip("'\"")
+
+
+def is_gold(row: Mapping[str, Any]) -> bool:
+    """A cell trained on the task's own reward: its swept train.reward_source is 'task' (as the CSV
+    holds it, quoted or not). A cell whose reward source is not swept is not taken for one."""
+    return SOURCE in row and _text(row[SOURCE]) == "task"
+
+
+def pairs_of(row: Mapping[str, Any]) -> int | None:
+    """A family's pairs from one of its rows: None for the gold itself, else train.rm_pairs (unset or
+    None: RM_PAIRS, the reward model's default). A value that is no integer is a one-line error."""
+    if is_gold(row):
         return None
-    return int(text)
+    text = _text(row.get(AXIS, ""))
+    if text in ("", "None"):
+        return RM_PAIRS
+    try:
+        return int(text)
+    except ValueError:
+        raise PolgradError(f"{AXIS} = {row.get(AXIS)!r} in the points: not a number of pairs") from None

@@ -7,23 +7,37 @@ import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from helpers import write_csv
 
+from polgrad.errors import PolgradError
 from studies.overoptimization import fits as oo
 from studies.overoptimization import scaling
 
 D = [0.5 * k for k in range(1, 13)]  # 0.5 .. 6
 
 
-def test_the_peak_gold_is_the_fitted_curve_at_its_maximiser():
-    # RL: d (a - b log d) peaks where a - b (log d + 1) = 0, d* = exp(a / b - 1); there R = d* b.
-    # a = 1, b = 0.5: d* = e, R = 0.5 e. Best-of-n: d (a - b d) peaks at a / 2b = 1, R = a^2 / 4b = 0.5.
-    assert scaling.peak_gold("rl", 1.0, 0.5) == pytest.approx(0.5 * math.e, abs=1e-12)
-    assert scaling.peak_gold("bon", 1.0, 0.5) == pytest.approx(0.5, abs=1e-12)
-    assert scaling.peak_gold("rl", 1.0, -0.1) == math.inf  # never turns down
-    assert scaling.peak_gold("bon", -1.0, 0.5) == 0.0  # falls from the start: its best is d = 0
-    assert math.isnan(scaling.peak_gold("rl", math.nan, math.nan))
+def test_the_best_point_within_the_data_is_the_fitted_curve_s_maximum_over_the_range():
+    # RL: d (a - b log d) has slope a - b (log d + 1): for b > 0 it peaks at d* = exp(a / b - 1), R = b d*.
+    best = scaling.best_in_range
+    e = math.e
+    assert best("rl", 1.0, 0.5, 6.0) == pytest.approx((e, 0.5 * e), rel=1e-12)  # d* = e inside the range
+    # d* beyond the data: the range's end, R(2) = 2 (1 - 0.5 log 2)
+    assert best("rl", 1.0, 0.5, 2.0) == pytest.approx((2.0, 2 - math.log(2)), rel=1e-12)
+    # falls and levels off (b < 0, d* = +inf): R(3) = 3 (-0.25 + 0.16 log 3) < 0, so its best is d = 0
+    assert best("rl", -0.25, -0.16, 3.0) == (0.0, 0.0)
+    # falls from the start after a blip: d* = exp(-3), R = 0.5 exp(-3)
+    assert best("rl", -1.0, 0.5, 1.0) == pytest.approx((math.exp(-3), 0.5 * math.exp(-3)), rel=1e-12)
+    # best-of-n: d (a - b d) peaks at a / 2b = 1, R = a^2 / 4b = 0.5
+    assert best("bon", 1.0, 0.5, 6.0) == pytest.approx((1.0, 0.5), rel=1e-12)
+    assert all(math.isnan(x) for x in best("rl", math.nan, math.nan, 1.0) + best("rl", 1.0, 0.5, 0.0))
+
+
+def test_the_rl_peak_of_a_nearly_linear_fit_is_infinite_not_an_overflow():
+    """exp(a / b - 1) overflows past ~709.8: a bootstrap resample that fits a near line must not stop
+    the report."""
+    assert oo.rl_peak(0.1, 1e-4) == math.inf and oo.rl_peak(7.0, 0.01) == pytest.approx(math.exp(699))
 
 
 def _family(alpha: float, beta: float, seeds, wobble: float):
@@ -38,10 +52,11 @@ def _family(alpha: float, beta: float, seeds, wobble: float):
 
 
 def test_more_pairs_peaking_later_and_higher_is_called_so_and_a_twin_is_not():
-    """Three proxies on 10 seeds: 128 pairs (a 0.2, b 0.1: d* = e, R 0.27), 4096 pairs (a 0.3: d* = e^2
-    = 7.39, R 0.74), and 1024 pairs with 128's curve (its twin): every resample gives the 4096 family the
-    later and higher peak (each seed's curve is exact, only alpha differs between seeds by +-0.0045), and
-    the twin a difference of exactly 0. The gold itself comes last, outside the comparisons."""
+    """Three proxies on 10 seeds (d up to 6): 128 pairs (a 0.2, b 0.1: d* = e, R = 0.1 e), 4096 pairs
+    (a 0.3: d* = e^2 = 7.39 beyond the data, so its best is at d = 6, R = 6 (0.3 - 0.1 log 6)), and 1024
+    pairs with 128's curve (its twin). Each seed's curve is exact, only alpha differs between seeds
+    (+-0.0045): every resample gives 4096 the later and higher best, the twin a difference of 0. The
+    gold itself comes last, outside the comparisons."""
     seeds = list(range(10))
     small, init = _family(0.2, 0.1, seeds, 0.001)
     big, _ = _family(0.3, 0.1, seeds, 0.001)
@@ -53,31 +68,43 @@ def test_more_pairs_peaking_later_and_higher_is_called_so_and_a_twin_is_not():
     )
     assert [r.pairs for r in rows] == [128, 1024, 4096, None]
     first, twin_row, top, ceiling = rows
-    assert first.d_peak == pytest.approx(math.e, rel=1e-9) and first.peak_gold == pytest.approx(0.1 * math.e)
-    assert top.d_peak == pytest.approx(math.e**2, rel=1e-9) and top.peak_gold == pytest.approx(
-        0.1 * math.e**2
-    )
-    assert first.d_peak_diff is None and ceiling.d_peak_diff is None and ceiling.peak_gold_diff is None
-    d_diff, g_diff = top.d_peak_diff, top.peak_gold_diff
-    assert d_diff[0] == pytest.approx(math.e**2 - math.e, rel=1e-9) and d_diff[1][0] > 0
-    assert g_diff[0] == pytest.approx(0.1 * (math.e**2 - math.e), rel=1e-9) and g_diff[1][0] > 0
+    assert (first.d_best, first.gold_best) == pytest.approx((math.e, 0.1 * math.e), rel=1e-9)
+    r_top = 6 * (0.3 - 0.1 * math.log(6))
+    assert top.d_peak == pytest.approx(math.e**2, rel=1e-9)
+    assert (top.d_best, top.gold_best) == pytest.approx((6.0, r_top), rel=1e-9)
+    assert first.d_best_diff is None and ceiling.d_best_diff is None and ceiling.gold_best_diff is None
+    d_diff, g_diff = top.d_best_diff, top.gold_best_diff
+    assert d_diff[0] == pytest.approx(6 - math.e, rel=1e-9) and d_diff[1][0] > 0
+    assert g_diff[0] == pytest.approx(r_top - 0.1 * math.e, rel=1e-9) and g_diff[1][0] > 0
     assert scaling.verdict(d_diff, "later", "earlier") == "later"
     assert scaling.verdict(g_diff, "higher", "lower") == "higher"
-    assert twin_row.d_peak_diff[0] == pytest.approx(0.0, abs=1e-9)
-    assert scaling.verdict(twin_row.peak_gold_diff, "higher", "lower") == "no difference detected"
+    # the twin: the same points, so 0 up to the fit's rounding
+    assert abs(twin_row.gold_best_diff[0]) < 1e-9 and max(map(abs, twin_row.gold_best_diff[1])) < 1e-9
     lines = scaling.section(rows, lambda x: f"{x:.3g}")
     assert any(ln.startswith("| b | 4096 | 10 |") and ln.endswith(": higher |") for ln in lines)
     assert any(ln.startswith("| g | the gold itself |") for ln in lines)
 
 
+def test_a_proxy_that_never_let_the_gold_rise_is_lower_and_earlier():
+    """4096 pairs whose gold falls and levels off (a -0.25, b -0.1: below 0 for d < e^2.5 = 12.2, so over
+    the data, d <= 6, its best is 0 at d = 0; d* = +inf) against
+    128 pairs that rise (best 0.1 e at d = e): lower and earlier, finite, not an infinite 'later'."""
+    seeds = list(range(10))
+    small, init = _family(0.2, 0.1, seeds, 0.001)
+    fall, _ = _family(-0.25, -0.1, seeds, 0.001)
+    _, top = scaling.scale({"a": (128, small, init), "b": (4096, fall, init)}, bootstrap=200)
+    assert top.d_peak == math.inf and (top.d_best, top.gold_best) == (0.0, 0.0)
+    assert scaling.verdict(top.gold_best_diff, "higher", "lower") == "lower"
+    assert scaling.verdict(top.d_best_diff, "later", "earlier") == "earlier"
+    assert scaling.verdict((math.nan, (math.nan, math.nan)), "higher", "lower") == "undetermined"
+
+
 def test_the_difference_is_paired_by_seed():
     """Each seed's whole gold curve scaled by its own k (0.5 .. 1.5), and the 4096 family's 1.1 times the
-    128 family's on every seed. Scaling a curve scales alpha and beta alike, so d* stays e and
-    R(d*) = 1.1 x the other's in every resample of the seeds: the paired difference's CI is above 0.
+    128 family's on every seed. Scaling a curve scales alpha and beta alike, so d* stays e and its R
+    is 1.1 x the other's in every resample of the seeds: the paired difference's CI is above 0.
     Resampled independently, the two families' mean k differ by more than the 10% between them, and
     that CI reaches below 0 (computed here by hand): the pairing is what the test sees."""
-    import numpy as np
-
     seeds = list(range(10))
     k = {s: 0.5 + s / 9 for s in seeds}
     a = [
@@ -88,18 +115,51 @@ def test_the_difference_is_paired_by_seed():
     b = [{**p, "gold": 1.1 * p["gold"]} for p in a]
     init = {s: {"gold": 0.0, "proxy": 0.0} for s in seeds}
     _, top = scaling.scale({"a": (128, a, init), "b": (4096, b, init)}, bootstrap=400)
-    assert top.peak_gold_diff[1][0] > 0 and top.d_peak == pytest.approx(math.e, rel=1e-9)
+    assert top.gold_best_diff[1][0] > 0 and top.d_best == pytest.approx(math.e, rel=1e-9)
     rng = np.random.default_rng(0)
 
-    def r_star(points, chosen):
+    def r_best(points, chosen):
         pts = [p for s in chosen for p in points if p["seed"] == s]
-        return scaling.peak_gold("rl", *oo.fit_rl_curve(*oo.deltas(pts, init, "gold")))
+        d, y = oo.deltas(pts, init, "gold")
+        return scaling.best_in_range("rl", *oo.fit_rl_curve(d, y), max(d))[1]
 
     unpaired = [
-        r_star(b, rng.choice(seeds, size=10).tolist()) - r_star(a, rng.choice(seeds, size=10).tolist())
+        r_best(b, rng.choice(seeds, size=10).tolist()) - r_best(a, rng.choice(seeds, size=10).tolist())
         for _ in range(400)
     ]
     assert oo._interval(unpaired)[0] < 0
+
+
+def test_a_family_missing_seeds_is_compared_on_the_seeds_both_have():
+    """The 4096 family holds seeds 0-4 only, each with the 128 family's exact curve (alpha spread over
+    the seeds): on the shared seeds the two are equal, so the difference and its CI are 0. Resampled
+    over all 10 seeds, the 4096 family would lose seeds the other keeps, and the CI would move off 0."""
+    seeds = list(range(10))
+    a, init = _family(0.3, 0.1, seeds, 0.02)
+    b = [p for p in a if p["seed"] < 5]
+    _, top = scaling.scale({"a": (128, a, init), "b": (4096, b, init)}, bootstrap=200)
+    assert top.seeds == 5 and abs(top.gold_best_diff[0]) < 1e-9
+    assert max(map(abs, top.gold_best_diff[1])) < 1e-9 and max(map(abs, top.d_best_diff[1])) < 1e-9
+
+
+def test_two_families_of_one_size_are_refused():
+    pts, init = _family(0.2, 0.1, [0, 1], 0.0)
+    with pytest.raises(PolgradError, match=r"one family per train\.rm_pairs value, got \[128, 128\]"):
+        scaling.scale({"a": (128, pts, init), "b": (128, pts, init)}, bootstrap=2)
+
+
+def test_pairs_of_reads_a_rows_reward_source_and_pairs():
+    gold = {"train.reward_source": "'task'", "train.rm_pairs": "None"}
+    assert scaling.pairs_of(gold) is None and scaling.is_gold(gold)
+    proxy_default = {"train.reward_source": "'reward_model'", "train.rm_pairs": "None"}
+    assert scaling.pairs_of(proxy_default) == 4096 and not scaling.is_gold(proxy_default)
+    assert scaling.pairs_of({"train.rm_pairs": "128"}) == 128 and not scaling.is_gold(
+        {"train.rm_pairs": "128"}
+    )
+    with pytest.raises(
+        PolgradError, match=r"^train\.rm_pairs = 'many' in the points: not a number of pairs$"
+    ):
+        scaling.pairs_of({"train.rm_pairs": "many"})
 
 
 def test_a_run_on_the_gold_itself_gives_points_whose_gold_is_its_reward(tmp_path):
@@ -125,11 +185,10 @@ def test_a_run_on_the_gold_itself_gives_points_whose_gold_is_its_reward(tmp_path
     assert pts[0]["gold"] == pts[0]["proxy"] == pytest.approx(0.1)
     # steps 1-5: reward (0.1 + ... + 0.5) / 5 = 0.3
     assert pts[1]["gold"] == pts[1]["proxy"] == pytest.approx(0.3, abs=1e-12)
-
-
-def test_pairs_of_reads_the_csv_cell():
-    assert scaling.pairs_of("4096") == 4096 and scaling.pairs_of(128) == 128
-    assert scaling.pairs_of("None") is None and scaling.pairs_of("") is None
+    # the same metrics in a run on a reward model: no gold is made up for it, so it gives no points
+    cell.update({"train.reward_source": "'reward_model'", "train.rm_pairs": "128"})
+    write_csv(tmp_path / "oo" / "oo.csv", [{**cell, "status": "ok", "run_dir": "oo/runs/c0"}])
+    assert points_stage(exp, tmp_path, tmp_path / "oo" / "oo_points.csv") == []
 
 
 def test_the_rl_form_is_the_one_the_scaling_fits():
