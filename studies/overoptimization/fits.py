@@ -43,6 +43,7 @@ from studies.overoptimization import SUFFIX as SUFFIX  # results/<experiment>/<e
 WINDOW = 5  # steps per point: 60-step runs give 12 points each
 BOOTSTRAP = 2000  # resamples of the seeds
 LEVEL = 0.95
+_MAX_EXP = math.log(sys.float_info.max)  # exp() of more overflows
 
 
 def run_points(rows: Sequence[Mapping[str, Any]], window: int = WINDOW) -> list[dict[str, float]]:
@@ -118,9 +119,6 @@ def rl_peak(alpha: float, beta: float) -> float:
         return 0.0
     exponent = alpha / beta - 1.0
     return math.inf if exponent > _MAX_EXP else math.exp(exponent)  # exp overflows past ~709.8
-
-
-_MAX_EXP = math.log(sys.float_info.max)
 
 
 def predict(form: str, alpha: float, beta: float, d: Sequence[float], c: float = 0.0) -> np.ndarray:

@@ -24,6 +24,7 @@ detected when it straddles 0; undetermined when no resample could be fitted. The
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,9 +90,9 @@ def _by_seed(points: Points) -> dict[int, list[Mapping[str, Any]]]:
     return out
 
 
-def _draws(seeds: Sequence[int], bootstrap: int, rng_seed: int) -> list[list[int]]:
+def _draws(seeds: Sequence[int], bootstrap: int, rng_seed: int) -> list[tuple[int, ...]]:
     rng = np.random.default_rng(rng_seed)
-    return [[int(s) for s in rng.choice(seeds, size=len(seeds), replace=True)] for _ in range(bootstrap)]
+    return [tuple(int(s) for s in rng.choice(seeds, size=len(seeds), replace=True)) for _ in range(bootstrap)]
 
 
 def scale(
@@ -115,7 +116,8 @@ def scale(
     smallest = next((f for f in order if families[f][0] is not None), None)
     split = {f: _by_seed(pts) for f, (_, pts, _) in families.items()}
 
-    def at(f: str, chosen: Sequence[int]) -> tuple[float, float]:
+    @functools.cache  # a family's own resamples and its paired ones are the same draws when it has every seed
+    def at(f: str, chosen: tuple[int, ...]) -> tuple[float, float]:
         return _best([p for s in chosen for p in split[f].get(s, [])], families[f][2], form)
 
     out = []
@@ -130,7 +132,7 @@ def scale(
         if pairs is not None and smallest is not None and f != smallest:
             shared = sorted(set(split[f]) & set(split[smallest]))
             if shared:
-                mine, theirs = at(f, shared), at(smallest, shared)
+                mine, theirs = at(f, tuple(shared)), at(smallest, tuple(shared))
                 paired = [(at(f, c), at(smallest, c)) for c in _draws(shared, bootstrap, rng_seed)]
                 for i, name in enumerate(("d_best", "gold_best")):
                     values = [a[i] - b[i] for a, b in paired]
