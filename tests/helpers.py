@@ -22,3 +22,22 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+
+
+def require(*names: str, env: str | None = None) -> None:
+    """Skip the calling test module where a package of `names` is not installed; with `env` set to 1 in
+    the environment (CI sets POLGRAD_REQUIRE_VLLM=1, whose set-up installs vLLM), a missing package is
+    a collection error instead. Found without importing it (importlib.util.find_spec): each xdist
+    worker collects every module, and importing vLLM, MLflow, W&B or TRL there (~2-6 CPU-s each) cost
+    every worker what only the one that runs the module needs; the tests import them when they run."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if not missing:
+        return
+    if env and os.environ.get(env) == "1":
+        raise ImportError(f"{', '.join(missing)} not installed, and {env}=1 requires it")
+    pytest.skip(f"{', '.join(missing)} not installed", allow_module_level=True)

