@@ -36,8 +36,11 @@ TIMING |= {"peak_mem_mb", "rollout_wait_s"}
 ASYNC_KEYS = {"staleness_mean", "staleness_max", "is_ratio_mean", "is_ratio_max", "is_ratio_min"}
 
 
-def _train(tmp_path: Path, name: str, bindings: list[str], force: bool = False, resume: bool = False):
-    """Two ranks under torchrun; (rank 0's metric rows without timings, the final weights)."""
+def _train(tmp_path: Path, *runs: tuple[str, list[str]], force: bool = False, resume: bool = False):
+    """Runs (name, bindings) in turn in the same two ranks, one torchrun launch (tests/async_worker.py):
+    for each, rank 0's metric rows without timings and the final weights. `force` forces the producer
+    in the runs after the first (the first is the synchronous reference); `resume` resumes the one
+    run given (a fresh launch: what a resumed run must not depend on is the process that saved it)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env.update(
         {
@@ -45,20 +48,24 @@ def _train(tmp_path: Path, name: str, bindings: list[str], force: bool = False, 
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
         }
     )
-    out = tmp_path / name
+    assert not resume or len(runs) == 1
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(TESTS / "async_worker.py"), *(["--force-async"] if force else []), GRPO]
-    for b in [*FAST, *bindings]:
-        cmd += ["--bind", b]
-    cmd += ["--out", str(out), "--no-progress", *(["--resume"] if resume else [])]
+    cmd += [str(TESTS / "async_worker.py")]
+    for i, (name, bindings) in enumerate(runs):
+        cmd += [*(["--then"] if i else []), *(["--force-async"] if force and i else []), GRPO]
+        for b in [*FAST, *bindings]:
+            cmd += ["--bind", b]
+        cmd += ["--out", str(tmp_path / name), "--no-progress", *(["--resume"] if resume else [])]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["world_size"] == 2
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows], load_policy(
-        str(out / "final")
-    ).state_dict()
+    out = []
+    for name, _ in runs:
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["world_size"] == 2
+        rows = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        weights = load_policy(str(tmp_path / name / "final")).state_dict()
+        out.append(([{k: v for k, v in r.items() if k not in TIMING} for r in rows], weights))
+    return out
 
 
 def _equal_weights(a, b) -> bool:
@@ -78,8 +85,10 @@ def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_
     test's (tests/rollout/test_async_rollouts.py, which fails when the snapshot does not copy them), its two
     ranks this test's."""
     z3 = ["train.zero_stage = 3"]
-    sync, w_sync = _train(tmp_path, "sync", z3)
-    asy, w_async = _train(tmp_path, "async", [*z3, "train.max_staleness = 0"], force=True)
+    # one launch: the synchronous run first, in ranks that have run nothing, then the forced producer
+    (sync, w_sync), (asy, w_async) = _train(
+        tmp_path, ("sync", z3), ("async", [*z3, "train.max_staleness = 0"]), force=True
+    )
     assert [r["staleness_max"] for r in asy] == [0.0] * 4
     assert [set(r) - set(s) for r, s in zip(asy, sync, strict=True)] == [ASYNC_KEYS] * 4
     assert [{k: r[k] for k in s} for r, s in zip(asy, sync, strict=True)] == sync
@@ -89,14 +98,15 @@ def test_async_at_zero3_and_world_size_2_with_staleness_zero_is_the_synchronous_
 @pytest.mark.cpu_matrix
 def test_a_resumed_async_run_at_world_size_2_ends_where_the_uninterrupted_one_ends(tmp_path):
     """At ZeRO-3, whose checkpoint is partitioned over the ranks (the ZeRO-2 case was dropped for time:
-    three 2-rank runs; a producer that ignores the checkpoint's saved versions still fails here)."""
+    three more 2-rank runs; a producer that ignores the checkpoint's saved versions still fails here)."""
     bind = ["train.max_staleness = 2", "Algorithm.clip = @clip.tis", "train.zero_stage = 3"]
-    full, w_full = _train(tmp_path, "full", bind)
+    # one launch: the uninterrupted run first, in ranks that have run nothing, then the cut one (its
+    # step-2 checkpoint is then resumed in a launch of its own)
+    (full, w_full), _ = _train(tmp_path, ("full", bind), ("cut", [*bind, "train.steps = 2"]))
     assert [r["staleness_max"] for r in full] == [0.0, 1.0, 2.0, 2.0]
     for r in full[1:]:  # stale rollouts: pi_old recomputed by the trainer differs from the behaviour policy
         assert r["is_ratio_max"] > 1.0 > r["is_ratio_min"] > 0.0, r
-    _train(tmp_path, "cut", [*bind, "train.steps = 2"])
-    resumed, w_resumed = _train(tmp_path, "cut", bind, resume=True)
+    ((resumed, w_resumed),) = _train(tmp_path, ("cut", bind), resume=True)
     strip = {"eval_accuracy"}  # the cut run evaluates at its end
     assert [{k: v for k, v in r.items() if k not in strip} for r in resumed] == [
         {k: v for k, v in r.items() if k not in strip} for r in full
