@@ -121,8 +121,12 @@ def batches(draw, max_t: int = 8, token_rewards: bool | None = None) -> Batch:
     gids = draw(st.permutations([g for g, n in zip(ids, sizes, strict=True) for _ in range(n)]))
     b = len(gids)
     t = draw(st.integers(1, max_t))
-    # Arbitrary 0/1 rows: trailing zeros are variable lengths, inner zeros are holes.
-    rows = draw(st.lists(st.lists(st.booleans(), min_size=t, max_size=t), min_size=b, max_size=b))
+    # Arbitrary 0/1 rows: trailing zeros are variable lengths, inner zeros are holes. Each row is drawn
+    # as one integer's t bits (one draw per row, not t: drawing booleans one by one was most of this
+    # module's time), which hypothesis pulls towards 0 and 2^t - 1 (empty and full rows) as it does any
+    # integer's bounds.
+    bits = draw(st.lists(st.integers(0, 2**t - 1), min_size=b, max_size=b))
+    rows = [[bool(n >> (t - 1 - j) & 1) for j in range(t)] for n in bits]
     pad = draw(st.none() | st.integers(0, b - 1))
     if pad is not None:
         rows[pad] = [False] * t
