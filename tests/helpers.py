@@ -28,7 +28,7 @@ def require(*names: str, env: str | None = None) -> None:
     """Skip the calling test module where a package of `names` is not installed; with `env` set to 1 in
     the environment (CI sets POLGRAD_REQUIRE_VLLM=1, whose set-up installs vLLM), a missing package is
     a collection error instead. Found without importing it (importlib.util.find_spec): each xdist
-    worker collects every module, and importing vLLM, MLflow, W&B or TRL there (~2-6 CPU-s each) cost
+    worker collects every module, and importing vLLM, MLflow or W&B there (~1-6 CPU-s each) cost
     every worker what only the one that runs the module needs; the tests import them when they run."""
     import importlib.util
     import os

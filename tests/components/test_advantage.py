@@ -121,12 +121,15 @@ def batches(draw, max_t: int = 8, token_rewards: bool | None = None) -> Batch:
     gids = draw(st.permutations([g for g, n in zip(ids, sizes, strict=True) for _ in range(n)]))
     b = len(gids)
     t = draw(st.integers(1, max_t))
-    # Arbitrary 0/1 rows: trailing zeros are variable lengths, inner zeros are holes. Each row is drawn
-    # as one integer's t bits (one draw per row, not t: drawing booleans one by one was most of this
-    # module's time), which hypothesis pulls towards 0 and 2^t - 1 (empty and full rows) as it does any
-    # integer's bounds.
+    # Arbitrary 0/1 rows: trailing zeros are variable lengths, inner zeros are holes. Each row is one
+    # integer's t bits, column j its bit j (one draw per row, not t: drawing booleans one by one was most
+    # of this module's time). Hypothesis draws such an integer about uniformly and more often at its
+    # bounds: over 6,000 rows at t = 8 (two runs), 2.5-3.4% empty and 0.7-1.9% full, against 1.0-1.3%
+    # and 0.2% with the booleans, holes and every length in between as before. It shrinks towards 0,
+    # i.e. towards rows whose later columns are masked. Measured up to t = 8 only:
+    assert max_t <= 8, "a longer row: check how hypothesis draws an integer of more than 8 bits first"
     bits = draw(st.lists(st.integers(0, 2**t - 1), min_size=b, max_size=b))
-    rows = [[bool(n >> (t - 1 - j) & 1) for j in range(t)] for n in bits]
+    rows = [[bool(n >> j & 1) for j in range(t)] for n in bits]
     pad = draw(st.none() | st.integers(0, b - 1))
     if pad is not None:
         rows[pad] = [False] * t
