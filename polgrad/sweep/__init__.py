@@ -232,6 +232,7 @@ them; experiment.json records both and the budget, whose statement heads the md 
                     Sweep.ray's settings
     ray_nodes.py    a node's copies of its cells: held while running, cleaned up after; its output
     memory.py       how many cells at a time fit in this machine's available memory
+    disk.py         whether the cells to run may write more than the results disk has free (a warning)
     cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
     tuning.py       Sweep.tuning: the tuning stage's cells, the choice, its binding in the evaluation
 """

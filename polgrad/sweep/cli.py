@@ -23,7 +23,7 @@ from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.results import paths
 from polgrad.results.migrate import refuse_old_layout
-from polgrad.sweep import folder, memory, pilot_gate, processes, tuning
+from polgrad.sweep import disk, folder, memory, pilot_gate, processes, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -157,6 +157,10 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
             parallel, lowered = memory.fit(exp.name, parallel, run_dirs.values(), exp.processes_per_cell)
             if lowered:
                 print(lowered, file=sys.stderr)
+    finished = [run_dirs[c.id] for c in cells if c.id not in {t.id for t in todo}]
+    short = disk.check(exp.name, Path(results_dir), finished, len(todo))  # warns, refuses nothing
+    if short:
+        print(short, file=sys.stderr)
     at_a_time = f", {parallel} at a time" if parallel and todo else ""
     print(
         f"{exp.name}: {len(cells)} cells, {skipped} already finished, {len(todo)} to run "

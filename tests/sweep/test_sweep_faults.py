@@ -146,6 +146,45 @@ def test_parallel_cells_are_lowered_to_what_fits_in_available_memory(tmp_path, c
     assert [r["status"] for r in csv_rows(out / "exp" / "exp.csv")] == ["ok"] * 3
 
 
+def test_the_disk_estimate_is_the_largest_finished_run_folder_times_the_cells_to_run(tmp_path):
+    from polgrad.sweep import disk
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d, size in zip(dirs, (1000, 3000), strict=True):
+        (d / "checkpoints").mkdir(parents=True)
+        (d / "checkpoints" / "w.pt").write_bytes(b"x" * size)
+        (d / "metrics.jsonl").write_bytes(b"y" * 24)
+    assert disk.folder_bytes(dirs[1]) == 3024 and disk.folder_bytes(tmp_path / "gone") == 0
+    # 4 cells of up to 3024 bytes: 12,096 bytes against 12,095 free warns, against 12,096 does not
+    line = disk.check("x", tmp_path, dirs, 4, free=12_095)
+    assert line.startswith("warning: x: the 4 cells to run may write about 4 × 0.00 GiB") and "\n" not in line
+    assert disk.check("x", tmp_path, dirs, 4, free=12_096) is None
+    assert disk.check("x", tmp_path, [], 4, free=0) is None  # nothing finished: nothing to estimate from
+    assert disk.check("x", tmp_path, dirs, 0, free=0) is None  # nothing to run
+    assert disk.free_bytes(tmp_path / "not" / "yet") == disk.free_bytes(tmp_path)  # its existing parent
+
+
+def test_a_sweep_whose_cells_may_not_fit_on_the_disk_warns_and_runs_them(tmp_path, capsys, monkeypatch):
+    """A re-run with one cell finished and two to run, on a disk with room for less than two of its run
+    folders: one line says so before any cell starts, and every cell still runs."""
+    from polgrad.sweep import disk
+
+    out = tmp_path / "r"
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1]}\nSweep.seeds = [0]\n")
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    (run,) = (out / "exp" / "runs").iterdir()
+    size = disk.folder_bytes(run)
+    monkeypatch.setattr(disk, "free_bytes", lambda _: int(1.5 * size))
+    capsys.readouterr()
+    path = write_exp(tmp_path, "Sweep.grid = {'fake_train.lr': [0.1, 0.2, 0.3]}\nSweep.seeds = [0]\n")
+    assert sweep.main([str(path), "--results", str(out)]) == 0
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("warning: exp: the 2 cells to run")]
+    assert f"but the disk of {out} has" in line and "runs/<cell>/checkpoints" in line
+    assert err.index(line) < err.index("1 already finished, 2 to run")  # before any cell starts
+    assert [r["status"] for r in csv_rows(out / "exp" / "exp.csv")] == ["ok"] * 3
+
+
 def test_the_memory_estimate_is_the_finished_cells_peak_times_the_ranks(tmp_path):
     from polgrad.sweep import memory
 
