@@ -149,7 +149,8 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
     )
     if rebuilt:
         print(rebuilt, file=sys.stderr)
-    todo = [cell for cell in cells if not is_finished(run_dirs[cell.id])]
+    done = {c.id for c in cells if is_finished(run_dirs[c.id])}
+    todo = [cell for cell in cells if cell.id not in done]
     skipped = len(cells) - len(todo)
     if parallel and todo:  # no more at a time than there are cells to run, nor than fit in memory here
         parallel = min(parallel, len(todo))
@@ -157,8 +158,8 @@ def _run(exp, cells, *, results_dir, parallel, executor, train_module, ray_addre
             parallel, lowered = memory.fit(exp.name, parallel, run_dirs.values(), exp.processes_per_cell)
             if lowered:
                 print(lowered, file=sys.stderr)
-    finished = [run_dirs[c.id] for c in cells if c.id not in {t.id for t in todo}]
-    short = disk.check(exp.name, Path(results_dir), finished, len(todo))  # warns, refuses nothing
+    # warns, refuses nothing
+    short = disk.check(exp.name, Path(results_dir), [run_dirs[i] for i in done], len(todo))
     if short:
         print(short, file=sys.stderr)
     at_a_time = f", {parallel} at a time" if parallel and todo else ""
