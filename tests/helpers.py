@@ -25,11 +25,14 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def require(*names: str, env: str | None = None) -> None:
-    """Skip the calling test module where a package of `names` is not installed; with `env` set to 1 in
-    the environment (CI sets POLGRAD_REQUIRE_VLLM=1, whose set-up installs vLLM), a missing package is
-    a collection error instead. Found without importing it (importlib.util.find_spec): each xdist
-    worker collects every module, and importing vLLM, MLflow or W&B there (~1-6 CPU-s each) cost
-    every worker what only the one that runs the module needs; the tests import them when they run."""
+    """Skip the calling test module where a package of `names` is not installed, on a machine set up
+    without the test extras (`bash .ci/setup` without --test): the one skip a contributor may see, and
+    never a passing test. Where the set-up installed them it is a collection error instead:
+    POLGRAD_REQUIRE_EXTRAS=1 (.ci/run sets it, as `.ci/setup --test` installs every package a module
+    asks for here), or `env` set to 1 (POLGRAD_REQUIRE_VLLM, the older name the vLLM modules pass).
+    Found without importing it (importlib.util.find_spec): each xdist worker collects every module,
+    and importing vLLM, MLflow or W&B there (~1-6 CPU-s each) cost every worker what only the one that
+    runs the module needs; the tests import them when they run."""
     import importlib.util
     import os
 
@@ -38,6 +41,7 @@ def require(*names: str, env: str | None = None) -> None:
     missing = [n for n in names if importlib.util.find_spec(n) is None]
     if not missing:
         return
-    if env and os.environ.get(env) == "1":
-        raise ImportError(f"{', '.join(missing)} not installed, and {env}=1 requires it")
+    for var in ("POLGRAD_REQUIRE_EXTRAS", env):
+        if var and os.environ.get(var) == "1":
+            raise ImportError(f"{', '.join(missing)} not installed, and {var}=1 requires it")
     pytest.skip(f"{', '.join(missing)} not installed", allow_module_level=True)
