@@ -2,7 +2,8 @@
 
 `section(record)` formats experiment.json's "tuning" (written by polgrad/sweep/tuning.py: the grid, the
 tuning seeds and metric, and per configuration the values tuned, the chosen ones and the mean over
-the tuning seeds of every value); an experiment without a tuning stage gets no section.
+the tuning seeds of every value; with `chosen_by`, the experiment whose tuning stage chose, under
+Sweep.tuned_by); an experiment without a tuning stage gets no section.
 `tuned_note` is the sentence the findings add where two configurations ran at different tuned values.
 """
 
@@ -29,16 +30,23 @@ def section(record: dict[str, Any] | None) -> list[str]:
         return []
     direction = "highest" if record.get("higher_is_better", True) else "lowest"
     grid = "; ".join(f"`{k}` ∈ {{{', '.join(vals)}}}" for k, vals in record["grid"].items())
+    source = record.get("chosen_by")  # Sweep.tuned_by: another experiment's tuning stage chose
+    runs = f"../{source}/{record['experiment']}" if source else record["experiment"]
     lines = [
         "",
         "## Tuning",
         "",
         f"Each configuration's {', '.join(f'`{k}`' for k in record['grid'])} were chosen before this "
-        f"evaluation, on the tuning seeds {', '.join(map(str, record['seeds']))} (disjoint from the "
+        + (
+            f"evaluation, by {source}'s tuning stage and not re-tuned here (Sweep.tuned_by), "
+            if source
+            else "evaluation, "
+        )
+        + f"on the tuning seeds {', '.join(map(str, record['seeds']))} (disjoint from the "
         f"evaluation seeds): the value with the {direction} mean {record['metric']} over those seeds (ties: "
         "the first value declared; a value with an unstable or failed tuning run is not ranked). A binding "
         "a configuration does not read (the KL coefficient without a KL term) is not tuned there. Grid: "
-        f"{grid}. The tuning runs: {record['experiment']}/{record['experiment']}.md.",
+        f"{grid}. The tuning runs: {runs}/{record['experiment']}.md.",
         "",
         f"| configuration | chosen | mean {record['metric']} per value (tuning seeds) |",
         "|---|---|---|",

@@ -61,6 +61,9 @@ That is 2 specs × 4 × 2 × 2 grid points × 3 seeds = 96 cells. `Sweep` parame
 | `tuning`             | `None`            | {'seeds': [ints], 'grid': {axis: values}[, 'metric':   |
 |                      |                   | m, 'higher_is_better': b, 'at_edge': why]}: a tuning   |
 |                      |                   | stage run first (see "Tuning stage" below)             |
+| `tuned_by`           | `None`            | another experiment's name: bind the values its tuning  |
+|                      |                   | stage chose, not re-tuned (a replication; "Tuning      |
+|                      |                   | stage" below)                                          |
 | `budget`             | `None`            | (unit, value per step): what every cell gets equally,  |
 |                      |                   | 'sampled_sequences', 'generated_tokens' (each sets the |
 |                      |                   | cells' prompts per step and stop) or 'optimizer_steps' |
@@ -159,8 +162,17 @@ the choice changes under evaluation cells that already ran (a tuning cell re-run
 sweep stops with one line naming them for `--restart`. A choice at an edge of a numeric axis of at
 least 3 values (its best may lie beyond the grid) blocks the evaluation cells, in one line naming
 each, until the grid is extended past that edge (finished tuning cells are kept) or `'at_edge'` says
-in a sentence why the edge may stand; the md quotes it. `'at_edge'` is not in the cell ids. The
-code: polgrad/sweep/tuning.py.
+in a sentence why the edge may stand; the md quotes it. `'at_edge'` is not in the cell ids.
+
+    Sweep.tuning = None
+    Sweep.tuned_by = 'kl_ablation'
+
+runs no tuning stage: each configuration's evaluation cells bind the values experiment `kl_ablation`'s
+tuning stage chose for it (its results/kl_ablation/experiment.json, in the same --results folder), as a
+replication on new seeds should: re-tuning could choose differently by chance, and the two experiments
+would then compare different things. The sweep refuses in one line when that record is missing, has no
+choice for one of this experiment's configurations, or was tuned on one of its seeds; the md's Tuning
+section says which experiment chose. The code: polgrad/sweep/tuning.py.
 
 ## Running
 

@@ -58,7 +58,8 @@ def run(
     `restart` (cell ids) and `restart_failed` (every cell the CSV records as failed) start cells over
     from scratch: their run folders are moved aside (`folder.restart`), their CSV rows replaced when they end.
     With a tuning stage (`exp.tuning`, a `tuning.Plan`) its experiment runs first, then the evaluation
-    cells with the chosen values bound (`tuning.bind`)."""
+    cells with the chosen values bound (`tuning.bind`); with `exp.tuned_by`, the values another
+    experiment's tuning stage chose (`tuning.borrow`)."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
     folder.check_results_folder(results_dir)
@@ -90,6 +91,8 @@ def run(
         exp, cells = tuning.bind(exp, cells, Path(results_dir), restart)
         if restart or any(not is_finished(runs / c.id) for c in cells):
             tuning.check_edges(exp)  # an edge choice blocks the evaluation unless the gin says why
+    elif exp.tuned_by is not None:  # another experiment's tuning stage chose: its record binds
+        exp, cells = tuning.borrow(exp, cells, Path(results_dir), restart)
     exp_dir = paths.folder(exp.name, results_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
     with folder.sweep_lock(exp_dir):

@@ -49,6 +49,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "question": "",
     "predictions": [],
     "tuning": None,  # checked and expanded by polgrad.sweep.tuning
+    "tuned_by": None,  # another experiment whose tuning stage's choice the cells bind (polgrad.sweep.tuning)
     "budget": None,
     "studies": [],  # study plug-ins (polgrad/results/studies.py), by module name
     "pilot": None,  # the pilot CSV the gate reads (polgrad/sweep/pilot_gate.py)
@@ -89,6 +90,8 @@ class Experiment:
     ray: RaySettings = dataclasses.field(default_factory=RaySettings)  # Sweep.ray (--executor ray)
     # Sweep.tuning as written; polgrad.sweep.tuning.plan replaces it by a checked tuning.Plan
     tuning: Any = None
+    # Sweep.tuned_by: the experiment whose recorded tuning choice the evaluation cells bind, not re-tuned
+    tuned_by: str | None = None
     budget: Budget | None = None  # Sweep.budget (polgrad/sweep/budget.py)
     studies: list[str] = dataclasses.field(default_factory=list)  # Sweep.studies: modules, checked
     pilot_gate: Any = None  # Sweep.pilot_gate and Sweep.pilot, read (pilot_gate.Gate) or None
@@ -262,6 +265,25 @@ def load_experiment(path: str) -> Experiment:
     if timeout_s is not None and (not is_real(timeout_s) or timeout_s <= 0):
         raise _fail(file, where("timeout_s"), "must be a positive number of seconds or None")
 
+    tuned_by = param("tuned_by")
+    if tuned_by is not None:
+        if not isinstance(tuned_by, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", tuned_by):
+            raise _fail(
+                file,
+                where("tuned_by"),
+                f"must be an experiment's name (Sweep.name of the experiment whose tuning stage chose the "
+                f"values), got {gin_text(tuned_by)}",
+            )
+        if param("tuning") is not None:
+            raise _fail(
+                file,
+                where("tuned_by"),
+                f"the values come from {tuned_by}'s tuning stage, so this experiment tunes nothing itself: "
+                "add Sweep.tuning = None (an included file may set it)",
+            )
+        if tuned_by == name:
+            raise _fail(file, where("tuned_by"), f"names this experiment ({name}): name the one that tuned")
+
     budget = _budget.read(file, param("budget"), where("budget"))
     _budget.check_file(file, budget, fixed, axes)
     baseline = _read_baseline(file, param("baseline"), specs, axes, where)
@@ -309,6 +331,7 @@ def load_experiment(path: str) -> Experiment:
         timeout_s=timeout_s,
         lines=lines,
         tuning=param("tuning"),
+        tuned_by=tuned_by,
         budget=budget,
         studies=list(studies),
         pilot_gate=gate,

@@ -93,6 +93,8 @@ def expand(exp: Experiment) -> list[Cell]:
     fixed = [b.text for b in exp.fixed]
     # A tuning stage's values are bound later (polgrad/sweep/tuning.py); its declaration is in the id
     tuned = [f"Sweep.tuning = {gin_text(_declaration(exp.tuning))}"] if exp.tuning is not None else []
+    # values chosen by another experiment's tuning stage are bound at the start too: its name is in the id
+    tuned += [f"Sweep.tuned_by = {gin_text(exp.tuned_by)}"] if exp.tuned_by is not None else []
     for spec, spec_path in zip(exp.specs, exp.spec_paths, strict=True):
         for combo in itertools.product(*[values for _, values in exp.axes]):
             swept: list[tuple[str, str]] = []

@@ -102,6 +102,7 @@ DESIGNS = {
     "length_bias_pilot": {"grpo": 8, "dr_grpo": 8},
     "length_bias_checks": {"grpo": 8, "dr_grpo": 8},
     "length_bias_checks_pilot": {"grpo": 8, "dr_grpo": 8},
+    "length_bias_checks_replication": {"grpo": 8, "dr_grpo": 8},
     "overoptimization_scaling": {"grpo": 8},
     "overoptimization_scaling_pilot": {"grpo": 8},
     "value_init": {"ppo": 64},

@@ -450,3 +450,144 @@ def test_a_configuration_whose_tuning_runs_all_failed_is_not_called_an_edge_choi
     assert edge_count(record | {"seeds": [10], "metric": "m", "experiment": "x"}) == 0
     lines = section(record | {"seeds": [10], "metric": "m", "experiment": "x"})
     assert not any("at the grid's edge" in ln for ln in lines)
+
+
+# ------------------------------------------------------------------------------ Sweep.tuned_by
+def replication(tmp_path: Path, original: Path, seeds: str = "[2, 3]", extra: str = "") -> Path:
+    """A replication of `original` on other seeds that binds the original's tuning choice."""
+    path = tmp_path / "rep.gin"
+    path.write_text(
+        f"include '{original}'\n"
+        "Sweep.name = 'rep'\n"
+        f"Sweep.seeds = {seeds}\n"
+        "Sweep.tuning = None\n"
+        "Sweep.tuned_by = 'exp'\n" + extra
+    )
+    return path
+
+
+def test_tuned_by_binds_the_originals_choice_and_tunes_nothing(tuned, capsys):
+    """The replication runs no tuning cell: each of its runs trains at the lr the original's tuning runs
+    scored best for its configuration (worked out here from those runs' own summaries), its
+    experiment.json carries the original's record marked chosen_by, and its md says who chose."""
+    path, out = tuned
+    means = _means(out / "exp" / "exp_tuning")
+    best = {kl: max(LRS, key=lambda lr: means[(kl, lr)]) for kl in ("@fakekl.k1", "@fakekl.k2")}
+    rep = replication(path.parent, path)
+    assert sweep.main([str(rep), "--dry-run"]) == 0
+    assert "come from exp's tuning stage, not re-tuned" in capsys.readouterr().out
+    assert sweep.main([str(rep), "--results", str(out)]) == 0
+    assert not (out / "rep" / "rep_tuning").exists()
+    runs = summaries(out / "rep")
+    assert len(runs) == 4
+    for cid in runs:
+        cell = json.loads((out / "rep" / "runs" / cid / "cell.json").read_text())["cell"]
+        kl = dict(map(tuple, cell["swept"]))["fake_train.kl"]
+        assert cell["seed"] in (2, 3)
+        assert f"fake_train.lr = {best[kl]}\n" in (out / "rep" / "runs" / cid / "config.gin").read_text()
+    original = json.loads((out / "exp" / "experiment.json").read_text())["tuning"]
+    record = json.loads((out / "rep" / "experiment.json").read_text())["tuning"]
+    assert record == {**original, "chosen_by": "exp"}
+    section = (out / "rep" / "rep.md").read_text().split("## Tuning\n", 1)[1].split("\n## ", 1)[0]
+    assert "by exp's tuning stage and not re-tuned here (Sweep.tuned_by)" in section, section
+    assert "The tuning runs: ../exp/exp_tuning/exp_tuning.md." in section, section
+    assert (out / "rep" / "../exp/exp_tuning/exp_tuning.md").exists()
+    row = next(ln for ln in section.splitlines() if ln.startswith("| spec_a · fake_train.kl=@fakekl.k2 |"))
+    assert f"| `fake_train.lr = {best['@fakekl.k2']}`" in row, row
+
+
+def test_tuned_by_is_in_the_cell_ids(tuned):
+    path, _ = tuned
+    rep = replication(path.parent, path)
+    _, cells = prepare(str(rep))
+    rep.write_text(rep.read_text().replace("Sweep.tuned_by = 'exp'\n", ""))
+    _, plain = prepare(str(rep))
+    assert len(cells) == len(plain) == 4
+    assert not {c.id for c in cells} & {c.id for c in plain}
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_tuned_by_before_the_original_ran_is_one_line(tmp_path, capsys):
+    original = fake_exp(tmp_path, DECL)
+    rep = replication(tmp_path, original)
+    out = tmp_path / "results"
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {rep}: line 5: Sweep.tuned_by: {out / 'exp' / 'experiment.json'} "), err
+    assert "does not exist: exp's sweep has not chosen its values yet" in err, err
+    assert not (out / "rep" / "runs").exists()
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_tuned_by_an_experiment_that_tuned_nothing_is_one_line(tmp_path, capsys):
+    original = fake_exp(tmp_path, "None")
+    out = tmp_path / "results"
+    assert sweep.main([str(original), "--results", str(out)]) == 0
+    capsys.readouterr()
+    assert sweep.main([str(replication(tmp_path, original)), "--results", str(out)]) == 2
+    assert "records no tuning choice: exp has no tuning stage (Sweep.tuning)" in one_line_error(capsys)
+
+
+def test_tuned_by_on_a_tuning_seed_or_another_configuration_is_one_line(tuned, capsys):
+    path, out = tuned
+    rep = replication(path.parent, path, seeds="[3, 10]")
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "exp tuned on seed 10, which this experiment evaluates (Sweep.seeds = [3, 10])" in err, err
+    rep = replication(path.parent, path, extra="Sweep.grid = {'fake_train.kl': [@fakekl.k2, @fakekl.k3]}\n")
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "exp's tuning stage chose nothing for 1 of this experiment's 2 configurations: " in err, err
+    assert "spec_a · fake_train.kl=@fakekl.k3; it chose for: spec_a · fake_train.kl=@fakekl.k1, " in err, err
+    assert not (out / "rep" / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        ("", "Sweep.tuned_by: the values come from exp's tuning stage, so this experiment tunes nothing"),
+        ("Sweep.tuning = None\nSweep.tuned_by = 'rep'\n", "Sweep.tuned_by: names this experiment (rep)"),
+        ("Sweep.tuning = None\nSweep.tuned_by = 3\n", "Sweep.tuned_by: must be an experiment's name"),
+    ],
+)
+@pytest.mark.usefixtures("fake_trainer")
+def test_a_bad_tuned_by_is_one_line_naming_the_file(tmp_path, capsys, extra, says):
+    path = tmp_path / "rep.gin"
+    body = f"include '{fake_exp(tmp_path, DECL)}'\nSweep.name = 'rep'\nSweep.seeds = [2, 3]\n"
+    path.write_text(body + (extra or "Sweep.tuned_by = 'exp'\n"))
+    assert sweep.main([str(path), "--dry-run"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {path}: line "), err
+    assert says in err, err
+
+
+def test_a_borrowed_choice_that_changed_under_started_runs_is_refused(tuned, capsys):
+    """The original's record changes after the replication ran (here by hand: k2's choice becomes
+    0.3): the replication's k2 cells trained at another lr, so it stops in one line naming them."""
+    path, out = tuned
+    rep = replication(path.parent, path)
+    assert sweep.main([str(rep), "--results", str(out)]) == 0
+    meta_file = out / "exp" / "experiment.json"
+    meta = json.loads(meta_file.read_text())
+    for c in meta["tuning"]["configurations"]:
+        if c["config"]["fake_train.kl"] == "@fakekl.k2":
+            c["chosen"] = {"fake_train.lr": "0.3"}
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    k2 = sorted(p.name for p in (out / "rep" / "runs").iterdir() if "-k2-" in p.name)
+    assert len(k2) == 2 and all(cid in err for cid in k2), err
+    assert "chooses fake_train.lr = 0.3 for spec_a · fake_train.kl=@fakekl.k2" in err, err
+
+
+def test_tuned_by_a_replication_names_the_experiment_that_tuned(tuned, capsys):
+    path, out = tuned
+    rep = replication(path.parent, path)
+    assert sweep.main([str(rep), "--results", str(out)]) == 0
+    again = path.parent / "again.gin"
+    again.write_text(f"include '{rep}'\nSweep.name = 'again'\nSweep.seeds = [4]\nSweep.tuned_by = 'rep'\n")
+    capsys.readouterr()
+    assert sweep.main([str(again), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "Sweep.tuned_by: rep did not tune: its values come from exp; name that one" in err, err
