@@ -11,7 +11,10 @@ which (`SEQUENCES`, `STEPS`). Against sequences, the seeds are averaged at commo
 (`sequences_band`: each seed interpolated between its own points), so a run whose seeds sample
 differently per step (DAPO) still draws means over all its seeds. An experiment whose primary
 metric is logged per step (`STEP_METRICS`: kl_exact) gets a third row of curves, that metric
-smoothed as the train reward is.
+smoothed as the train reward is. An experiment that asks about response lengths (its primary metric
+or a prediction is one of store.LENGTH_COLUMNS, as length_bias_checks') gets a row of length curves:
+the train samples' mean length of wrong responses (solid) and of right ones (dashed), smoothed so
+(Liu et al. 2025: a length bias shows as the wrong ones growing apart from the right ones).
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ STEPS = "optimizer step"
 # per-step metrics (metrics.jsonl) that get a row of curves when they are the experiment's primary
 # metric: kl_ablation asks about kl_exact, which the accuracy and reward rows do not show
 STEP_METRICS = ("kl_exact", "kl")
+# the row of response lengths (plot(..., lengths=True)): wrong responses drawn solid, right ones dashed
+WRONG_LEN = "wrong-response length"
+RIGHT_LEN = "right-response length"
+LENGTH_SERIES = ((WRONG_LEN, "response_len_incorrect"), (RIGHT_LEN, "response_len_correct"))
 
 
 def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
@@ -57,13 +64,17 @@ def ema(values: Sequence[float], span: int = EMA_SPAN) -> list[float]:
 Curve = tuple[dict[int, float], "dict[int, float] | None"]  # one seed's {step: value}, {step: sequences}
 
 
-def seed_curves(run_dirs: Sequence[Path], extra: Sequence[str] = ()) -> dict[str, list[Curve]]:
+def seed_curves(
+    run_dirs: Sequence[Path], extra: Sequence[str] = (), lengths: bool = False
+) -> dict[str, list[Curve]]:
     """Per kind, per seed: ({step: value}, {step: cumulative sampled sequences} or None when a metrics
     row lacks `sampled_sequences`; 0 at step 0). Kinds: smoothed train reward (EMA), eval accuracy
     (eval.jsonl), for a run trained on a reward model its smoothed gold reward (`GOLD`:
     metrics.jsonl's `gold_reward_mean`, the task verifier's reward of the same samples), and each
-    per-step metric of `extra` (`STEP_METRICS`, e.g. kl_exact), smoothed the same way. A seed's values
-    and its counts stay paired: a seed without evaluations is left out of that kind only."""
+    per-step metric of `extra` (`STEP_METRICS`, e.g. kl_exact), smoothed the same way, and with
+    `lengths` the mean lengths of wrong and right responses (`LENGTH_SERIES`; a step without such a
+    response is no point, the EMA runs over the steps that had one). A seed's values and its counts
+    stay paired: a seed without evaluations is left out of that kind only."""
     from polgrad.evaluation import read_evals
 
     out: dict[str, list[Curve]] = {"train reward": [], "eval accuracy": []}
@@ -75,7 +86,8 @@ def seed_curves(run_dirs: Sequence[Path], extra: Sequence[str] = ()) -> dict[str
         if m:
             ys = ema([r["reward_mean"] for r in m])
             out["train reward"].append((dict(zip((int(r["step"]) for r in m), ys, strict=True)), seq))
-        for kind, key in ((GOLD, "gold_reward_mean"), *((k, k) for k in extra)):
+        series = ((GOLD, "gold_reward_mean"), *((k, k) for k in extra), *(LENGTH_SERIES if lengths else ()))
+        for kind, key in series:
             g = [r for r in rows if isinstance(r.get(key), (int, float))]
             if g:  # GOLD: a run trained on a reward model, the task verifier's reward of the same samples
                 ys = ema([r[key] for r in g])
@@ -174,6 +186,13 @@ def band_limits(kind: str, mean: Sequence[float], half: Sequence[float]) -> tupl
     )
 
 
+def _row_name(kind: str) -> str:
+    """A bottom row's name in the figure's title."""
+    if kind == WRONG_LEN:
+        return "the response lengths of wrong (solid) and right (dashed) train samples"
+    return kind
+
+
 TITLE_CHARS = 36  # a panel title's line at 9.5 pt: ~0.08 in a character, inside a 3.7 in column
 
 
@@ -198,6 +217,7 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
         [lab for lab in figs.order if lab in figs.curves] or [lab for lab in labels if lab != ref] or [ref]
     )
     step_kinds = [k for k in STEP_METRICS if any(k in c for c in figs.curves.values())]
+    step_kinds += [WRONG_LEN] if any(WRONG_LEN in c or RIGHT_LEN in c for c in figs.curves.values()) else []
     kinds = ("eval accuracy", "train reward", *step_kinds)
     per = len(kinds)  # panel rows per configuration
     ncols = min(4, len(panels))
@@ -217,6 +237,11 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
         for ax, kind in zip(pair, kinds, strict=True):
             shown = [(ref, "0.45")] if ref and lab != ref else []
             for who, color in [*shown, (lab, "0.45" if lab == ref else "tab:blue")]:
+                if kind == WRONG_LEN and RIGHT_LEN in figs.curves.get(who, {}):  # the right ones, dashed
+                    steps, mean, half = figs.curves[who][RIGHT_LEN]
+                    ax.plot(steps, mean, color=color, ls="--", lw=1.5)
+                    lo, hi = band_limits(kind, mean, half)
+                    ax.fill_between(steps, lo, hi, color=color, alpha=0.08, lw=0)
                 if kind not in figs.curves.get(who, {}):
                     continue
                 steps, mean, half = figs.curves[who][kind]
@@ -229,7 +254,8 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
                     ax.plot(steps, mean, color=color, ls="--", lw=1.5)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=8.5)
-            if kind not in figs.curves.get(lab, {}):
+            drawn = figs.curves.get(lab, {})
+            if kind not in drawn and not (kind == WRONG_LEN and RIGHT_LEN in drawn):
                 ax.text(
                     0.98,
                     0.05,
@@ -241,8 +267,9 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
                     color="tab:blue",
                 )
             if i % ncols == 0:
+                name = "response length,\ntokens" if kind == WRONG_LEN else kind
                 ax.set_ylabel(
-                    kind if kind == "eval accuracy" else f"{kind}\n(EMA span {EMA_SPAN})", fontsize=9
+                    name if kind == "eval accuracy" else f"{name}\n(EMA span {EMA_SPAN})", fontsize=9
                 )
         n_seeds = figs.seeds.get(lab, 0)
         title = f"{lab} ({n_seeds} seed{'s' if n_seeds != 1 else ''})" if lab else ""
@@ -269,11 +296,23 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
             if any(GOLD in c for c in figs.curves.values())
             else []
         ),
+        *(
+            [
+                Line2D([], [], color="0.2", lw=1.5, label="response length: wrong responses (solid)"),
+                Line2D([], [], color="0.2", lw=1.5, ls="--", label="response length: right responses"),
+            ]
+            if WRONG_LEN in step_kinds
+            else []
+        ),
     ]
     width = 3.7 * ncols + 0.7
     title = textwrap.fill(
         f"{experiment}: per configuration, held-out accuracy (top; step 0 = the start) and train reward "
-        + (f"(middle) and {', '.join(step_kinds)} (bottom; both " if step_kinds else "(bottom; ")
+        + (
+            f"(middle) and {', '.join(map(_row_name, step_kinds))} (bottom; both "
+            if step_kinds
+            else "(bottom; "
+        )
         + f"EMA of span {EMA_SPAN} steps, a = 2/{EMA_SPAN + 1}, per seed); line = mean over seeds, "
         "band = 95% CI of that mean over seeds (Student t)",
         width=int(width * 10.5),

@@ -62,7 +62,7 @@ from polgrad.results.health import failed_keys
 from polgrad.results.layout import PANEL_IN  # noqa: F401 (re-exported: the figures' panel width)
 from polgrad.results.paths import runs_dir
 from polgrad.results.predictions import margin_bands, tost_rows
-from polgrad.results.store import unread_columns
+from polgrad.results.store import LENGTH_COLUMNS, unread_columns
 
 FIGURES_JSON = "figures.json"  # results/<experiment>/figures.json: what each PNG shows (Figures.drawn)
 
@@ -271,13 +271,15 @@ def plot(
     # metric (kl_exact) gets its own row
     per_config = {}
     extra = [primary_metric] if primary_metric in STEP_METRICS else []
+    # an experiment that asks about response lengths gets their curves (wrong and right responses)
+    lengths = any(str(m) in LENGTH_COLUMNS for m in [primary_metric, *(p["metric"] for p in predictions)])
     for k in keys:
         dirs = [
             Path(results_dir) / r["run_dir"]
             for r in ok
             if r.get("run_dir") and tuple(str(r.get(c, "")) for c in group_columns) == k
         ]
-        per_config[label(k)] = seed_curves([d for d in dirs if d.is_dir()], extra)
+        per_config[label(k)] = seed_curves([d for d in dirs if d.is_dir()], extra, lengths)
     # against sampled sequences only when every seed of every configuration with curves counted them
     seeds = [q for per in per_config.values() for c in per.values() for _, q in c]
     counted = bool(seeds) and all(q is not None for q in seeds)

@@ -830,3 +830,44 @@ def test_a_kl_primary_experiment_draws_its_kl_curves_in_a_row_of_their_own(tmp_p
         "kl_exact" not in plain.curves["up"]
         and len([a for a in plain.curves_figure.axes if a.get_ylabel()]) == 2
     )
+
+
+def test_an_experiment_about_lengths_draws_wrong_and_right_response_lengths(tmp_path):
+    """A prediction about len_incorrect_change (length_bias_checks') gives the curves a row of response
+    lengths: the train samples' mean length of wrong responses (solid) and right ones (dashed), each
+    smoothed as the reward is; a step without wrong responses is no point of that curve. An experiment
+    that asks nothing about lengths keeps its two rows."""
+    from polgrad.results.curves import RIGHT_LEN, WRONG_LEN
+
+    rows = _rows()
+    _write_runs(tmp_path, rows)
+    for r in rows:  # seed s: wrong 40 + 2t + s, right 30 + s; step 3 had no wrong response
+        path = tmp_path / r["run_dir"] / "metrics.jsonl"
+        lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+        s = int(r["seed"])
+        out = []
+        for m in lines:
+            wrong = None if m["step"] == 3 else 40.0 + 2 * m["step"] + s
+            out.append(m | {"response_len_incorrect": wrong, "response_len_correct": 30.0 + s})
+        path.write_text("".join(json.dumps(m) + "\n" for m in out))
+    about = {"claim": "up's wrong ones grow", "config": {"spec": "up"}, "metric": "len_incorrect_change"}
+    about |= {"expected": "higher", "margin": None}
+    figs = _plot(tmp_path, rows, predictions=[about])
+    x, mean, _ = figs.curves["up"][WRONG_LEN]
+    # per seed, the points 42, 44, 48 (+ s) at steps 1, 2, 4; EMA a = 2/11: 42, 42 + 4/11,
+    # (42 + 4/11) + (2/11)(48 - 42 - 4/11); the offsets s average to 1
+    second = 42 + 4 / 11
+    assert x == [1, 2, 4] and mean == pytest.approx([43, second + 1, second + (2 / 11) * (48 - second) + 1])
+    x, mean, _ = figs.curves["up"][RIGHT_LEN]
+    assert x == [1, 2, 3, 4] and mean == pytest.approx([31.0] * 4, abs=1e-12)
+    labels = [a.get_ylabel() for a in figs.curves_figure.axes if a.get_ylabel()]
+    assert labels[-1] == "response length,\ntokens\n(EMA span 10)", labels
+    axes = [a for a in figs.curves_figure.axes if a.get_ylabel() == labels[-1]][0]
+    assert sorted(line.get_linestyle() for line in axes.get_lines()) == ["-", "-", "--", "--"]
+    assert "wrong (solid) and right (dashed)" in figs.curves_figure._suptitle.get_text().replace("\n", " ")
+    assert {WRONG_LEN, RIGHT_LEN} <= set(figs.drawn()["curves"]["series"])
+    plain = _plot(tmp_path, rows)
+    assert (
+        WRONG_LEN not in plain.curves["up"]
+        and len([a for a in plain.curves_figure.axes if a.get_ylabel()]) == 2
+    )
