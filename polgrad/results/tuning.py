@@ -70,7 +70,8 @@ def section(record: dict[str, Any] | None) -> list[str]:
             f"of its numeric grid: {'; '.join(at_edges)}. Their best value may lie beyond the grid; a grid "
             "extended past that edge would say."
             + (
-                f" The experiment keeps the edge (Sweep.tuning['at_edge']): {record['at_edge']}"
+                f" {f'{source} keeps the edge (its ' if source else 'The experiment keeps the edge ('}"
+                f"Sweep.tuning['at_edge']): {record['at_edge']}"
                 if record.get("at_edge")
                 else ""
             ),

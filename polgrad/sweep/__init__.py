@@ -165,14 +165,19 @@ each, until the grid is extended past that edge (finished tuning cells are kept)
 in a sentence why the edge may stand; the md quotes it. `'at_edge'` is not in the cell ids.
 
     Sweep.tuning = None
-    Sweep.tuned_by = 'kl_ablation'
+    Sweep.tuned_by = 'length_bias_checks'
 
-runs no tuning stage: each configuration's evaluation cells bind the values experiment `kl_ablation`'s
-tuning stage chose for it (its results/kl_ablation/experiment.json, in the same --results folder), as a
-replication on new seeds should: re-tuning could choose differently by chance, and the two experiments
-would then compare different things. The sweep refuses in one line when that record is missing, has no
-choice for one of this experiment's configurations, or was tuned on one of its seeds; the md's Tuning
-section says which experiment chose. The code: polgrad/sweep/tuning.py.
+runs no tuning stage: each configuration's evaluation cells bind the values experiment
+`length_bias_checks`' tuning stage chose for it (its results/length_bias_checks/experiment.json, in the
+same --results folder), as a replication on new seeds should: re-tuning could choose differently by
+chance, and the two experiments would then compare different things. Configurations are matched by
+spec and swept bindings (in any axis order); the replication may cover fewer of them. The sweep
+refuses in one line when that record is missing or unreadable, has no choice for one of this
+experiment's configurations (or its tuning cells all failed there), was tuned on one of its seeds, or
+was itself borrowed (name the experiment that tuned). `Sweep.tuned_by` goes into the cell ids; a record
+that changed under evaluation cells already run is refused as above, naming them for `--restart`. The
+dry run prints the values it would bind, or why not yet. The md's Tuning section names the experiment
+that chose. The code: polgrad/sweep/tuning.py and polgrad/sweep/borrow.py.
 
 ## Running
 
@@ -247,6 +252,7 @@ them; experiment.json records both and the budget, whose statement heads the md 
     disk.py         whether the cells to run may write more than the results disk has free (a warning)
     cli.py          main, prepare, run (lock, skip finished cells, record CSV rows, report)
     tuning.py       Sweep.tuning: the tuning stage's cells, the choice, its binding in the evaluation
+    borrow.py       Sweep.tuned_by: the values another experiment's tuning stage chose, bound
 """
 
 from polgrad.sweep.cli import main, prepare, run

@@ -23,7 +23,7 @@ from polgrad import results as _results
 from polgrad.errors import PolgradError, WriteError, did_you_mean, is_write_failure, write_error
 from polgrad.results import paths
 from polgrad.results.migrate import refuse_old_layout
-from polgrad.sweep import disk, folder, memory, pilot_gate, processes, tuning
+from polgrad.sweep import borrow, disk, folder, memory, pilot_gate, processes, tuning
 from polgrad.sweep.executors import EXECUTORS, PREFLIGHT
 from polgrad.sweep.experiment import DEFAULT_TRAIN_MODULE, TRAIN_MODULE_ENV, Experiment, load_experiment
 from polgrad.sweep.grid import Cell, expand
@@ -59,7 +59,7 @@ def run(
     from scratch: their run folders are moved aside (`folder.restart`), their CSV rows replaced when they end.
     With a tuning stage (`exp.tuning`, a `tuning.Plan`) its experiment runs first, then the evaluation
     cells with the chosen values bound (`tuning.bind`); with `exp.tuned_by`, the values another
-    experiment's tuning stage chose (`tuning.borrow`)."""
+    experiment's tuning stage chose (`borrow.borrow`)."""
     if executor not in EXECUTORS:
         raise PolgradError(f"unknown executor '{executor}'; valid: {', '.join(EXECUTORS)}")
     folder.check_results_folder(results_dir)
@@ -92,7 +92,7 @@ def run(
         if restart or any(not is_finished(runs / c.id) for c in cells):
             tuning.check_edges(exp)  # an edge choice blocks the evaluation unless the gin says why
     elif exp.tuned_by is not None:  # another experiment's tuning stage chose: its record binds
-        exp, cells = tuning.borrow(exp, cells, Path(results_dir), restart)
+        exp, cells = borrow.borrow(exp, cells, Path(results_dir), restart)
     exp_dir = paths.folder(exp.name, results_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
     with folder.sweep_lock(exp_dir):
@@ -294,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             folder.check_results_folder(args.results)
         exp, cells = prepare(args.experiment, train_module)
         if args.dry_run:
-            print(tuning.format_stages(exp, cells))
+            if exp.tuned_by is not None:
+                print(borrow.format_stages(exp, cells, args.results))
+            else:
+                print(tuning.format_stages(exp, cells))
             if exp.pilot_gate is not None:
                 record, why = pilot_gate.state(exp)
                 passed = "; ".join(c["metric"] for c in record["conditions"]) if record else ""

@@ -18,7 +18,7 @@ from typing import Any
 from polgrad import results as _results
 from polgrad.errors import PolgradError
 from polgrad.results import paths
-from polgrad.sweep import budget, processes, tuning
+from polgrad.sweep import borrow, budget, processes, tuning
 from polgrad.sweep.experiment import Experiment
 from polgrad.sweep.grid import Cell
 
@@ -167,7 +167,7 @@ def write_experiment_json(exp, cells, results_dir: Path, command: str, gate=None
         "budget": budget.record(exp.budget, cells),
         "cells": [{**cell_meta(c), "spec_path": _results.repo_relative(c.spec_path, root)} for c in cells],
     }
-    if isinstance(exp.tuning, (tuning.Plan, tuning.Borrowed)):  # chosen here, or by Sweep.tuned_by
+    if isinstance(exp.tuning, (tuning.Plan, borrow.Borrowed)):  # chosen here, or by Sweep.tuned_by
         meta["tuning"] = exp.tuning.record
     if gate is not None:  # the check that let the cells start (_run); its outcome, for the md
         meta["pilot_gate"] = gate

@@ -23,13 +23,8 @@ grid makes new cells, and a choice that changed under evaluation runs already st
 line. A choice at an edge of a numeric axis of 3 or more values blocks the evaluation (`check_edges`)
 unless the optional 'at_edge' says why it may stand (not in the cell ids: grid.TUNING_NOTES).
 
-`Sweep.tuned_by = 'X'` (with no Sweep.tuning of its own) runs no tuning stage: `borrow` binds in each
-configuration's evaluation cells the value experiment X's tuning stage chose for it, as recorded in
-results/X/experiment.json (the same --results folder): a replication on new seeds evaluates the
-configurations at the values the original chose, rather than re-tuning them (a second choice could
-differ by chance, and the two experiments would then compare different things). It refuses in one line
-when X has no recorded choice, chose nothing for one of these configurations, or tuned on one of these
-seeds; the record, with `chosen_by`, goes into this experiment's experiment.json and md.
+`Sweep.tuned_by = 'X'` binds the choice of another experiment's tuning stage instead:
+polgrad/sweep/borrow.py.
 """
 
 from __future__ import annotations
@@ -91,14 +86,6 @@ class Plan:
     cells: list[Cell]
     groups: list[Group]
     record: dict[str, Any] | None = None  # experiment.json's "tuning", once chosen
-
-
-@dataclasses.dataclass(frozen=True)
-class Borrowed:
-    """Sweep.tuned_by, read: the experiment that tuned, and its record as this experiment binds it."""
-
-    source: str
-    record: dict[str, Any]  # the source's experiment.json "tuning", with "chosen_by": source
 
 
 def declared(exp: Experiment) -> Declared | None:
@@ -323,83 +310,21 @@ def bind(
     _check_unchanged(exp, [c for c in cells if c.id not in restart], chosen, results_dir)
     out = []
     for c in cells:
-        tuned = [f"{k} = {v}" for k, v in chosen[(("spec", c.spec_name), *c.swept)].items()]
+        tuned = [f"{k} = {v}" for k, v in chosen[_cell_config(c)].items()]
         out.append(dataclasses.replace(c, bindings=_with(c, tuned, exp.seed_binding, c.seed)))
     return dataclasses.replace(exp, tuning=dataclasses.replace(p, record=record)), out
 
 
-def borrow(
-    exp: Experiment, cells: Sequence[Cell], results_dir: Path, restart: Sequence[str] = ()
-) -> tuple[Experiment, list[Cell]]:
-    """The evaluation cells with the values `exp.tuned_by`'s tuning stage chose for their configuration
-    bound (before the seed), read from its experiment.json; one PolgradError line when it cannot be."""
-    src = exp.tuned_by
-    where = (
-        f"{exp.file}: line {exp.lines['tuned_by']}: Sweep.tuned_by"
-        if "tuned_by" in exp.lines
-        else (f"{exp.file}: Sweep.tuned_by")
-    )
-    meta = paths.meta_path(src, results_dir)
-    try:
-        record = json.loads(meta.read_text()).get("tuning")
-    except FileNotFoundError:
-        raise PolgradError(
-            f"{where}: {meta} does not exist: {src}'s sweep has not chosen its values yet in {results_dir} "
-            f"(run it first, with the same --results), or the name is wrong"
-        ) from None
-    except (OSError, ValueError, AttributeError) as e:
-        raise PolgradError(f"{where}: cannot read {meta}: {e}") from None
-    if not isinstance(record, dict) or not record.get("configurations"):
-        raise PolgradError(
-            f"{where}: {meta} records no tuning choice: {src} has no tuning stage (Sweep.tuning), so there "
-            "is nothing to bind; tune here with Sweep.tuning instead"
-        )
-    if record.get("chosen_by"):  # a choice that was itself borrowed: name where it was made
-        raise PolgradError(
-            f"{where}: {src} did not tune: its values come from {record['chosen_by']}; name that one"
-        )
-    both = sorted(set(record.get("seeds", [])) & set(exp.seeds))
-    if both:
-        raise PolgradError(
-            f"{where}: {src} tuned on seed{'s' if len(both) > 1 else ''} {', '.join(map(str, both))}, which "
-            f"this experiment evaluates (Sweep.seeds = {gin_text(exp.seeds)}): values tuned on the seeds "
-            "they are evaluated on flatter them; evaluate on other seeds"
-        )
-    chosen = {tuple(c["config"].items()): c for c in record["configurations"]}
-    mine = list(dict.fromkeys((("spec", c.spec_name), *c.swept) for c in cells))
-    missing = [_label(k) for k in mine if k not in chosen]
-    if missing:
-        raise PolgradError(
-            f"{where}: {src}'s tuning stage chose nothing for {len(missing)} of this experiment's "
-            f"{len(mine)} configurations: {', '.join(missing)}; it chose for: "
-            f"{', '.join(_label(k) for k in chosen)}"
-        )
-    failed = [_label(k) for k in mine if chosen[k].get("note")]
-    if failed:
-        raise PolgradError(
-            f"{where}: {src}'s tuning stage has no choice for {', '.join(failed)} (no value finished ok on "
-            f"every tuning seed: {chosen[failed[0]]['note']}); finish its tuning cells first"
-        )
-    record = {
-        **record,
-        "chosen_by": src,
-        "configurations": [chosen[k] for k in mine],  # this experiment's, in its order
-    }
-    values = {k: chosen[k]["chosen"] for k in mine}
-    _check_unchanged(exp, [c for c in cells if c.id not in restart], values, results_dir)
-    out = [
-        dataclasses.replace(
-            c,
-            bindings=_with(
-                c,
-                [f"{k} = {v}" for k, v in values[(("spec", c.spec_name), *c.swept)].items()],
-                exp.seed_binding,
-                c.seed,
-            ),
-        )
-        for c in cells
-    ]
-    return dataclasses.replace(exp, tuning=Borrowed(src, record)), out
+def _key(config) -> tuple[str, frozenset]:
+    """A configuration as (spec, its swept bindings as a set), from a record's "config" dict or a
+    cell's (('spec', name), *swept) tuple: two experiments that declare the same axes in another
+    order name the same configurations."""
+    items = list(config.items() if isinstance(config, dict) else config)
+    return str(dict(items).get("spec", "")), frozenset((k, v) for k, v in items if k != "spec")
+
+
+def _cell_config(c: Cell) -> tuple[tuple[str, str], ...]:
+    return (("spec", c.spec_name), *c.swept)
 
 
 def _with(cell: Cell, tuned: Sequence[str], seed_binding: str, seed: int) -> tuple[str, ...]:
@@ -409,23 +334,27 @@ def _with(cell: Cell, tuned: Sequence[str], seed_binding: str, seed: int) -> tup
     return (*(b for b in cell.bindings if b != own), *tuned, f"{seed_binding} = {seed}")
 
 
-def _check_unchanged(exp: Experiment, cells: Sequence[Cell], chosen: dict, results_dir: Path) -> None:
-    """Refuse a choice that differs from the one the configuration's started evaluation cells ran with."""
+def _check_unchanged(
+    exp: Experiment, cells: Sequence[Cell], chosen: dict, results_dir: Path, whose: str = "the tuning stage"
+) -> None:
+    """Refuse a choice that differs from the one the configuration's started evaluation cells ran with
+    (`chosen`: by `_key`); `whose` names where the choice is made in the line."""
     try:
         before = json.loads(paths.meta_path(exp.name, results_dir).read_text()).get("tuning") or {}
     except (OSError, ValueError):
         return
+    chosen = {_key(k): v for k, v in chosen.items()}
     for c in before.get("configurations", []):
-        key = tuple(c["config"].items())
+        key = _key(c["config"])
         if key not in chosen or chosen[key] == c["chosen"]:
             continue
-        started = [x.id for x in cells if (("spec", x.spec_name), *x.swept) == key]
+        started = [x.id for x in cells if _key(_cell_config(x)) == key]
         started = [i for i in started if (paths.runs_dir(exp.name, results_dir) / i).exists()]
         if started:
             raise PolgradError(
-                f"{exp.file}: the tuning stage now chooses {_text(chosen[key])} for {_label(key)} "
-                f"(its evaluation cells ran with {_text(c['chosen'])}: the tuning results changed since); "
-                f"start them over with --restart {' '.join(started)}"
+                f"{exp.file}: {whose} now chooses {_text(chosen[key])} for "
+                f"{_label(tuple(c['config'].items()))} (its evaluation cells ran with {_text(c['chosen'])}: "
+                f"the tuning results changed since); start them over with --restart {' '.join(started)}"
             )
 
 
@@ -440,16 +369,6 @@ def _label(config: tuple) -> str:
 def format_stages(exp: Experiment, cells: Sequence[Cell]) -> str:
     """--dry-run: the tuning cells, then the evaluation cells and where their tuned values come from."""
     p = exp.tuning
-    if exp.tuned_by is not None:
-        return "\n".join(
-            [
-                format_cells(exp, cells),
-                f"The evaluation cells' tuned bindings come from {exp.tuned_by}'s tuning stage, not "
-                "re-tuned: per configuration, the value it chose, as "
-                f"results/{exp.tuned_by}/experiment.json records it (read when the sweep starts; missing "
-                "there, the sweep refuses)",
-            ]
-        )
     if not isinstance(p, Plan):
         return format_cells(exp, cells)
     untuned = [

@@ -538,7 +538,7 @@ def test_tuned_by_on_a_tuning_seed_or_another_configuration_is_one_line(tuned, c
     assert sweep.main([str(rep), "--results", str(out)]) == 2
     err = one_line_error(capsys)
     assert "exp's tuning stage chose nothing for 1 of this experiment's 2 configurations: " in err, err
-    assert "spec_a · fake_train.kl=@fakekl.k3; it chose for: spec_a · fake_train.kl=@fakekl.k1, " in err, err
+    assert "spec_a · fake_train.kl=@fakekl.k3 (it chose for: spec_a · fake_train.kl=@fakekl.k1, " in err, err
     assert not (out / "rep" / "runs").exists()
 
 
@@ -591,3 +591,84 @@ def test_tuned_by_a_replication_names_the_experiment_that_tuned(tuned, capsys):
     assert sweep.main([str(again), "--results", str(out)]) == 2
     err = one_line_error(capsys)
     assert "Sweep.tuned_by: rep did not tune: its values come from exp; name that one" in err, err
+
+
+def test_a_borrowed_choice_that_changed_takes_the_new_value_when_its_cells_restart(tuned, capsys):
+    path, out = tuned
+    rep = replication(path.parent, path)
+    assert sweep.main([str(rep), "--results", str(out)]) == 0
+    meta_file = out / "exp" / "experiment.json"
+    meta = json.loads(meta_file.read_text())
+    for c in meta["tuning"]["configurations"]:
+        if c["config"]["fake_train.kl"] == "@fakekl.k2":
+            c["chosen"] = {"fake_train.lr": "0.3"}
+    meta_file.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {rep}: Sweep.tuned_by: exp's record ({meta_file}) now chooses "), err
+    k2 = sorted(p.name for p in (out / "rep" / "runs").iterdir() if "-k2-" in p.name)
+    assert sweep.main([str(rep), "--results", str(out), "--restart", *k2]) == 0
+    for cid in k2:
+        assert "fake_train.lr = 0.3\n" in (out / "rep" / "runs" / cid / "config.gin").read_text()
+    record = json.loads((out / "rep" / "experiment.json").read_text())["tuning"]
+    assert {c["config"]["fake_train.kl"]: c["chosen"]["fake_train.lr"] for c in record["configurations"]}[
+        "@fakekl.k2"
+    ] == "0.3"
+
+
+def test_tuned_by_where_the_originals_tuning_failed_is_one_line_with_the_command(tuned, capsys):
+    """A configuration none of whose tuning values finished on every seed is recorded with a note (the
+    original evaluates it at the first value): the replication refuses it, saying how to finish."""
+    path, out = tuned
+    meta_file = out / "exp" / "experiment.json"
+    meta = json.loads(meta_file.read_text())
+    meta["tuning"]["configurations"][0]["note"] = "no value finished ok on every tuning seed: the first"
+    meta_file.write_text(json.dumps(meta))
+    rep = replication(path.parent, path)
+    assert sweep.main([str(rep), "--dry-run", "--results", str(out)]) == 0
+    dry = capsys.readouterr().out
+    assert f"not re-tuned ({meta_file}): not yet: the sweep would refuse: exp's tuning stage made" in dry, dry
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert "exp's tuning stage made no choice for spec_a · fake_train.kl=@fakekl.k1 (no value finished" in err
+    assert f"--results {out} --restart-failed)" in err, err
+    meta["tuning"]["configurations"][0].pop("chosen")
+    meta_file.write_text(json.dumps(meta))
+    assert sweep.main([str(rep), "--results", str(out)]) == 2
+    assert "tuning record is malformed (a configuration without 'config' or 'chosen')" in one_line_error(
+        capsys
+    )
+
+
+@pytest.mark.usefixtures("fake_trainer")
+def test_tuned_by_matches_configurations_whatever_the_order_of_the_axes(tmp_path, capsys):
+    """The original sweeps kl then sleep_s, the replication sleep_s then kl: the same four
+    configurations, each bound the value the original chose for it (the dry run says which)."""
+    grid = "{'fake_train.kl': [@fakekl.k1, @fakekl.k2], 'fake_train.sleep_s': [0.0, 0.001]}"
+    original = fake_exp(tmp_path, DECL.replace("[10, 11]", "[10]"))
+    original.write_text(
+        original.read_text().replace(
+            "Sweep.grid = {'fake_train.kl': [@fakekl.k1, @fakekl.k2]}", f"Sweep.grid = {grid}"
+        )
+    )
+    out = tmp_path / "results"
+    assert sweep.main([str(original), "--results", str(out)]) == 0
+    swapped = "{'fake_train.sleep_s': [0.0, 0.001], 'fake_train.kl': [@fakekl.k1, @fakekl.k2]}"
+    rep = replication(tmp_path, original, seeds="[5]", extra=f"Sweep.grid = {swapped}\n")
+    capsys.readouterr()
+    assert sweep.main([str(rep), "--dry-run", "--results", str(out)]) == 0
+    dry = capsys.readouterr().out
+    assert "spec_a · fake_train.kl=@fakekl.k2 · fake_train.sleep_s=0.001: fake_train.lr = " in dry, dry
+    assert sweep.main([str(rep), "--results", str(out)]) == 0
+    chosen = {
+        (c["config"]["fake_train.kl"], c["config"]["fake_train.sleep_s"]): c["chosen"]["fake_train.lr"]
+        for c in json.loads((out / "exp" / "experiment.json").read_text())["tuning"]["configurations"]
+    }
+    runs = summaries(out / "rep")
+    assert len(runs) == 4
+    for cid in runs:
+        cell = json.loads((out / "rep" / "runs" / cid / "cell.json").read_text())["cell"]
+        swept = dict(map(tuple, cell["swept"]))
+        lr = chosen[(swept["fake_train.kl"], swept["fake_train.sleep_s"])]
+        assert f"fake_train.lr = {lr}\n" in (out / "rep" / "runs" / cid / "config.gin").read_text()
