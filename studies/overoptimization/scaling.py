@@ -13,9 +13,11 @@ Here the proxy's preference pairs are the axis (experiments/overoptimization_sca
                 this never extrapolates: a curve that falls and levels off (beta < 0) has d* = +inf,
                 a proxy that never let the gold rise has gold_best = 0 near d = 0
     CIs         2,000 resamples of the family's own seeds (the unit: a warm start, its reward models,
-                a prompt stream)
-    difference  of a family and the family with the fewest pairs, in both quantities, the seeds the
-                two share resampled together (paired: the same seeds for both)
+                a prompt stream), for alpha and beta (the fit of each resample's points) as for the
+                best point
+    difference  of a family and the family with the fewest pairs, in alpha, beta and both quantities
+                of the best point, the seeds the two share resampled together (paired: the same seeds
+                for both)
 
 A difference is called higher (lower) only when its 95% CI lies above (below) 0; no difference is
 detected when it straddles 0; undetermined when no resample could be fitted. The gold itself
@@ -56,11 +58,16 @@ def best_in_range(form: str, alpha: float, beta: float, d_max: float) -> tuple[f
     return float(candidates[i]), float(values[i])
 
 
-def _best(points: Points, starts: Starts, form: str) -> tuple[float, float]:
+def _fit_best(points: Points, starts: Starts, form: str) -> tuple[float, float, float, float]:
+    """(alpha, beta, d best, R best) of the points' fit; NaNs without points."""
     if not points:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan, math.nan
     d, y = oo.deltas(points, starts, "gold")
-    return best_in_range(form, *oo.FITS[form](d, y), max(d))
+    alpha, beta = oo.FITS[form](d, y)
+    return (alpha, beta, *best_in_range(form, alpha, beta, max(d)))
+
+
+QUANTITIES = ("alpha", "beta", "d_best", "gold_best")  # _fit_best's, in its order
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,9 @@ class Scaled:
     family: str
     pairs: int | None  # None: the gold itself (no proxy)
     alpha: float
+    alpha_ci: tuple[float, float]
     beta: float
+    beta_ci: tuple[float, float]
     d_peak: float  # the unconstrained d* (may lie outside the data, or be +inf)
     d_best: float
     d_best_ci: tuple[float, float]
@@ -79,6 +88,8 @@ class Scaled:
     d_max: float
     seeds: int
     # against the family with the fewest pairs (None for that family and for the gold)
+    alpha_diff: tuple[float, tuple[float, float]] | None = None
+    beta_diff: tuple[float, tuple[float, float]] | None = None
     d_best_diff: tuple[float, tuple[float, float]] | None = None
     gold_best_diff: tuple[float, tuple[float, float]] | None = None
 
@@ -117,8 +128,8 @@ def scale(
     split = {f: _by_seed(pts) for f, (_, pts, _) in families.items()}
 
     @functools.cache  # a family's own resamples and its paired ones are the same draws when it has every seed
-    def at(f: str, chosen: tuple[int, ...]) -> tuple[float, float]:
-        return _best([p for s in chosen for p in split[f].get(s, [])], families[f][2], form)
+    def at(f: str, chosen: tuple[int, ...]) -> tuple[float, float, float, float]:
+        return _fit_best([p for s in chosen for p in split[f].get(s, [])], families[f][2], form)
 
     out = []
     for f in order:
@@ -134,7 +145,7 @@ def scale(
             if shared:
                 mine, theirs = at(f, tuple(shared)), at(smallest, tuple(shared))
                 paired = [(at(f, c), at(smallest, c)) for c in _draws(shared, bootstrap, rng_seed)]
-                for i, name in enumerate(("d_best", "gold_best")):
+                for i, name in enumerate(QUANTITIES):
                     values = [a[i] - b[i] for a, b in paired]
                     diffs[name] = (mine[i] - theirs[i], oo._interval(values))
         out.append(
@@ -142,14 +153,18 @@ def scale(
                 family=f,
                 pairs=pairs,
                 alpha=alpha,
+                alpha_ci=oo._interval([b[0] for b in boot]),
                 beta=beta,
+                beta_ci=oo._interval([b[1] for b in boot]),
                 d_peak=oo.PEAKS[form](alpha, beta),
                 d_best=best[0],
-                d_best_ci=oo._interval([b[0] for b in boot]),
+                d_best_ci=oo._interval([b[2] for b in boot]),
                 gold_best=best[1],
-                gold_best_ci=oo._interval([b[1] for b in boot]),
+                gold_best_ci=oo._interval([b[3] for b in boot]),
                 d_max=max(d, default=math.nan),
                 seeds=len(split[f]),
+                alpha_diff=diffs.get("alpha"),
+                beta_diff=diffs.get("beta"),
                 d_best_diff=diffs.get("d_best"),
                 gold_best_diff=diffs.get("gold_best"),
             )
@@ -173,8 +188,8 @@ def verdict(diff: tuple[float, tuple[float, float]] | None, up: str, down: str) 
 
 
 def section(rows: Sequence[Scaled], fmt: Callable[[float], str]) -> list[str]:
-    """The md section: per family its fit and its best point within the data with CIs, and each proxy's
-    paired differences to the proxy with the fewest pairs."""
+    """The md section: per family its fit (alpha, beta) and its best point within the data with CIs, and
+    each proxy's paired differences to the proxy with the fewest pairs in all four."""
     if not any(r.pairs is not None for r in rows):
         return []
     smallest = next(r for r in rows if r.pairs is not None)
@@ -185,13 +200,14 @@ def section(rows: Sequence[Scaled], fmt: Callable[[float], str]) -> list[str]:
         "",
         "The best point within the data: the fitted curve's maximum over 0 ≤ d ≤ d max, at d best, "
         "of fitted gold gain R best (0 when the gold never rose; d* is the unconstrained peak, which "
-        "may lie beyond the data). Differences are to the proxy with the fewest pairs "
-        f"({smallest.pairs}), over the seeds both have, resampled together; called higher or lower only "
-        "when the 95% CI excludes 0. In experiments/overoptimization_scaling.gin the row with the most "
-        "pairs carries P1 (R best) and P2 (d best).",
+        "may lie beyond the data). Every bracket is a 95% CI over resamples of the family's seeds (alpha "
+        "and beta refitted on each). Differences are to the proxy with the fewest pairs "
+        f"({smallest.pairs}), over the seeds both have, resampled together; called higher or lower "
+        "(later or earlier) only when the 95% CI excludes 0. In experiments/overoptimization_scaling.gin "
+        "the row with the most pairs carries P1 (R best) and P2 (d best).",
         "",
-        "| family | pairs | seeds | alpha | beta | d* | d best | 95% CI | R best | 95% CI | d max "
-        "| d best − fewest (95% CI) | R best − fewest (95% CI) |",
+        "| family | pairs | seeds | alpha | beta | d* | d best | R best | d max "
+        "| alpha − fewest | beta − fewest | d best − fewest | R best − fewest |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -200,12 +216,15 @@ def section(rows: Sequence[Scaled], fmt: Callable[[float], str]) -> list[str]:
             return "–"
         return f"{fmt(d[0])} [{fmt(d[1][0])}, {fmt(d[1][1])}]: {verdict(d, up, down)}"
 
+    def ci(value: float, interval: tuple[float, float]) -> str:
+        return f"{fmt(value)} [{fmt(interval[0])}, {fmt(interval[1])}]"
+
     for r in rows:
         lines.append(
             f"| {r.family} | {r.pairs if r.pairs is not None else 'the gold itself'} | {r.seeds} "
-            f"| {fmt(r.alpha)} | {fmt(r.beta)} | {fmt(r.d_peak)} | {fmt(r.d_best)} "
-            f"| [{fmt(r.d_best_ci[0])}, {fmt(r.d_best_ci[1])}] "
-            f"| {fmt(r.gold_best)} | [{fmt(r.gold_best_ci[0])}, {fmt(r.gold_best_ci[1])}] | {fmt(r.d_max)} "
+            f"| {ci(r.alpha, r.alpha_ci)} | {ci(r.beta, r.beta_ci)} | {fmt(r.d_peak)} "
+            f"| {ci(r.d_best, r.d_best_ci)} | {ci(r.gold_best, r.gold_best_ci)} | {fmt(r.d_max)} "
+            f"| {diff(r.alpha_diff, 'higher', 'lower')} | {diff(r.beta_diff, 'higher', 'lower')} "
             f"| {diff(r.d_best_diff, 'later', 'earlier')} | {diff(r.gold_best_diff, 'higher', 'lower')} |"
         )
     return lines

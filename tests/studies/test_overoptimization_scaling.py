@@ -80,8 +80,23 @@ def test_more_pairs_peaking_later_and_higher_is_called_so_and_a_twin_is_not():
     assert scaling.verdict(g_diff, "higher", "lower") == "higher"
     # the twin: the same points, so 0 up to the fit's rounding
     assert abs(twin_row.gold_best_diff[0]) < 1e-9 and max(map(abs, twin_row.gold_best_diff[1])) < 1e-9
+    # alpha and beta: every seed's curve is exact and shares the d grid, so a resample's pooled least
+    # squares fit has beta = 0.1 and alpha = the mean of its seeds' alphas, 0.2 + 0.001 (mean of the
+    # chosen seeds - 4.5), inside 0.2 +- 0.0045; 4096's alpha is 0.1 above 128's on every seed, so the
+    # paired difference is 0.1 in every resample (to the fit's rounding) and beta's is 0
+    assert (first.alpha, first.beta) == pytest.approx((0.2, 0.1), abs=1e-9)
+    assert 0.2 - 0.0045 - 1e-9 <= first.alpha_ci[0] < 0.2 < first.alpha_ci[1] <= 0.2 + 0.0045 + 1e-9
+    assert first.beta_ci == pytest.approx((0.1, 0.1), abs=1e-9)
+    assert top.alpha_diff[0] == pytest.approx(0.1, abs=1e-9)
+    assert top.alpha_diff[1] == pytest.approx((0.1, 0.1), abs=1e-9)
+    assert top.beta_diff[0] == pytest.approx(0.0, abs=1e-9) and max(map(abs, top.beta_diff[1])) < 1e-9
+    assert scaling.verdict(top.alpha_diff, "higher", "lower") == "higher"
+    assert first.alpha_diff is None and ceiling.beta_diff is None
     lines = scaling.section(rows, lambda x: f"{x:.3g}")
     assert any(ln.startswith("| b | 4096 | 10 |") and ln.endswith(": higher |") for ln in lines)
+    row_b = next(ln for ln in lines if ln.startswith("| b | 4096 | 10 |")).split(" | ")
+    assert row_b[3] == f"0.3 [{top.alpha_ci[0]:.3g}, {top.alpha_ci[1]:.3g}]" and row_b[4] == "0.1 [0.1, 0.1]"
+    assert row_b[9].startswith("0.1 [0.1, 0.1]: higher"), row_b
     assert any(ln.startswith("| g | the gold itself |") for ln in lines)
 
 
