@@ -1,6 +1,8 @@
 """The models of RLHF-PPO, built from a config (no model hub): policy, reference, critic, reward.
 
     tokenizer            character-level, one token per character of `task.alphabet` + 4 specials
+    subword              or a byte-level BPE learnt from the task's demonstrations
+                         (train.model_kwargs = {'subword_vocab': 256})
     build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
     load_policy(path)    trainable AutoModelForCausalLM, dropout off;  load_reference(path): frozen
     load_tokenizer(path) left-padding; no pad token -> pads with EOS (warned)
@@ -16,10 +18,11 @@
 Training the policy's warm start and the reward model (which needs rollouts and tasks) lives one
 layer up, in polgrad.pretrain (`warm_start`, `train_reward_model`).
 
-Modules: tokenizer (token layout, encode_prompts / encode_sequences), tiny (the preset), threads
-(thread count, seeding), cache (cache dir, keys, entries), loading (policy / reference), heads
-(ScalarHeadModel), lora (peft adapters). This package imports only torch, transformers, safetensors,
-peft and polgrad's bottom layer; transformers and peft are imported inside the functions that need them.
+Modules: tokenizer (token layout, encode_prompts / encode_sequences), subword (the BPE), tiny (the
+preset), threads (thread count, seeding), cache (cache dir, keys, entries), loading (policy /
+reference), heads (ScalarHeadModel), lora (peft adapters). This package imports only torch,
+transformers, safetensors, peft, tokenizers and polgrad's bottom layer; transformers, tokenizers and
+peft are imported inside the functions that need them.
 """
 
 from polgrad.models import compiled, lora

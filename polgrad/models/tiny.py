@@ -1,5 +1,6 @@
 """The tiny preset: a freshly initialised Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) and
-its character tokenizer, built from a task (no model hub)."""
+its character tokenizer (or, with `subword_vocab`, a byte-level BPE learnt from the task's text:
+polgrad/models/subword.py), built from a task (no model hub)."""
 
 from __future__ import annotations
 
@@ -38,13 +39,19 @@ def build_tiny(
     heads: int = 4,
     kv_heads: int = 2,
     intermediate: int = 256,
+    subword_vocab: int | None = None,
     seed: int = 0,
 ):
     """A freshly initialised Qwen2ForCausalLM for `task` and its character tokenizer: (model, tokenizer).
 
     Defaults give 596k parameters (4 layers, hidden 128, 4 query / 2 key-value heads of head_dim 32,
     SwiGLU width 256, tied input/output embeddings), fp32, sdpa attention. head_dim = hidden / heads
-    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` is `tiny_positions(task)`.
+    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` is `tiny_positions(task)`
+    (counted in characters, so with a subword tokenizer it has room to spare).
+
+    `subword_vocab` (None: the character tokenizer) = a vocabulary size: the tokenizer is a byte-level
+    BPE of that many entries learnt from the task's demonstrations (`task_subword_tokenizer`), and the
+    model's embedding has one row per entry.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -56,7 +63,12 @@ def build_tiny(
         raise ConfigError(
             f"head_dim = hidden / heads = {hidden // heads} must be >= 32 (vLLM CPU); lower heads"
         )
-    tokenizer = build_tokenizer(task.alphabet)
+    if subword_vocab is None:
+        tokenizer = build_tokenizer(task.alphabet)
+    else:
+        from polgrad.models.subword import task_subword_tokenizer
+
+        tokenizer = task_subword_tokenizer(task, subword_vocab)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -90,3 +102,13 @@ def resolved_model_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]
     if unknown:
         raise ConfigError(f"unknown model kwargs {unknown}; valid: {', '.join(sorted(defaults))}")
     return {**defaults, **(model_kwargs or {})}
+
+
+# model kwargs added after warm starts were cached, with the default that leaves the model as before:
+# left out of a cache key at that default, so those warm starts keep their keys (`key_kwargs`)
+LATER_KWARGS = {"subword_vocab": None}
+
+
+def key_kwargs(model_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Resolved model kwargs as a cache key holds them: a `LATER_KWARGS` entry at its default left out."""
+    return {k: v for k, v in model_kwargs.items() if not (k in LATER_KWARGS and v == LATER_KWARGS[k])}

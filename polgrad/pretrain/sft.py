@@ -20,7 +20,7 @@ from polgrad.errors import ConfigError
 from polgrad.models.cache import MODEL_CODE_VERSION, cache_entry, cache_root, digest, write_info
 from polgrad.models.loading import save_model_dir
 from polgrad.models.threads import default_num_threads, torch_threads
-from polgrad.models.tiny import build_tiny, resolved_model_kwargs
+from polgrad.models.tiny import build_tiny, key_kwargs, resolved_model_kwargs
 from polgrad.models.tokenizer import encode_sequences
 from polgrad.registry import get, task_configuration
 from polgrad.rollout.hf import generate
@@ -158,7 +158,7 @@ def warm_start(
         "version": MODEL_CODE_VERSION,
         "task": task_name,
         "task_kwargs": task_configuration(task_name, task_kwargs),
-        "model_kwargs": mkw,
+        "model_kwargs": key_kwargs(mkw),
         "sft": {"steps": sft_steps, "batch_size": batch_size, "lr": lr, "target_accuracy": target_accuracy},
         "seed": seed,
         "data": digest(
