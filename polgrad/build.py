@@ -390,8 +390,13 @@ def check_tiny_positions(cfg: config.TrainConfig, task: Any) -> None:
     `_policy` makes on the loaded model, made early (one line naming the prompt, no training)."""
     if cfg.policy_path is not None:
         return
+    from polgrad.models.subword import tokens_per_char
+
+    # counted in characters (the character tokenizer) against positions for the most tokens a character
+    # can take under the run's tokenizer: a prompt that fits this fits
     tokenizer = models.build_tokenizer(task.alphabet)
-    positions = types.SimpleNamespace(max_position_embeddings=models.tiny_positions(task))
+    per_char = tokens_per_char(task, models.resolved_model_kwargs(cfg.model_kwargs)["subword_vocab"])
+    positions = types.SimpleNamespace(max_position_embeddings=models.tiny_positions(task, per_char))
     prompts, _ = models.inputs.sample_texts(task)
     models.inputs.check_positions(
         prompts, tokenizer, positions, cfg.max_new_tokens, path=None, name=cfg.task_name

@@ -12,27 +12,35 @@ library from the task's demonstrations, offline, in about a second:
                  can produce encodes without UNK), then those the training texts add
     merges       the most frequent adjacent pairs of the training texts, until `vocab_size` entries
                  (fewer if the texts run out of pairs seen at least twice)
-    pre-split    before merging, text is cut into pieces no merge crosses (`PIECES`): runs of up to
-                 three digits (as Llama-3 groups numbers), runs of letters with one leading space,
-                 runs of other symbols with one leading space, runs of whitespace. So '12+34=46'
-                 can become '12', '+', '34', '=', '46', and no merge joins a digit to a sign.
+    pre-split    before merging, text is cut into pieces no merge crosses: Qwen2's own rule
+                 (transformers' PRETOKENIZE_REGEX: every digit a piece of its own, as Qwen2.5 reads
+                 numbers; letters with one leading symbol; other symbols with one leading space;
+                 newlines; whitespace), so that transformers' Qwen2Tokenizer, which
+                 `AutoTokenizer.from_pretrained` picks for the tiny model (a Qwen2) and rebuilds from
+                 the saved vocabulary and merges with that rule, encodes exactly as this tokenizer:
+                 an exported policy or a vLLM engine reads the same tokens. Merges join signs,
+                 spaces and '####', not digits: a worked running_sum answer is about as many tokens
+                 as characters (0.96 per character at 256 entries), as Qwen2.5's would be
     pipeline     BOS prepended; a byte-level decoder, so decode(encode(t)) == t for every text
 
 The texts are `SUBWORD_DEMOS` demonstrations (prompt + response) drawn with `SUBWORD_SEED`, the same
 for every warm-start seed: like a real model's, the tokenizer is fixed before any training, and the
 paired seeds of an experiment share it. Saved with the policy (`save_pretrained`), it loads back with
-`load_tokenizer` as saved (a generic fast tokenizer).
+`load_tokenizer` as saved (a generic fast tokenizer), and with `AutoTokenizer` the same.
+
+A sampled response may split a text in a way the tokenizer itself would not (a non-canonical
+tokenization, e.g. '##' '##' for '####'); the policy's log-probs and a reward model both read the
+sampled ids, as in RL on any subword model. The character tokenizer has one split per text.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from polgrad.errors import ConfigError
 from polgrad.models.tokenizer import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, _byte_level
 
-# pieces no merge crosses: digit runs of at most 3, ' '? + letters, ' '? + other symbols, whitespace
-PIECES = r"\p{N}{1,3}| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+"
 SUBWORD_DEMOS = 4096  # demonstrations the tokenizer learns from
 SUBWORD_SEED = 0  # their seed: one tokenizer per task configuration, whatever the warm start's seed
 
@@ -49,26 +57,31 @@ def build_subword_tokenizer(alphabet: str, texts: Sequence[str], vocab_size: int
     empty alphabet or no texts is a one-line ConfigError."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     chars = list(dict.fromkeys(alphabet))
     if not chars:
-        raise ConfigError("the task alphabet is empty; a tokenizer needs at least one character")
+        raise ConfigError("the task alphabet is empty: a tokenizer needs at least one character")
     clash = [c for c in chars if c in SPECIAL_TOKENS]
     if clash:
-        raise ConfigError(f"the task alphabet contains special-token strings {clash}")
-    need = base_size(alphabet)
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < need:
         raise ConfigError(
-            f"subword_vocab = {vocab_size!r}: a subword vocabulary of this task needs at least {need} "
+            f"the task alphabet contains special-token strings {clash}; remove them from the task's text"
+        )
+    need = base_size(alphabet)
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise ConfigError(f"subword_vocab = {vocab_size!r} must be an int (entries), e.g. {max(256, need)}")
+    if vocab_size < need:
+        raise ConfigError(
+            f"subword_vocab = {vocab_size}: a subword vocabulary of this task needs at least {need} "
             f"entries (4 specials and the {need - 4} byte symbols of its alphabet); use e.g. {max(256, need)}"
         )
     if not texts:
-        raise ConfigError("build_subword_tokenizer: no texts to learn the merges from")
+        raise ConfigError("build_subword_tokenizer: no texts to learn the merges from; pass the task's text")
     symbols = sorted({s for c in chars for s in _byte_level(c)})
     tok = Tokenizer(models.BPE(unk_token=UNK, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PIECES), behavior="isolated"),
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -84,6 +97,14 @@ def build_subword_tokenizer(alphabet: str, texts: Sequence[str], vocab_size: int
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
     )
+    if tok.get_vocab_size() < vocab_size:  # the texts ran out of pairs seen twice
+        print(
+            f"warning: subword_vocab = {vocab_size}, but the task's text has merges for "
+            f"{tok.get_vocab_size()} entries only; the vocabulary has {tok.get_vocab_size()} (a smaller "
+            "subword_vocab gives the same tokenizer)",
+            file=sys.stderr,
+            flush=True,
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,
@@ -93,6 +114,14 @@ def build_subword_tokenizer(alphabet: str, texts: Sequence[str], vocab_size: int
         padding_side="left",
         model_max_length=4096,
     )
+
+
+def tokens_per_char(task, subword_vocab: int | None) -> int:
+    """The most tokens one character of `task` can take: 1 with the character tokenizer, its most UTF-8
+    bytes with a subword one (a character no merge covers is one token per byte)."""
+    if subword_vocab is None:
+        return 1
+    return max((len(c.encode("utf-8")) for c in task.alphabet), default=1)
 
 
 def task_subword_tokenizer(task, vocab_size: int):

@@ -24,10 +24,12 @@ ATTN_IMPLEMENTATION = "sdpa"
 MAX_POSITIONS = 1024
 
 
-def tiny_positions(task) -> int:
+def tiny_positions(task, per_char: int = 1) -> int:
     """The tiny default's `max_position_embeddings` for `task`: BOS + the longest prompt + the longest
-    response + EOS, rounded up to a power of two, at least 128 and at most MAX_POSITIONS."""
-    need = 2 + int(task.max_prompt_chars) + int(task.max_response_chars) + 1
+    response + EOS, rounded up to a power of two, at least 128 and at most MAX_POSITIONS; `per_char`:
+    the most tokens a character takes (subword.tokens_per_char: 1 but for a subword tokenizer of a
+    non-ASCII alphabet)."""
+    need = 2 + per_char * (int(task.max_prompt_chars) + int(task.max_response_chars)) + 1
     return min(MAX_POSITIONS, max(128, 2 ** math.ceil(math.log2(need))))
 
 
@@ -42,12 +44,12 @@ def build_tiny(
     subword_vocab: int | None = None,
     seed: int = 0,
 ):
-    """A freshly initialised Qwen2ForCausalLM for `task` and its character tokenizer: (model, tokenizer).
+    """A freshly initialised Qwen2ForCausalLM for `task` and its tokenizer: (model, tokenizer).
 
     Defaults give 596k parameters (4 layers, hidden 128, 4 query / 2 key-value heads of head_dim 32,
     SwiGLU width 256, tied input/output embeddings), fp32, sdpa attention. head_dim = hidden / heads
-    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` is `tiny_positions(task)`
-    (counted in characters, so with a subword tokenizer it has room to spare).
+    must be >= 32 (vLLM's CPU kernels need it). `max_position_embeddings` is `tiny_positions(task,
+    tokens_per_char(task, subword_vocab))`.
 
     `subword_vocab` (None: the character tokenizer) = a vocabulary size: the tokenizer is a byte-level
     BPE of that many entries learnt from the task's demonstrations (`task_subword_tokenizer`), and the
@@ -63,11 +65,11 @@ def build_tiny(
         raise ConfigError(
             f"head_dim = hidden / heads = {hidden // heads} must be >= 32 (vLLM CPU); lower heads"
         )
+    from polgrad.models.subword import task_subword_tokenizer, tokens_per_char
+
     if subword_vocab is None:
         tokenizer = build_tokenizer(task.alphabet)
     else:
-        from polgrad.models.subword import task_subword_tokenizer
-
         tokenizer = task_subword_tokenizer(task, subword_vocab)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -77,7 +79,7 @@ def build_tiny(
         num_key_value_heads=kv_heads,
         head_dim=hidden // heads,
         intermediate_size=intermediate,
-        max_position_embeddings=tiny_positions(task),
+        max_position_embeddings=tiny_positions(task, tokens_per_char(task, subword_vocab)),
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -101,7 +103,14 @@ def resolved_model_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]
     unknown = sorted(set(model_kwargs or {}) - set(defaults))
     if unknown:
         raise ConfigError(f"unknown model kwargs {unknown}; valid: {', '.join(sorted(defaults))}")
-    return {**defaults, **(model_kwargs or {})}
+    out = {**defaults, **(model_kwargs or {})}
+    vocab = out["subword_vocab"]
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+        raise ConfigError(
+            f"train.model_kwargs['subword_vocab'] = {vocab!r}: None (the character tokenizer) or the "
+            "subword vocabulary's size, an int, e.g. 256"
+        )
+    return out
 
 
 # model kwargs added after warm starts were cached, with the default that leaves the model as before:

@@ -19,6 +19,7 @@ from torch import nn
 from polgrad.errors import ConfigError
 from polgrad.models.cache import MODEL_CODE_VERSION, cache_entry, cache_root, digest, write_info
 from polgrad.models.loading import save_model_dir
+from polgrad.models.subword import task_subword_tokenizer, tokens_per_char
 from polgrad.models.threads import default_num_threads, torch_threads
 from polgrad.models.tiny import build_tiny, key_kwargs, resolved_model_kwargs
 from polgrad.models.tokenizer import encode_sequences
@@ -71,10 +72,12 @@ def heldout_accuracy(
     temperature: float = 0.0,
     split: str = "eval",
     rewards: RewardGuard | None = None,
+    per_char: int = 1,
 ) -> float:
     """Mean task reward of one response per prompt of `split` (default: held-out); temperature 0 = greedy."""
     examples = task.examples(split, n, seed)
-    return accuracy(model, tokenizer, task, examples, seed=seed, temperature=temperature, rewards=rewards)
+    kw = {"temperature": temperature, "rewards": rewards, "per_char": per_char}
+    return accuracy(model, tokenizer, task, examples, seed=seed, **kw)
 
 
 def accuracy(
@@ -86,8 +89,10 @@ def accuracy(
     seed: int,
     temperature: float = 0.0,
     rewards: RewardGuard | None = None,
+    per_char: int = 1,
 ) -> float:
-    """Mean task reward of one response per example (temperature 0 = greedy, `seed` seeds sampling).
+    """Mean task reward of one response per example (temperature 0 = greedy, `seed` seeds sampling), of
+    at most `per_char` (subword.tokens_per_char) x the task's longest response + 1 tokens.
 
     `rewards` checks each reward (default: a faulty one raises a one-line error); a faulty reward
     it lets through (train.reward_errors 'zero' or 'skip_group') counts as 0."""
@@ -97,7 +102,7 @@ def accuracy(
         examples,
         group_size=1,
         temperature=temperature,
-        max_new_tokens=int(task.max_response_chars) + 1,
+        max_new_tokens=per_char * int(task.max_response_chars) + 1,
         generator_seed=seed,
     )
     scores = (rewards or RewardGuard()).task_scores(task, out.examples, out.texts)
@@ -161,6 +166,9 @@ def warm_start(
         "model_kwargs": key_kwargs(mkw),
         "sft": {"steps": sft_steps, "batch_size": batch_size, "lr": lr, "target_accuracy": target_accuracy},
         "seed": seed,
+        # a subword tokenizer as built (its vocabulary, merges and rules), so a change of how it is made
+        # (the texts it learns from, the tokenizers library) is a new warm start, never a stale one
+        **({"tokenizer": _tokenizer_digest(task, mkw["subword_vocab"])} if mkw["subword_vocab"] else {}),
         "data": digest(
             [
                 task.alphabet,
@@ -191,6 +199,11 @@ def warm_start(
     return str(final)
 
 
+def _tokenizer_digest(task, subword_vocab: int) -> str:
+    """The digest of the subword tokenizer `build_tiny` gives the task (its whole serialised form)."""
+    return digest(task_subword_tokenizer(task, subword_vocab).backend_tokenizer.to_str())
+
+
 def _log(text: str) -> None:
     print(text, flush=True)  # stdout: a sweep cell's stdout.log
 
@@ -204,6 +217,7 @@ def _sft(
     t0 = time.perf_counter()
     max_steps = len(demos) // batch_size
     model, tokenizer = build_tiny(task, **mkw)
+    per_char = tokens_per_char(task, mkw["subword_vocab"])
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = min(SFT_WARMUP_STEPS, max(1, max_steps // 10))
@@ -234,7 +248,7 @@ def _sft(
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if target is not None and (step % SFT_PROBE_EVERY == 0 or step == max_steps):
-            acc = accuracy(model, tokenizer, task, probe, seed=seed, rewards=rewards)
+            acc = accuracy(model, tokenizer, task, probe, seed=seed, rewards=rewards, per_char=per_char)
             history.append((step, acc))
             bar.set_postfix(loss=f"{losses[-1]:.3f}", probe=f"{acc:.2f}", refresh=False)
             if acc >= target:
@@ -256,10 +270,17 @@ def _sft(
         "final_loss": sum(tail) / len(tail) if tail else None,
         "probe_history": history,
         "heldout_greedy_accuracy": heldout_accuracy(
-            model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed, rewards=rewards
+            model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed, rewards=rewards, per_char=per_char
         ),
         "heldout_sampled_accuracy": heldout_accuracy(
-            model, tokenizer, task, n=SFT_EVAL_EXAMPLES, seed=seed, temperature=1.0, rewards=rewards
+            model,
+            tokenizer,
+            task,
+            n=SFT_EVAL_EXAMPLES,
+            seed=seed,
+            temperature=1.0,
+            rewards=rewards,
+            per_char=per_char,
         ),
         "heldout_examples": SFT_EVAL_EXAMPLES,
         "train_seconds": round(train_seconds, 2),
