@@ -38,6 +38,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from polgrad.checks import is_int
 from polgrad.errors import ConfigError
 from polgrad.models.tokenizer import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, _byte_level
 
@@ -68,7 +69,7 @@ def build_subword_tokenizer(alphabet: str, texts: Sequence[str], vocab_size: int
             f"the task alphabet contains special-token strings {clash}; remove them from the task's text"
         )
     need = base_size(alphabet)
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+    if not is_int(vocab_size):
         raise ConfigError(f"subword_vocab = {vocab_size!r} must be an int (entries), e.g. {max(256, need)}")
     if vocab_size < need:
         raise ConfigError(

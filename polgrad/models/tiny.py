@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from polgrad.checks import is_int
 from polgrad.errors import ConfigError
 from polgrad.models.threads import seeded
 from polgrad.models.tokenizer import build_tokenizer
@@ -105,7 +106,7 @@ def resolved_model_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]
         raise ConfigError(f"unknown model kwargs {unknown}; valid: {', '.join(sorted(defaults))}")
     out = {**defaults, **(model_kwargs or {})}
     vocab = out["subword_vocab"]
-    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+    if vocab is not None and (not is_int(vocab) or vocab < 1):
         raise ConfigError(
             f"train.model_kwargs['subword_vocab'] = {vocab!r}: None (the character tokenizer) or the "
             "subword vocabulary's size, an int, e.g. 256"
