@@ -14,7 +14,9 @@ metric is logged per step (`STEP_METRICS`: kl_exact) gets a third row of curves,
 smoothed as the train reward is. An experiment that asks about response lengths (its primary metric
 or a prediction is one of store.LENGTH_COLUMNS, as length_bias_checks') gets a row of length curves:
 the train samples' mean length of wrong responses (solid) and of right ones (dashed), smoothed so
-(Liu et al. 2025: a length bias shows as the wrong ones growing apart from the right ones).
+over the steps that had such a response (Liu et al. 2025: a length bias shows as the wrong ones
+growing apart from the right ones). Against the optimizer step, a step where one seed had none is a
+mean over the other seeds (against sampled sequences each seed is interpolated).
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ def save_png(fig, path: Path) -> None:
 
 # Series that cannot leave a range: a t-interval over 3 seeds near 0 accuracy reaches below 0, which
 # no accuracy can be; its band is cut at the range (the mean and the CI's inner side are unchanged).
-BOUNDED = {"eval accuracy": (0.0, 1.0)}
+BOUNDED = {"eval accuracy": (0.0, 1.0), WRONG_LEN: (0.0, math.inf)}  # a length (EOS counted) is >= 1
 
 
 def band_limits(kind: str, mean: Sequence[float], half: Sequence[float]) -> tuple[list, list]:
@@ -193,6 +195,18 @@ def _row_name(kind: str) -> str:
     return kind
 
 
+def _rows_text(step_kinds: Sequence[str]) -> str:
+    """The title's words for the rows under held-out accuracy, up to its 'EMA of span ...'."""
+    if not step_kinds:
+        return "(bottom; "
+    if len(step_kinds) == 1:
+        return f"(middle) and {_row_name(step_kinds[0])} (bottom; both "
+    ordinals = ["2nd", "3rd", "4th", "5th"]
+    rows = [f"{_row_name(k)} ({ordinals[i + 1]} row)" for i, k in enumerate(step_kinds[:-1])]
+    last = f"{_row_name(step_kinds[-1])} ({ordinals[len(step_kinds)]} row; all "
+    return f"({ordinals[0]} row), {', '.join(rows)} and {last}"
+
+
 TITLE_CHARS = 36  # a panel title's line at 9.5 pt: ~0.08 in a character, inside a 3.7 in column
 
 
@@ -200,7 +214,8 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     """Small multiples: per configuration (forest order) a column of panels, held-out accuracy above,
     train reward below (their scales differ: a reward model's scores are not in [0, 1]) and, when
     curves of a `STEP_METRICS` metric were read (the primary metric's), that metric at the bottom;
-    against the reference in grey. Panels of one kind share their y axis; all share the x axis."""
+    against the reference in grey; an experiment about lengths, a last row of the wrong (solid) and right
+    (dashed) responses' lengths. Panels of one kind share their y axis; all share the x axis."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -259,7 +274,7 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
                 ax.text(
                     0.98,
                     0.05,
-                    f"no {kind} logged",
+                    "no response lengths logged" if kind == WRONG_LEN else f"no {kind} logged",
                     ha="right",
                     va="bottom",
                     transform=ax.transAxes,
@@ -308,11 +323,7 @@ def draw_curves(path: Path, experiment: str, figs, labels: Sequence[str]):
     width = 3.7 * ncols + 0.7
     title = textwrap.fill(
         f"{experiment}: per configuration, held-out accuracy (top; step 0 = the start) and train reward "
-        + (
-            f"(middle) and {', '.join(map(_row_name, step_kinds))} (bottom; both "
-            if step_kinds
-            else "(bottom; "
-        )
+        + _rows_text(step_kinds)
         + f"EMA of span {EMA_SPAN} steps, a = 2/{EMA_SPAN + 1}, per seed); line = mean over seeds, "
         "band = 95% CI of that mean over seeds (Student t)",
         width=int(width * 10.5),

@@ -200,8 +200,9 @@ def section(rows: Sequence[Scaled], fmt: Callable[[float], str]) -> list[str]:
         "",
         "The best point within the data: the fitted curve's maximum over 0 ≤ d ≤ d max, at d best, "
         "of fitted gold gain R best (0 when the gold never rose; d* is the unconstrained peak, which "
-        "may lie beyond the data). Every bracket is a 95% CI over resamples of the family's seeds (alpha "
-        "and beta refitted on each). Differences are to the proxy with the fewest pairs "
+        "may lie beyond the data). A value's bracket is a 95% CI over resamples of the family's seeds "
+        "(alpha and beta refitted on each); a difference's resamples the seeds both families have. "
+        "Differences are to the proxy with the fewest pairs "
         f"({smallest.pairs}), over the seeds both have, resampled together; called higher or lower "
         "(later or earlier) only when the 95% CI excludes 0. In experiments/overoptimization_scaling.gin "
         "the row with the most pairs carries P1 (R best) and P2 (d best).",

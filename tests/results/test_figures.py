@@ -841,14 +841,15 @@ def test_an_experiment_about_lengths_draws_wrong_and_right_response_lengths(tmp_
 
     rows = _rows()
     _write_runs(tmp_path, rows)
-    for r in rows:  # seed s: wrong 40 + 2t + s, right 30 + s; step 3 had no wrong response
+    for r in rows:  # seed s: wrong 40 + 2t + s, right 5 + 20 s; step 3 had no wrong response
         path = tmp_path / r["run_dir"] / "metrics.jsonl"
         lines = [json.loads(ln) for ln in path.read_text().splitlines()]
         s = int(r["seed"])
         out = []
         for m in lines:
             wrong = None if m["step"] == 3 else 40.0 + 2 * m["step"] + s
-            out.append(m | {"response_len_incorrect": wrong, "response_len_correct": 30.0 + s})
+            lengths = {"response_len_incorrect": wrong, "response_len_correct": 5.0 + 20 * s}
+            out.append(m | lengths | {"kl_exact": 0.01 * m["step"]})
         path.write_text("".join(json.dumps(m) + "\n" for m in out))
     about = {"claim": "up's wrong ones grow", "config": {"spec": "up"}, "metric": "len_incorrect_change"}
     about |= {"expected": "higher", "margin": None}
@@ -859,13 +860,30 @@ def test_an_experiment_about_lengths_draws_wrong_and_right_response_lengths(tmp_
     second = 42 + 4 / 11
     assert x == [1, 2, 4] and mean == pytest.approx([43, second + 1, second + (2 / 11) * (48 - second) + 1])
     x, mean, _ = figs.curves["up"][RIGHT_LEN]
-    assert x == [1, 2, 3, 4] and mean == pytest.approx([31.0] * 4, abs=1e-12)
+    # right ones 5, 25, 45 over the seeds: mean 25, sd 20, so the t band (half 4.303 x 20 / sqrt 3 =
+    # 49.7) would reach below 0 tokens if it were not cut there
+    assert x == [1, 2, 3, 4] and mean == pytest.approx([25.0] * 4, abs=1e-12)
     labels = [a.get_ylabel() for a in figs.curves_figure.axes if a.get_ylabel()]
     assert labels[-1] == "response length,\ntokens\n(EMA span 10)", labels
     axes = [a for a in figs.curves_figure.axes if a.get_ylabel() == labels[-1]][0]
     assert sorted(line.get_linestyle() for line in axes.get_lines()) == ["-", "-", "--", "--"]
+    # the dashed lines are the right responses' curves, the solid ones the wrong ones'
+    for line in axes.get_lines():
+        want = RIGHT_LEN if line.get_linestyle() == "--" else WRONG_LEN
+        assert list(line.get_ydata()) in [figs.curves[c][want][1] for c in figs.curves], (
+            want,
+            line.get_ydata(),
+        )
+    low = min(p.get_paths()[0].vertices[:, 1].min() for p in axes.collections)
+    assert low >= 0.0  # a length band stops at 0
     assert "wrong (solid) and right (dashed)" in figs.curves_figure._suptitle.get_text().replace("\n", " ")
     assert {WRONG_LEN, RIGHT_LEN} <= set(figs.drawn()["curves"]["series"])
+    # with a per-step KL row too (a KL-primary experiment that asks about lengths), the title names
+    # each row in order
+    both = _plot(tmp_path, rows, predictions=[about], primary_metric="kl_exact", higher_is_better=False)
+    title = both.curves_figure._suptitle.get_text().replace("\n", " ")
+    assert "train reward (2nd row), kl_exact (3rd row) and the response lengths" in title, title
+    assert "(4th row; all EMA" in title, title
     plain = _plot(tmp_path, rows)
     assert (
         WRONG_LEN not in plain.curves["up"]

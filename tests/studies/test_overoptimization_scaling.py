@@ -92,6 +92,11 @@ def test_more_pairs_peaking_later_and_higher_is_called_so_and_a_twin_is_not():
     assert top.beta_diff[0] == pytest.approx(0.0, abs=1e-9) and max(map(abs, top.beta_diff[1])) < 1e-9
     assert scaling.verdict(top.alpha_diff, "higher", "lower") == "higher"
     assert first.alpha_diff is None and ceiling.beta_diff is None
+    # the best point's CIs: every resample has beta 0.1 and alpha in 0.2 +- 0.0045, so d* = exp(alpha /
+    # beta - 1) lies in e exp(+-0.045) and R best = beta d* in 0.1 x that (128 pairs, d* inside the data)
+    low, high = math.e * math.exp(-0.045) - 1e-9, math.e * math.exp(0.045) + 1e-9
+    assert low <= first.d_best_ci[0] <= math.e <= first.d_best_ci[1] <= high
+    assert 0.1 * low <= first.gold_best_ci[0] <= 0.1 * math.e <= first.gold_best_ci[1] <= 0.1 * high
     lines = scaling.section(rows, lambda x: f"{x:.3g}")
     assert any(ln.startswith("| b | 4096 | 10 |") and ln.endswith(": higher |") for ln in lines)
     row_b = next(ln for ln in lines if ln.startswith("| b | 4096 | 10 |")).split(" | ")
