@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 from polgrad.checks import is_int
 from polgrad.errors import ConfigError
-from polgrad.models.tokenizer import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, _byte_level
+from polgrad.models.tokenizer import BOS, SPECIAL_TOKENS, UNK, _byte_level, fast_tokenizer
 
 SUBWORD_DEMOS = 4096  # demonstrations the tokenizer learns from
 SUBWORD_SEED = 0  # their seed: one tokenizer per task configuration, whatever the warm start's seed
@@ -57,7 +57,6 @@ def build_subword_tokenizer(alphabet: str, texts: Sequence[str], vocab_size: int
     (see the module docstring); `padding_side` 'left'. A `vocab_size` below `base_size(alphabet)`, an
     empty alphabet or no texts is a one-line ConfigError."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     chars = list(dict.fromkeys(alphabet))
@@ -106,15 +105,7 @@ def build_subword_tokenizer(alphabet: str, texts: Sequence[str], vocab_size: int
             file=sys.stderr,
             flush=True,
         )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
-        padding_side="left",
-        model_max_length=4096,
-    )
+    return fast_tokenizer(tok)
 
 
 def tokens_per_char(task, subword_vocab: int | None) -> int:

@@ -46,7 +46,6 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
     reload with `load_tokenizer(dir)` or `AutoTokenizer.from_pretrained(dir)`.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     chars = list(dict.fromkeys(alphabet))
     if not chars:
@@ -82,6 +81,14 @@ def build_tokenizer(alphabet: str, vocab_size: int | None = None):
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
+    return fast_tokenizer(tok)
+
+
+def fast_tokenizer(tok):
+    """A `tokenizers.Tokenizer` with polgrad's specials (PAD, BOS, EOS, UNK) as a left-padding
+    `PreTrainedTokenizerFast`: the form of the character and the subword tokenizers alike."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,
