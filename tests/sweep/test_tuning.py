@@ -561,26 +561,6 @@ def test_a_bad_tuned_by_is_one_line_naming_the_file(tmp_path, capsys, extra, say
     assert says in err, err
 
 
-def test_a_borrowed_choice_that_changed_under_started_runs_is_refused(tuned, capsys):
-    """The original's record changes after the replication ran (here by hand: k2's choice becomes
-    0.3): the replication's k2 cells trained at another lr, so it stops in one line naming them."""
-    path, out = tuned
-    rep = replication(path.parent, path)
-    assert sweep.main([str(rep), "--results", str(out)]) == 0
-    meta_file = out / "exp" / "experiment.json"
-    meta = json.loads(meta_file.read_text())
-    for c in meta["tuning"]["configurations"]:
-        if c["config"]["fake_train.kl"] == "@fakekl.k2":
-            c["chosen"] = {"fake_train.lr": "0.3"}
-    meta_file.write_text(json.dumps(meta))
-    capsys.readouterr()
-    assert sweep.main([str(rep), "--results", str(out)]) == 2
-    err = one_line_error(capsys)
-    k2 = sorted(p.name for p in (out / "rep" / "runs").iterdir() if "-k2-" in p.name)
-    assert len(k2) == 2 and all(cid in err for cid in k2), err
-    assert "chooses fake_train.lr = 0.3 for spec_a · fake_train.kl=@fakekl.k2" in err, err
-
-
 def test_tuned_by_a_replication_names_the_experiment_that_tuned(tuned, capsys):
     path, out = tuned
     rep = replication(path.parent, path)
@@ -593,7 +573,10 @@ def test_tuned_by_a_replication_names_the_experiment_that_tuned(tuned, capsys):
     assert "Sweep.tuned_by: rep did not tune: its values come from exp; name that one" in err, err
 
 
-def test_a_borrowed_choice_that_changed_takes_the_new_value_when_its_cells_restart(tuned, capsys):
+def test_a_borrowed_choice_that_changed_is_refused_until_its_cells_restart_with_it(tuned, capsys):
+    """The original's record changes after the replication ran (here by hand: k2's choice becomes
+    0.3): the replication's k2 cells trained at another lr, so it stops in one line naming them; with
+    --restart they run again with 0.3."""
     path, out = tuned
     rep = replication(path.parent, path)
     assert sweep.main([str(rep), "--results", str(out)]) == 0
@@ -608,6 +591,8 @@ def test_a_borrowed_choice_that_changed_takes_the_new_value_when_its_cells_resta
     err = one_line_error(capsys)
     assert err.startswith(f"error: {rep}: Sweep.tuned_by: exp's record ({meta_file}) now chooses "), err
     k2 = sorted(p.name for p in (out / "rep" / "runs").iterdir() if "-k2-" in p.name)
+    assert len(k2) == 2 and all(cid in err for cid in k2), err
+    assert "chooses fake_train.lr = 0.3 for spec_a · fake_train.kl=@fakekl.k2" in err, err
     assert sweep.main([str(rep), "--results", str(out), "--restart", *k2]) == 0
     for cid in k2:
         assert "fake_train.lr = 0.3\n" in (out / "rep" / "runs" / cid / "config.gin").read_text()
