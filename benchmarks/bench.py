@@ -19,7 +19,9 @@ One command runs, interleaved A B / B A so that machine drift cancels within eac
     --scaling-large  the compare at 16 prompts x G=16 x 128 tokens (every precision), its own CSV
 
 and writes results/bench/ for `--preset tiny`, results/bench/24m/ for `--preset 24m` (override with
---out); a non-default `--omp-wait-policy X` is a labelled variant written to <that>/omp_X/:
+--out); a non-default `--omp-wait-policy X` is a labelled variant written to <that>/omp_X/, and
+`--gradient-checkpointing` (both frameworks recompute their layers in the backward, TRL's own
+default; the headline runs neither, polgrad's default) one written to <that>/gradient_checkpointing/:
 
     grpo_vs_trl.csv        one row per interleaved round: seconds per step, tokens/s (end to end and
                            sampling alone), peak RSS, phases, model GFLOP/s and roofline fraction per
@@ -211,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         "a labelled variant written to <out>/omp_<policy>/)",
     )
     ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="both frameworks recompute their layers in the backward (polgrad train.gradient_checkpointing, "
+        "TRL's default): a labelled variant written to <out>/gradient_checkpointing/; without it neither "
+        "does (polgrad's default)",
+    )
+    ap.add_argument(
         "--only",
         default="compare,numerics,composition,scaling,metrics",
         help="comma list of parts to run: compare, numerics, composition, scaling, metrics, compile (eager "
@@ -271,13 +280,16 @@ def main(argv: list[str] | None = None) -> int:
         eos=args.eos,
         seed=args.seed,
         omp_wait_policy=args.omp_wait_policy,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
-    out = args.out or default_out(args.preset, w.omp_wait_policy)
+    out = args.out or default_out(args.preset, w.omp_wait_policy, w.gradient_checkpointing)
     os.makedirs(out, exist_ok=True)
     omp = env_omp_wait_policy() if w.omp_wait_policy == "default" else w.omp_wait_policy.upper()
     bf16_ratio = bf16_slowdown()  # polgrad/machine.py: above BF16_SLOW the CPU emulates bf16
     report: list[str] = [
-        "# polgrad bench" + ("" if w.omp_wait_policy == "default" else f" (variant: OMP_WAIT_POLICY={omp})"),
+        "# polgrad bench"
+        + ("" if w.omp_wait_policy == "default" else f" (variant: OMP_WAIT_POLICY={omp})")
+        + (" (variant: gradient checkpointing in both frameworks)" if w.gradient_checkpointing else ""),
         "",
         f"`python -m benchmarks.bench {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(
             "  ", " "
@@ -469,10 +481,12 @@ def merge_section(summary: str, section: list[str]) -> list[str]:
     return [*lines, "", *section]
 
 
-def default_out(preset: str, omp_wait_policy: str) -> str:
-    """results/bench (tiny) or results/bench/<preset>, and omp_<policy>/ inside for a variant."""
+def default_out(preset: str, omp_wait_policy: str, gradient_checkpointing: bool = False) -> str:
+    """results/bench (tiny) or results/bench/<preset>, and omp_<policy>/ and gradient_checkpointing/
+    inside for a variant."""
     out = os.path.join("results", "bench", *([] if preset == "tiny" else [preset]))
-    return out if omp_wait_policy == "default" else os.path.join(out, f"omp_{omp_wait_policy}")
+    out = out if omp_wait_policy == "default" else os.path.join(out, f"omp_{omp_wait_policy}")
+    return os.path.join(out, "gradient_checkpointing") if gradient_checkpointing else out
 
 
 def _precisions(s: str) -> list[str]:

@@ -61,6 +61,7 @@ def polgrad_bindings(w: Workload, model_dir: str, steps: int) -> list[str]:
         f"train.micro_batch_size = {w.batch}",
         f"train.threads = {w.threads}",
         f"train.bf16 = {w.bf16}",
+        f"train.gradient_checkpointing = {w.gradient_checkpointing}",
         f"train.seed = {w.seed}",
         "train.eval_every = 1000000000",  # eval still runs after the last step, which is not measured
         "train.eval_size = 1",

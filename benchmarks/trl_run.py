@@ -54,6 +54,9 @@ def trl_config(w: Workload, out_dir: str, steps: int):
         max_grad_norm=w.grad_clip,
         bf16=w.bf16,
         fp16=False,
+        # TRL's default is True; the bench gives both frameworks the workload's setting (polgrad's
+        # default, False, in the headline)
+        gradient_checkpointing=w.gradient_checkpointing,
         **quiet_args(w, steps),
     )
 

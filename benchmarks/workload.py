@@ -59,6 +59,10 @@ class Workload:
     eos: str = "never"  # 'never': exactly max_new_tokens per completion; 'natural': the model's EOS
     omp_wait_policy: str = "default"  # OMP_WAIT_POLICY of each run ('default': the environment's own)
     bf16: bool = False  # polgrad train.bf16 / TRL bf16=True (fp32 master weights in both)
+    # polgrad train.gradient_checkpointing / TRL's GRPOConfig gradient_checkpointing, the same in both:
+    # TRL turns it on by default and polgrad does not, and a comparison of peak memory or time with it
+    # on in one framework alone measures the setting, not the framework (issue 41's profile)
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.warmup < 1 or self.steps < 1:

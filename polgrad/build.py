@@ -204,6 +204,10 @@ def build_models(
     warm_start_s += time.perf_counter() - t_pretrain if rm_path is not None else 0.0
     reference = _reference(cfg, algo, policy, policy_path, layout)
     critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path, layout)
+    if cfg.gradient_checkpointing:  # the trained models recompute their layers in the backward
+        models.checkpoint_activations(policy, "policy")
+        if critic is not None and not in_policy_engine:
+            models.checkpoint_activations(critic, "critic")
     ds = dict(
         zero_stage=cfg.zero_stage,
         micro_batch_size=cfg.micro_batch_size,

@@ -119,6 +119,12 @@ class TrainConfig:
     backward included) and the lean decode step (polgrad/models/compiled.py). Compiling costs tens of
     seconds at the first step, and the compiled path agrees with the eager one to float tolerance, not
     bit for bit; off (default) leaves the eager path untouched. ZeRO stages 0-2, without LoRA.
+    gradient_checkpointing: recompute each decoder layer's activations in the backward instead of
+    keeping them from the training forward (the policy's and a critic's own model;
+    polgrad/models/loading.py checkpoint_activations): a training forward then holds one hidden-state
+    tensor per layer, for about one more forward's time; values and gradients are the same. Off by
+    default (TRL's GRPOConfig turns it on by default: the bench gives both frameworks the same
+    setting). Not with train.compile.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -168,6 +174,7 @@ class TrainConfig:
     lora_target_modules: list | tuple = ("q_proj", "v_proj")
     lora_dropout: float = 0.0
     compile: bool = False
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("rollout_backend", ROLLOUT_BACKENDS), ("reward_source", REWARD_SOURCES)):
@@ -360,6 +367,16 @@ def _check_compile(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.compile must be True or False, got {cfg.compile!r}")
     if cfg.compile and cfg.zero_stage == 3:  # with LoRA: refused by models.lora.check_settings
         raise ConfigError(lora_lib.compile_refusal(cfg))
+    if not isinstance(cfg.gradient_checkpointing, bool):
+        raise ConfigError(
+            f"train.gradient_checkpointing must be True or False, got {cfg.gradient_checkpointing!r}"
+        )
+    if cfg.compile and cfg.gradient_checkpointing:
+        raise ConfigError(
+            "train.compile = True with train.gradient_checkpointing = True is not compiled or tested; "
+            "bind one of them to False (compiling gains ~1.08x on the tiny model, checkpointing saves "
+            "activation memory on large ones)"
+        )
 
 
 def _positive_int(name: str, value: Any) -> None:

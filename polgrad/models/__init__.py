@@ -5,6 +5,7 @@
                          (train.model_kwargs = {'subword_vocab': 256})
     build_tiny(task)     a fresh Qwen2ForCausalLM (~0.6M parameters, fp32, head_dim 32) + tokenizer
     load_policy(path)    trainable AutoModelForCausalLM, dropout off;  load_reference(path): frozen
+    checkpoint_activations  recompute each layer in the backward (train.gradient_checkpointing)
     load_tokenizer(path) left-padding; no pad token -> pads with EOS (warned)
     lora                 LoRA through peft: adapter on the frozen backbone, reference = adapter
                          disabled, a critic on the same backbone, merged export (train.lora_r)
@@ -37,7 +38,14 @@ from polgrad.models.cache import (
 )
 from polgrad.models.heads import HEAD_FILE, ScalarHeadModel, load_reward_model, sequence_scores
 from polgrad.models.inputs import check_inputs
-from polgrad.models.loading import check_dir, freeze, load_config, load_policy, load_reference
+from polgrad.models.loading import (
+    check_dir,
+    checkpoint_activations,
+    freeze,
+    load_config,
+    load_policy,
+    load_reference,
+)
 from polgrad.models.threads import default_num_threads, seeded, torch_threads
 from polgrad.models.tiny import ATTN_IMPLEMENTATION, build_tiny, resolved_model_kwargs, tiny_positions
 from polgrad.models.tokenizer import (
@@ -69,6 +77,7 @@ __all__ = [
     "build_tiny",
     "build_tokenizer",
     "check_dir",
+    "checkpoint_activations",
     "check_inputs",
     "checkpoint_fingerprint",
     "default_cache_dir",

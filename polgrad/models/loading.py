@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from polgrad.errors import DataError
+from polgrad.errors import ConfigError, DataError
 from polgrad.models.tiny import ATTN_IMPLEMENTATION
 
 
@@ -147,3 +147,32 @@ def save_model_dir(model: nn.Module, path: str | os.PathLike) -> None:
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(path)
     save_model(model, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def checkpoint_activations(model: nn.Module, what: str) -> int:
+    """Activation (gradient) checkpointing on every Hugging Face model inside `model` (train
+    .gradient_checkpointing): each decoder layer keeps only its input in the forward and recomputes
+    its activations in the backward (Chen et al. 2016, arXiv 1604.06174), so a training forward holds
+    one [B,S,hidden] tensor per layer instead of all of a layer's intermediates, for about one more
+    forward's time. torch's non-reentrant checkpoint (`use_reentrant=False`, transformers' default).
+
+    Hugging Face checkpoints only in train mode: the sampler's and the reference's forwards (eval mode,
+    no grad) are unchanged, and the recomputed forward is the same computation, so values and
+    gradients are those of the run without it. `model` is the policy, a peft model around it or a
+    critic (its backbone); returns how many models were switched (an outer model switches the
+    models inside it). Raises ConfigError when `model` holds no Hugging Face model that supports
+    checkpointing (`what` names it in the line)."""
+    from transformers import PreTrainedModel
+
+    switched = 0
+    for sub in model.modules():  # outer first: one call switches the inner models with it
+        if isinstance(sub, PreTrainedModel) and sub.supports_gradient_checkpointing:
+            if not sub.is_gradient_checkpointing:
+                sub.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                switched += 1
+    if not any(isinstance(s, PreTrainedModel) and s.is_gradient_checkpointing for s in model.modules()):
+        raise ConfigError(
+            f"train.gradient_checkpointing = True: the {what} ({type(model).__name__}) holds no Hugging "
+            "Face model that supports gradient checkpointing; bind train.gradient_checkpointing = False"
+        )
+    return switched

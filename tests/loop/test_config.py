@@ -95,6 +95,15 @@ BAD_VALUES = [
         r"^train.compile = True needs train.zero_stage 0, 1 or 2 and",
     ),
     ("train.compile = True\ntrain.lora_r = 4", r"got zero_stage 0 and lora_r 4: compiling ZeRO-3's"),
+    # train.gradient_checkpointing: a bool, and not compiled
+    (
+        "train.gradient_checkpointing = 'yes'",
+        r"^train.gradient_checkpointing must be True or False, got 'yes'$",
+    ),
+    (
+        "train.gradient_checkpointing = True\ntrain.compile = True",
+        r"^train.compile = True with train.gradient_checkpointing = True is not compiled or tested",
+    ),
 ]
 
 

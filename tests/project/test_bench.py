@@ -111,6 +111,20 @@ def test_workload_rejects_bad_settings():
     assert Workload(prompts=3, group_size=4).batch == 12
 
 
+@pytest.mark.skipif(not HAS_TRL, reason="needs trl (bash .ci/setup --test)")
+@pytest.mark.parametrize("on", [False, True])
+def test_both_frameworks_get_the_workloads_gradient_checkpointing(tmp_path, on):
+    """TRL's GRPOConfig checkpoints activations by default and polgrad does not: the bench gave TRL its
+    default while polgrad ran without, and the peak-memory gap it reported was that setting's (issue
+    41's profile). Each framework now gets the workload's setting, off in the headline."""
+    from benchmarks.polgrad_run import polgrad_bindings
+    from benchmarks.trl_run import trl_config
+
+    w = Workload(gradient_checkpointing=on)
+    assert trl_config(w, str(tmp_path), steps=1).gradient_checkpointing is on
+    assert f"train.gradient_checkpointing = {on}" in polgrad_bindings(w, str(tmp_path), 1)
+
+
 def test_step_flops_known_value():
     """hidden 64, 1 layer, 2 query / 1 kv heads (head_dim 32), SwiGLU 64, vocab 16, by hand:
     N = 64*(64 + 2*32) + 64*64 + 3*64*64 = 24576 linear weights; F(rows, S, n) = rows*(2*N*S +
@@ -147,6 +161,9 @@ def test_output_folders_and_precision_flag():
     assert bench.default_out("tiny", "default") == os.path.join("results", "bench")
     assert bench.default_out("24m", "default") == os.path.join("results", "bench", "24m")
     assert bench.default_out("24m", "passive") == os.path.join("results", "bench", "24m", "omp_passive")
+    assert bench.default_out("24m", "default", True) == os.path.join(
+        "results", "bench", "24m", "gradient_checkpointing"
+    )
     assert bench._precisions("fp32,bf16") == ["fp32", "bf16"]
     with pytest.raises(SystemExit, match="valid: fp32, bf16"):
         bench._precisions("fp16")
