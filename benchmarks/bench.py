@@ -122,6 +122,7 @@ from benchmarks.polgrad_run import run_polgrad
 from benchmarks.report import (
     compare_report,
     composition_report,
+    logits_share,
     numerics_report,
     pair_rows,
     run_rows,
@@ -342,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             write_csv(os.path.join(out, "grpo_vs_trl.csv"), rows)
             write_csv(os.path.join(out, "grpo_vs_trl_runs.csv"), run_rows(pairs, frameworks))
             lines = compare_report(w, rows, frameworks)
+            if any(f"{fw}_peak_rss_mb" in rows[0] for fw in frameworks):
+                lines += ["", *logits_share(w, info["vocab"], info["prompt_len"], rows, frameworks)]
             report += ["", *lines]
             say("\n" + "\n".join(lines))
 

@@ -105,6 +105,32 @@ def _stats(xs: Sequence[float]) -> str:
     return f"median {median(xs):.3f}  min {min(xs):.3f}  max {max(xs):.3f}"
 
 
+def logits_share(
+    w: Workload, vocab: int, prompt_len: int, rows: list[dict[str, Any]], frameworks: Sequence[str]
+) -> list[str]:
+    """Issue 41: the size of one fp32 copy of a training forward's [B, P+L, V] logits and its share of
+    each fp32 run's median peak RSS, and what each framework holds of them."""
+    from polgrad.components.logit_rows import CHUNK_ELEMENTS
+
+    b, t = w.batch, prompt_len + w.max_new_tokens
+    mb = b * t * vocab * 4 / 2**20
+    shares = [
+        f"{mb / median([r[f'{fw}_peak_rss_mb'] for r in rows]):.1%} of {fw}'s"
+        for fw in frameworks
+        if f"{fw}_peak_rss_mb" in rows[0]
+    ]
+    held = (
+        f"above one chunk, polgrad's fused path holds {CHUNK_ELEMENTS} logits "
+        f"({CHUNK_ELEMENTS * 4 / 2**20:.0f} MiB fp32) at a time; TRL's forward returns the whole tensor"
+        if b * t * vocab > CHUNK_ELEMENTS
+        else "within one chunk both frameworks hold the whole tensor"
+    )
+    return [
+        f"Logits: one fp32 copy of the [B, P+L, V] = [{b}, {t}, {vocab}] logits is {mb:,.0f} MiB, "
+        f"{' and '.join(shares)} fp32 peak RSS (median); {held}."
+    ]
+
+
 def compare_report(w: Workload, rows: list[dict[str, Any]], frameworks: Sequence[str]) -> list[str]:
     keys = [k for k in (arm(fw, p) for p in PRECISIONS for fw in frameworks) if f"{k}_s_per_step" in rows[0]]
     lines = [
