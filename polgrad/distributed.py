@@ -402,6 +402,12 @@ def make_engine(
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=config, dist_init_required=False
     )
+    if config["zero_optimization"]["stage"] == 0 and engine.dp_world_size == 1:
+        # DeepSpeed's stage-0 gradient "allreduce" flattens every gradient into buckets of up to 5e8
+        # elements (a second copy of all of them: 1.9 GB fp32 at Qwen2.5-0.5B), reduces over the one
+        # rank, scales by 1/1 and copies back: the same numbers, and a transient copy at the
+        # backward's peak memory (issue 41's profile). Nothing to reduce at one rank: off.
+        engine.enable_backward_allreduce = False
     return engine
 
 

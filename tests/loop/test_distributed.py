@@ -227,6 +227,54 @@ def test_world_size_1_matches_plain_adamw(stage):
     _assert_params_close(_full_params(engine), ref_params)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_one_rank_at_stage_0_skips_deepspeeds_flat_copy_of_the_gradients(bf16):
+    """At one rank DeepSpeed's stage-0 "allreduce" flattened every gradient into one buffer (a second
+    copy of all of them, at the backward's peak memory: issue 41's profile), reduced it over that one
+    rank and copied it back. polgrad switches it off there: the engine never calls it, and two steps
+    give the parameters of an engine that still does, bit for bit (the reduction over one rank and
+    the 1/1 average change no bit; bf16 gradients make a round trip through fp32, also exact)."""
+    distributed.setup()
+
+    def engine(allreduce: bool):
+        torch.manual_seed(0)
+        e = distributed.make_engine(
+            worker.build_model(),
+            lr=worker.LR,
+            weight_decay=worker.WEIGHT_DECAY,
+            eps=worker.EPS,
+            zero_stage=0,
+            micro_batch_size=worker.N_SEQ,
+            grad_accum=1,
+            bf16=bf16,
+            grad_clip=worker.GRAD_CLIP,
+        )
+        if allreduce:
+            e.enable_backward_allreduce = True  # DeepSpeed's own behaviour
+        calls = []
+        real = e.allreduce_gradients
+        e.allreduce_gradients = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+        return e, calls
+
+    (ours, ours_calls), (theirs, their_calls) = engine(False), engine(True)
+    assert not ours.enable_backward_allreduce
+    batch = worker.global_batch()
+    n_tokens = float(batch["mask"].sum())
+    for e in (ours, theirs):
+        for _ in range(2):
+            assert distributed.backward(e, worker.micro_loss(e, batch, slice(0, worker.N_SEQ), n_tokens))
+            assert distributed.step(e) is True
+    assert ours_calls == [] and len(their_calls) == 2
+    before = dict(worker.build_model().named_parameters())
+    moved = 0
+    for (name, p), (_, q) in zip(
+        ours.module.named_parameters(), theirs.module.named_parameters(), strict=True
+    ):
+        assert torch.equal(p, q), name
+        moved += not torch.equal(p.float(), before[name].to(p.dtype).float())
+    assert moved > 0
+
+
 @pytest.mark.cpu_matrix
 @pytest.mark.parametrize(("stage", "step_every_micro_batch"), [(0, False), (1, True), (2, False), (3, True)])
 def test_variable_micro_batch_count_with_boundary(stage, step_every_micro_batch):
