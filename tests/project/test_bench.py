@@ -617,3 +617,27 @@ def test_cli_sizes_keeps_finished_points_when_a_later_point_dies(tmp_path, monke
     rows = list(csv.DictReader(open(out / "sizes.csv")))
     assert [(r["point"], r["axis"]) for r in rows] == [("0.6m x 4", "size")]
     assert float(rows[0]["polgrad_s_per_step"]) > 0
+
+
+def test_phase_memory_table_known_value():
+    """RSS samples at t = 0..4 s of 100, 150, 120, 300, 90 MiB; phase a over [0.5, 2.5] starts at the
+    sample before it (100), peaks at 150 and ends at 120; phase b over [2.5, 4] peaks at 300, ends at 90."""
+    from benchmarks.phase_memory import phase_table
+
+    samples = [(0.0, 100.0), (1.0, 150.0), (2.0, 120.0), (3.0, 300.0), (4.0, 90.0)]
+    a, b = phase_table(samples, [(1, "a", 0.5, 2.5), (1, "b", 2.5, 4.0)])
+    assert a.split()[3:9] == ["start", "100", "max", "150", "end", "120"]
+    assert b.split()[3:9] == ["start", "120", "max", "300", "end", "90"]
+
+
+def test_phase_memory_profiles_polgrads_phases(capsys):
+    from benchmarks import phase_memory, timing
+
+    add = timing.PhaseClock.add
+    assert phase_memory.main(["polgrad", "tiny", "--steps", "1"]) == 0
+    assert timing.PhaseClock.add is add  # the clock is given back
+    out = capsys.readouterr().out
+    for phase in ("gen", "ref", "policy_fwd", "backward", "optim"):
+        assert f" {phase} " in out, phase
+    peak = float(out.rsplit("peak ", 1)[1].split()[0])
+    assert peak > 100  # a Python process with torch and a model holds more than 100 MiB
