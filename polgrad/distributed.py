@@ -406,7 +406,8 @@ def make_engine(
         # DeepSpeed's stage-0 gradient "allreduce" flattens every gradient into buckets of up to 5e8
         # elements (a second copy of all of them: 1.9 GB fp32 at Qwen2.5-0.5B), reduces over the one
         # rank, scales by 1/1 and copies back: the same numbers, and a transient copy at the
-        # backward's peak memory (issue 41's profile). Nothing to reduce at one rank: off.
+        # backward's peak memory (issue 41's profile). Nothing to reduce at one rank: off; `step`
+        # keeps the one other thing it did (a zero gradient for a parameter that got none).
         engine.enable_backward_allreduce = False
     return engine
 
@@ -442,6 +443,13 @@ def step(engine: DeepSpeedEngine) -> bool | None:
     by one, and this returns False.
     """
     boundary = engine.is_gradient_accumulation_boundary()
+    if boundary and not engine.enable_backward_allreduce:
+        # DeepSpeed's reduction (off at one rank, make_engine) also gave every trainable parameter
+        # without a gradient a zero one, which AdamW then steps (its moments decay, weight decay
+        # acts, its step count grows); kept, so that one rank trains as before, bit for bit
+        for p in engine.module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     engine.step()
     return engine.was_step_applied() if boundary else None
 

@@ -238,8 +238,12 @@ def test_one_rank_at_stage_0_skips_deepspeeds_flat_copy_of_the_gradients(bf16):
 
     def engine(allreduce: bool):
         torch.manual_seed(0)
+        model = worker.build_model()
+        # a trainable parameter the loss never reaches: DeepSpeed's reduction gave it a zero gradient,
+        # so AdamW's weight decay moved it; without that its value would stay
+        model.unused = torch.nn.Parameter(torch.ones(3))
         e = distributed.make_engine(
-            worker.build_model(),
+            model,
             lr=worker.LR,
             weight_decay=worker.WEIGHT_DECAY,
             eps=worker.EPS,
@@ -265,7 +269,10 @@ def test_one_rank_at_stage_0_skips_deepspeeds_flat_copy_of_the_gradients(bf16):
             assert distributed.backward(e, worker.micro_loss(e, batch, slice(0, worker.N_SEQ), n_tokens))
             assert distributed.step(e) is True
     assert ours_calls == [] and len(their_calls) == 2
+    if not bf16:  # decayed by 2 x lr x 0.01 = 2e-4: stepped with a zero gradient (bf16 rounds it back to 1)
+        assert not torch.equal(theirs.module.unused, torch.ones(3))
     before = dict(worker.build_model().named_parameters())
+    before["unused"] = torch.nn.Parameter(torch.ones(3))
     moved = 0
     for (name, p), (_, q) in zip(
         ours.module.named_parameters(), theirs.module.named_parameters(), strict=True
