@@ -25,6 +25,7 @@ from polgrad import collective, config, models, pretrain, sampling, stopping
 from polgrad import distributed as dist_lib
 from polgrad.algorithm import Algorithm
 from polgrad.critic import Critic, NoCritic, OwnEngineCritic, PolicyEngineCritic
+from polgrad.errors import ConfigError
 from polgrad.layout import FullCopies, Layout, layout_for
 from polgrad.reference import FrozenReference, LogitsReference, NoReference, Reference
 from polgrad.rollout import hf as hf_rollout
@@ -205,6 +206,14 @@ def build_models(
     reference = _reference(cfg, algo, policy, policy_path, layout)
     critic, in_policy_engine, lr_groups = _critic(cfg, algo, policy, policy_path, rm_path, layout)
     if cfg.gradient_checkpointing:  # the trained models recompute their layers in the backward
+        if in_policy_engine:  # a LoRA critic on the policy's backbone switches adapters around its
+            # forward; the backward would recompute its layers with the policy's adapter active
+            raise ConfigError(
+                "train.gradient_checkpointing = True with a critic on the policy's LoRA backbone "
+                "(value_init.lora, value_init.shared_lora) is not supported: the backward would recompute "
+                "the critic's layers under the policy's adapter; bind train.gradient_checkpointing = False "
+                "or give the critic its own model (e.g. Algorithm.value_init = @value_init.policy)"
+            )
         models.checkpoint_activations(policy, "policy")
         if critic is not None and not in_policy_engine:
             models.checkpoint_activations(critic, "critic")

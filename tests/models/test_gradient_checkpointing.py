@@ -150,3 +150,14 @@ def test_a_module_without_a_hugging_face_model_is_refused_in_one_line():
         ConfigError, match=r"^train.gradient_checkpointing = True: the critic \(Linear\) holds no"
     ):
         checkpoint_activations(torch.nn.Linear(2, 2), "critic")
+
+
+@pytest.mark.slow
+def test_a_critic_on_the_policys_lora_backbone_is_refused(tmp_path):
+    """value_init.lora runs the critic under its own adapter and switches back to the policy's after
+    its forward: a checkpointed backward would recompute the critic's layers under the policy's adapter
+    (the same shapes, so torch would not notice) and train the critic on the wrong activations."""
+    with pytest.raises(
+        ConfigError, match=r"^train.gradient_checkpointing = True with a critic on the policy's LoRA"
+    ):
+        _built(tmp_path, "ppo_lora", "ckpt", ["train.gradient_checkpointing = True"])
