@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             write_csv(os.path.join(out, "grpo_vs_trl_runs.csv"), run_rows(pairs, frameworks))
             lines = compare_report(w, rows, frameworks)
             if any(f"{fw}_peak_rss_mb" in rows[0] for fw in frameworks):
-                lines += ["", *logits_share(w, info["vocab"], info["prompt_len"], rows, frameworks)]
+                lines += ["", *logits_share(w, info["vocab"], rows, frameworks)]
             report += ["", *lines]
             say("\n" + "\n".join(lines))
 

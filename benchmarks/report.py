@@ -105,14 +105,13 @@ def _stats(xs: Sequence[float]) -> str:
     return f"median {median(xs):.3f}  min {min(xs):.3f}  max {max(xs):.3f}"
 
 
-def logits_share(
-    w: Workload, vocab: int, prompt_len: int, rows: list[dict[str, Any]], frameworks: Sequence[str]
-) -> list[str]:
-    """Issue 41: the size of one fp32 copy of a training forward's [B, P+L, V] logits and its share of
-    each fp32 run's median peak RSS, and what each framework holds of them."""
+def logits_share(w: Workload, vocab: int, rows: list[dict[str, Any]], frameworks: Sequence[str]) -> list[str]:
+    """Issue 41: the size of one fp32 copy of the logits a training forward keeps, [B, L+1, V] (the
+    response positions and the last prompt position), its share of each fp32 run's median peak RSS, and
+    what polgrad holds of them."""
     from polgrad.components.logit_rows import CHUNK_ELEMENTS
 
-    b, t = w.batch, prompt_len + w.max_new_tokens
+    b, t = w.batch, w.max_new_tokens + 1
     mb = b * t * vocab * 4 / 2**20
     shares = [
         f"{mb / median([r[f'{fw}_peak_rss_mb'] for r in rows]):.1%} of {fw}'s"
@@ -120,14 +119,14 @@ def logits_share(
         if f"{fw}_peak_rss_mb" in rows[0]
     ]
     held = (
-        f"above one chunk, polgrad's fused path holds {CHUNK_ELEMENTS} logits "
-        f"({CHUNK_ELEMENTS * 4 / 2**20:.0f} MiB fp32) at a time; TRL's forward returns the whole tensor"
+        f"above one chunk polgrad's fused path holds {CHUNK_ELEMENTS} of them "
+        f"({CHUNK_ELEMENTS * 4 / 2**20:.0f} MiB fp32) at a time"
         if b * t * vocab > CHUNK_ELEMENTS
-        else "within one chunk both frameworks hold the whole tensor"
+        else "they fit one chunk, which polgrad holds whole"
     )
     return [
-        f"Logits: one fp32 copy of the [B, P+L, V] = [{b}, {t}, {vocab}] logits is {mb:,.0f} MiB, "
-        f"{' and '.join(shares)} fp32 peak RSS (median); {held}."
+        f"Logits: one fp32 copy of the [B, L+1, V] = [{b}, {t}, {vocab}] logits a training forward keeps "
+        f"is {mb:,.0f} MiB, {' and '.join(shares)} fp32 peak RSS (median); {held}."
     ]
 
 

@@ -126,18 +126,22 @@ def test_both_frameworks_get_the_workloads_gradient_checkpointing(tmp_path, on):
 
 
 def test_logits_share_known_value():
-    """qwen05b's workload: 4 prompts x G 8 = 32 rows of 7 + 32 tokens at V = 151,936: 32 * 39 * 151,936
-    logits * 4 bytes = 758,464,512 B = 723.3 MiB, above one 2^24-logit chunk; against peaks of 14,620
-    and 11,958 MiB that is 4.9% and 6.0%. The tiny vocabulary's [64, 39, 16] fits one chunk."""
+    """qwen05b's workload: 4 prompts x G 8 = 32 rows, 32 response tokens + 1 kept position, V = 151,936:
+    32 * 33 * 151,936 logits * 4 bytes = 641,777,664 B = 612.05 MiB, above one 2^24-logit chunk; against
+    peaks of 14,620 and 11,958 MiB that is 4.2% and 5.1%. The tiny vocabulary's [64, 33, 16] fits one
+    chunk."""
     from benchmarks.report import logits_share
 
     w = Workload(prompts=4, group_size=8, max_new_tokens=32)
     rows = [{"polgrad_peak_rss_mb": 14620.0, "trl_peak_rss_mb": 11958.0}]
-    (line,) = logits_share(w, 151_936, 7, rows, ["polgrad", "trl"])
-    assert "[32, 39, 151936] logits is 723 MiB, 4.9% of polgrad's and 6.0% of trl's" in line
-    assert "holds 16777216 logits (64 MiB fp32) at a time" in line
-    (small,) = logits_share(Workload(), 16, 7, rows, ["polgrad", "trl"])
-    assert "[64, 39, 16] logits is 0 MiB" in small and "within one chunk" in small
+    (line,) = logits_share(w, 151_936, rows, ["polgrad", "trl"])
+    assert (
+        "[32, 33, 151936] logits a training forward keeps is 612 MiB, 4.2% of polgrad's and 5.1% of trl's"
+        in line
+    )
+    assert "holds 16777216 of them (64 MiB fp32) at a time" in line
+    (small,) = logits_share(Workload(), 16, rows, ["polgrad", "trl"])
+    assert "[64, 33, 16] logits" in small and "fit one chunk" in small
 
 
 def test_step_flops_known_value():
