@@ -15,6 +15,7 @@ finished sweep writes, from the commit its cells ran at.
 
 from __future__ import annotations
 
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -26,7 +27,15 @@ SKIP_DIRS = {"checkpoints", "final", "model"}
 SKIP_FILES = {".lock", ".sweep.lock", "trainer.pid"}
 
 
+def _cells(exp: Path) -> list[Path]:
+    """The finished run folders under results/<name>/[<stage>/]runs/, decided once per folder before
+    any of its files is listed (a cell that finishes while packing is left out whole)."""
+    return [run for runs in sorted(exp.rglob("runs")) if runs.is_dir() for run in sorted(runs.iterdir())
+            if run.is_dir() and _finished(run)]  # fmt: skip
+
+
 def _files(exp: Path):
+    cells = _cells(exp)
     for path in sorted(exp.rglob("*")):
         rel = path.relative_to(exp)
         if not path.is_file() or path.name in SKIP_FILES or path.name.endswith(".lock"):
@@ -35,29 +44,52 @@ def _files(exp: Path):
             continue
         if "runs" in rel.parts:  # results/<name>/[<stage>/]runs/<cell>/...
             i = rel.parts.index("runs")
-            if len(rel.parts) <= i + 2 or not _finished(exp.joinpath(*rel.parts[: i + 2])):
+            if len(rel.parts) <= i + 2 or exp.joinpath(*rel.parts[: i + 2]) not in cells:
                 continue
         yield path
+
+
+def _packed_cells(tarball: Path) -> set[str]:
+    if not tarball.exists():
+        return set()
+    with tarfile.open(tarball) as tar:
+        return {str(Path(n).parent) for n in tar.getnames() if n.endswith("/summary.json")}
 
 
 def pack(clone: Path, name: str) -> None:
     exp = clone / "results" / name
     if not exp.is_dir():
         sys.exit(f"error: {exp} does not exist: give the clone that runs the sweep and the experiment's name")
+    if clone == HERE.parent.parent:
+        sys.exit(
+            f"error: {clone} is this script's own clone: the tarball written into it would mark every cell "
+            "started later as run from a dirty tree; run this script from another clone (e.g. main)"
+        )
     out = HERE / f"{name}.tar.xz"
     files = list(_files(exp))
-    with tarfile.open(out, "w:xz") as tar:
+    new = {str(Path(name) / f.parent.relative_to(exp)) for f in files if f.name == "summary.json"}
+    lost = _packed_cells(out) - new
+    if lost:
+        sys.exit(
+            f"error: {out} holds {len(lost)} finished cells that {exp} lacks (e.g. {sorted(lost)[0]}): "
+            f"unpack it into {clone} first; nothing written"
+        )
+    tmp = out.with_suffix(".tmp")
+    with tarfile.open(tmp, "w:xz") as tar:
         for f in files:
             tar.add(f, arcname=str(Path(name) / f.relative_to(exp)), recursive=False)
-    cells = sum(1 for f in files if f.name == "summary.json")
-    print(f"{out}: {cells} finished cells, {len(files)} files, {out.stat().st_size / 2**20:.1f} MiB")
+    os.replace(tmp, out)
+    print(f"{out}: {len(new)} finished cells, {len(files)} files, {out.stat().st_size / 2**20:.1f} MiB")
 
 
 def unpack(clone: Path, name: str) -> None:
     src = HERE / f"{name}.tar.xz"
+    target = clone / "results" / name
+    if target.exists() and any(target.iterdir()):
+        sys.exit(f"error: {target} is not empty: unpack into a fresh clone (nothing written)")
     with tarfile.open(src) as tar:
         tar.extractall(clone / "results", filter="data")
-    print(f"{src} -> {clone / 'results' / name}")
+    print(f"{src} -> {target}")
 
 
 if __name__ == "__main__":
