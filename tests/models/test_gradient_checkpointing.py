@@ -95,9 +95,24 @@ def test_one_update_with_checkpointing_gives_the_weights_of_one_without(tmp_path
     batch = got.batch.replace(scores=torch.tensor([1.0, 0.0] * (n // 2), dtype=got.batch.scores.dtype))
     beta = algo.kl_coef
     prepared = algo.prepare(batch, kl_coef=beta)[0]
+    # counted by the MLP's own forward (torch runs a checkpoint's recomputation without module hooks)
+    calls = {"plain": 0, "ckpt": 0}
+
+    def counted(name, forward):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return forward(*args, **kwargs)
+
+        return wrapper
+
+    for name, m in (("plain", plain), ("ckpt", ckpt)):
+        mlp = next(mod for mod in m.engine.module.modules() if type(mod).__name__.endswith("MLP"))
+        mlp.forward = counted(name, mlp.forward)
     out_p, n_p, _ = trainer.update(cfg, algo, plain, prepared, beta, seed, step=0)
     out_c, n_c, _ = trainer.update(cfg, algo, ckpt, prepared, beta, seed, step=0)
     assert n_p == n_c >= 1 and out_p == out_c
+    # the checkpointed layer ran again in each backward: twice per training forward, not once
+    assert calls["plain"] >= 1 and calls["ckpt"] == 2 * calls["plain"], calls
     w_p, w_c = _weights(plain), _weights(ckpt)
     moved = [k for k in w0 if not torch.equal(w_p[k], w0[k])]
     assert moved, "the update moved no weight: the comparison would hold for any code"
