@@ -124,7 +124,7 @@ class TrainConfig:
     polgrad/models/loading.py checkpoint_activations): a training forward then holds one hidden-state
     tensor per layer, for about one more forward's time; values and gradients are the same. Off by
     default (TRL's GRPOConfig turns it on by default: the bench gives both frameworks the same
-    setting). Not with train.compile.
+    setting). Not with train.compile, ZeRO-3 or a critic on the policy's LoRA backbone.
     """
 
     task: Callable[..., Any] = gin.REQUIRED
@@ -370,6 +370,12 @@ def _check_compile(cfg: TrainConfig) -> None:
     if not isinstance(cfg.gradient_checkpointing, bool):
         raise ConfigError(
             f"train.gradient_checkpointing must be True or False, got {cfg.gradient_checkpointing!r}"
+        )
+    if cfg.gradient_checkpointing and cfg.zero_stage == 3:
+        raise ConfigError(
+            "train.gradient_checkpointing = True with train.zero_stage = 3 is not tested (a recomputed layer "
+            "must gather its partitioned weights again); use train.zero_stage 0, 1 or 2, or bind "
+            "train.gradient_checkpointing = False"
         )
     if cfg.compile and cfg.gradient_checkpointing:
         raise ConfigError(

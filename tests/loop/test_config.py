@@ -101,6 +101,10 @@ BAD_VALUES = [
         r"^train.gradient_checkpointing must be True or False, got 'yes'$",
     ),
     (
+        "train.gradient_checkpointing = True\ntrain.zero_stage = 3",
+        r"^train.gradient_checkpointing = True with train.zero_stage = 3 is not tested",
+    ),
+    (
         "train.gradient_checkpointing = True\ntrain.compile = True",
         r"^train.compile = True with train.gradient_checkpointing = True is not compiled or tested",
     ),
