@@ -45,3 +45,40 @@ def require(*names: str, env: str | None = None) -> None:
         if var and os.environ.get(var) == "1":
             raise ImportError(f"{', '.join(missing)} not installed, and {var}=1 requires it")
     pytest.skip(f"{', '.join(missing)} not installed", allow_module_level=True)
+
+
+def built_run(tmp_path: Path, spec: str, name: str, bindings: Sequence[str], *, layers: int):
+    """(cfg, algo, task, models) of registry/<spec>.gin as a run builds them (polgrad.build.build_models:
+    policy, reference, critic, HF sampler), 8 prompts, a `layers`-layer tiny model and a value head
+    drawn at random (seeded), so the critic's values depend on the backbone from the first step; built
+    under the run's seed, so two builds start from the same weights. `name` is its folder in tmp_path."""
+    import gin
+
+    from polgrad import config
+    from polgrad import distributed as dist_lib
+    from polgrad.build import build_models
+    from polgrad.config import parse_config
+    from polgrad.sampling import step_seed
+
+    repo = Path(__file__).resolve().parent.parent
+    gin.clear_config()
+    parse_config(
+        [str(repo / "registry" / f"{spec}.gin")],
+        [
+            "train.steps = 1",
+            "train.prompts_per_step = 8",
+            "train.progress = False",
+            f"train.model_kwargs = {{'layers': {layers}}}",
+            "value_init.policy.head_init_std = 0.02",
+            *bindings,
+        ],
+    )
+    try:
+        cfg, algo, task = config.build()
+    finally:
+        gin.clear_config()
+    with dist_lib.session(seed=cfg.seed):
+        m = build_models(
+            cfg, algo, task, out_dir=str(tmp_path / name), seed_of=lambda s: step_seed(cfg.seed, s)
+        )
+    return cfg, algo, task, m

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 
-import gin
 import pytest
 import torch
+from helpers import built_run
 
 from polgrad import registry
-from polgrad.config import parse_config
 from polgrad.models import build_tiny, compiled, encode_prompts, position_ids_from_mask
 from polgrad.rollout.static_decode import StaticDecoder
 
@@ -72,34 +71,7 @@ def test_the_compiled_decode_step_gives_the_eager_steps_logits():
 def _built(tmp_path, name: str, bindings: list[str]):
     """PPO's models (policy, reference, critic, HF sampler) as a run builds them, for 8 prompts of group
     size 1; built under the run's seed, so two builds start from the same weights."""
-    from polgrad import config
-    from polgrad import distributed as dist_lib
-    from polgrad.build import build_models
-    from polgrad.sampling import step_seed
-
-    gin.clear_config()
-    parse_config(
-        [os.path.join(REPO, "registry", "ppo.gin")],
-        [
-            "train.steps = 1",
-            "train.prompts_per_step = 8",
-            "train.progress = False",
-            f"train.model_kwargs = {{'layers': {LAYERS}}}",
-            # a value head drawn at random (seeded: the same in both builds) rather than zero, so that
-            # the critic's forward gives values that depend on the backbone from the first step
-            "value_init.policy.head_init_std = 0.02",
-            *bindings,
-        ],
-    )
-    try:
-        cfg, algo, task = config.build()
-    finally:
-        gin.clear_config()
-    with dist_lib.session(seed=cfg.seed):
-        m = build_models(
-            cfg, algo, task, out_dir=str(tmp_path / name), seed_of=lambda s: step_seed(cfg.seed, s)
-        )
-    return cfg, algo, task, m
+    return built_run(tmp_path, "ppo", name, bindings, layers=LAYERS)
 
 
 def _weights(m) -> dict[str, torch.Tensor]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 
-import gin
 import pytest
 import torch
+from helpers import built_run
 
-from polgrad.config import parse_config
 from polgrad.errors import ConfigError
 from polgrad.models import build_tiny, checkpoint_activations
 
@@ -21,34 +20,7 @@ LAYERS = 3
 
 
 def _built(tmp_path, spec: str, name: str, bindings: list[str]):
-    """`spec`'s models as a run builds them (8 prompts of group size 1 for PPO), under the run's seed:
-    two builds start from the same weights."""
-    from polgrad import config
-    from polgrad import distributed as dist_lib
-    from polgrad.build import build_models
-    from polgrad.sampling import step_seed
-
-    gin.clear_config()
-    parse_config(
-        [os.path.join(REPO, "registry", f"{spec}.gin")],
-        [
-            "train.steps = 1",
-            "train.prompts_per_step = 8",
-            "train.progress = False",
-            f"train.model_kwargs = {{'layers': {LAYERS}}}",
-            "value_init.policy.head_init_std = 0.02",  # a critic whose values depend on the backbone
-            *bindings,
-        ],
-    )
-    try:
-        cfg, algo, task = config.build()
-    finally:
-        gin.clear_config()
-    with dist_lib.session(seed=cfg.seed):
-        m = build_models(
-            cfg, algo, task, out_dir=str(tmp_path / name), seed_of=lambda s: step_seed(cfg.seed, s)
-        )
-    return cfg, algo, task, m
+    return built_run(tmp_path, spec, name, bindings, layers=LAYERS)
 
 
 def _weights(m) -> dict[str, torch.Tensor]:
